@@ -1,0 +1,26 @@
+"""attnbook: attention mechanisms derived step by step, verified against float64 references.
+
+Tensor legend (used in every docstring, einsum string and shape comment):
+
+    B  batch size              H  number of heads
+    N  number of queries       M  number of keys (when it differs from N)
+    D  query/key width         Dv value width
+    C  model width, H * D      R  feature-map width
+
+Layout is head-first, ``(B, H, N, D)``, as in ``torch.nn.functional.scaled_dot_product_attention``.
+Boolean masks use True = "may attend".
+"""
+
+from . import config, reference
+from ._module import ProjectedAttention
+from .softmax import SoftmaxAttention, softmax_attention
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "config",
+    "reference",
+    "ProjectedAttention",
+    "softmax_attention",
+    "SoftmaxAttention",
+]

@@ -1,0 +1,6 @@
+"""Figures and widgets. Pure ``compute_*`` functions (tested) feed matplotlib views and ipywidgets
+explorers; every widget also has a static figure of its default state for the website."""
+
+from .plots import attention_heatmap, scaling_plot
+
+__all__ = ["attention_heatmap", "scaling_plot"]

@@ -1,0 +1,71 @@
+"""Static matplotlib figures used across the book."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import matplotlib.pyplot as plt
+import numpy as np
+import torch
+
+__all__ = ["attention_heatmap", "scaling_plot"]
+
+
+def _numpy(x) -> np.ndarray:
+    if isinstance(x, torch.Tensor):
+        return x.detach().to("cpu", torch.float64).numpy()
+    return np.asarray(x, dtype=np.float64)
+
+
+def attention_heatmap(weights, *, ax=None, title: str = "attention weights", queries=None, keys=None):
+    """Heat map of an (N, M) weight matrix: row i = query i, column j = key j. Returns the Axes."""
+    w = _numpy(weights)
+    if w.ndim != 2:
+        raise ValueError(f"attention_heatmap: expected an (N, M) matrix, got shape {w.shape}")
+    if ax is None:
+        _, ax = plt.subplots(figsize=(4.2, 3.6))
+    image = ax.imshow(w, cmap="viridis", vmin=0.0, aspect="auto", interpolation="nearest")
+    ax.figure.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
+    ax.set_xlabel("key j")
+    ax.set_ylabel("query i")
+    ax.set_title(title)
+    if queries is not None:
+        ax.set_yticks(range(len(queries)), queries)
+    if keys is not None:
+        ax.set_xticks(range(len(keys)), keys, rotation=90)
+    return ax
+
+
+def scaling_plot(
+    ns: Sequence[int],
+    series: Mapping[str, Sequence[float]],
+    *,
+    ylabel: str,
+    ax=None,
+    title: str | None = None,
+    reference_slopes: Sequence[int] = (),
+):
+    """Log-log plot of cost against sequence length N, one line per series.
+
+    ``reference_slopes`` adds dashed guide lines N^p through the first point of the first series.
+    """
+    if ax is None:
+        _, ax = plt.subplots(figsize=(5, 3.6))
+    for name, ys in series.items():
+        if len(ys) != len(ns):
+            raise ValueError(f"scaling_plot: series {name!r} has {len(ys)} values for {len(ns)} lengths")
+        ax.plot(ns, ys, marker="o", label=name)
+    if reference_slopes and series:
+        y0 = next(iter(series.values()))[0]
+        n = np.asarray(ns, dtype=float)
+        for p in reference_slopes:
+            ax.plot(n, y0 * (n / n[0]) ** p, ls="--", color="grey", lw=0.8, label=f"∝ N^{p}")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("sequence length N")
+    ax.set_ylabel(ylabel)
+    if title:
+        ax.set_title(title)
+    ax.legend(fontsize=8)
+    ax.grid(True, which="both", alpha=0.3)
+    return ax
