@@ -2,5 +2,6 @@
 explorers; every widget also has a static figure of its default state for the website."""
 
 from .plots import attention_heatmap, scaling_plot
+from .static import frame_slider
 
-__all__ = ["attention_heatmap", "scaling_plot"]
+__all__ = ["attention_heatmap", "scaling_plot", "frame_slider"]
