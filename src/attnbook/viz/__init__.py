@@ -1,7 +1,9 @@
 """Figures and widgets. Pure ``compute_*`` functions (tested) feed matplotlib views and ipywidgets
 explorers; every widget also has a static figure of its default state for the website."""
 
+from .linear import attention_maps_figure, feature_error_plot, relative_error, row_entropy
 from .plots import attention_heatmap, scaling_plot
 from .static import frame_slider
 
-__all__ = ["attention_heatmap", "scaling_plot", "frame_slider"]
+__all__ = ["attention_heatmap", "scaling_plot", "frame_slider",
+           "attention_maps_figure", "feature_error_plot", "relative_error", "row_entropy"]
