@@ -13,6 +13,7 @@ Boolean masks use True = "may attend".
 
 from . import config, reference
 from ._module import ProjectedAttention
+from .moh import HeadRouting, MoHAttention, moh_load_balancing_loss
 from .softmax import SoftmaxAttention, softmax_attention
 
 __version__ = "0.1.0"
@@ -23,4 +24,7 @@ __all__ = [
     "ProjectedAttention",
     "softmax_attention",
     "SoftmaxAttention",
+    "MoHAttention",
+    "HeadRouting",
+    "moh_load_balancing_loss",
 ]

@@ -1,0 +1,339 @@
+"""Mixture-of-head attention (MoH): chapter 5.
+
+Jin, Zhu, Yan, Yuan, "MoH: Multi-Head Attention as Mixture-of-Head Attention", arXiv:2410.11842 (2024).
+
+Multi-head attention is a sum over heads, ``concat(head_1..head_H) W_O = sum_h head_h W_O^h``. MoH treats
+the heads as experts and weights each head's output per token with a gate ``g_{t,h}``:
+
+    out_t = sum_h g_{t,h} head_h(t) W_O^h
+
+The first ``h_s = shared_head`` heads are *shared*: every token uses them, weighted by
+``h_s * softmax(W_s x_t)``. The remaining ``E = H - h_s`` heads are *routed*: a router ``W_r`` scores them,
+each token keeps its top ``k = routed_head`` and weights them by ``k * p_i / sum_{j in top-k} p_j``. When
+both kinds exist, a two-stage weighting ``2 * softmax(W_h x_t) = (a_1, a_2)`` scales the shared and the
+routed gates. The factors ``h_s``, ``k`` and 2 make an average active head's gate 1, as in plain
+multi-head attention. A load-balancing loss ``E * sum_i f_i P_i`` (``f_i`` = fraction of tokens that pick
+routed head i, ``P_i`` = its mean router probability) keeps the router from collapsing onto a few heads.
+
+Parameter names follow the MoH reference code and timm's ``Attention`` (``qkv``, ``q_norm``, ``k_norm``,
+``proj``, ``wg`` = W_r, ``wg_0`` = W_h, ``wg_1`` = W_s), so MoH checkpoints and timm ViT attention weights
+load unchanged. The outputs and the loss equal the reference's for every configuration it supports.
+
+Fixes with respect to the reference code, each explained where it is made:
+
+* no class-level list of losses (it grows without bound and is shared by every model in the process): a
+  training forward stores its own loss on the module (:attr:`MoHAttention.load_balancing_loss`) and
+  :func:`moh_load_balancing_loss` gathers them from a model;
+* ``shared_head=1`` works (the reference has no ``wg_1`` then and crashes): a softmax over one logit is
+  identically 1, so the single shared head's gate is 1 (times the two-stage weight) and no ``wg_1`` exists;
+* invalid head counts raise a ``ValueError`` saying why instead of crashing inside ``forward`` or leaving
+  heads that no token can ever use;
+* routing comes back from the call (``forward(x, return_routing=True)`` -> ``(out, HeadRouting)``), with no
+  hooks and no global state;
+* the router runs in at least float32 (also under autocast); the output has the input's dtype.
+
+Note that, like the reference, this computes every head densely and then multiplies unselected heads by 0:
+it saves no FLOPs. Real savings would need gathering each head's selected tokens (a ragged batch per head).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ._checks import accumulation_dtype
+from .softmax import softmax_attention
+
+__all__ = ["HeadRouting", "MoHAttention", "moh_load_balancing_loss"]
+
+
+class HeadRouting(NamedTuple):
+    """What the router decided in one :class:`MoHAttention` forward (B batch, N tokens, H heads).
+
+    Heads ``0 .. h_s-1`` are the shared heads, heads ``h_s .. H-1`` the ``E = H - h_s`` routed heads. Router
+    quantities are in the router's dtype (at least float32).
+
+    Attributes:
+        gates: (B, N, H) final weight multiplying each head's output: shared heads ``a_1 h_s softmax(W_s x)``,
+            selected routed heads ``a_2 k p_i / sum_{top-k} p_j``, unselected routed heads 0.
+        selected: (B, N, H) bool, True where the head is active (shared heads always, routed heads in the
+            token's top-k).
+        routed_probs: (B, N, E) router softmax ``p = softmax(W_r x)`` over the routed heads (before top-k).
+        load: (E,) fraction of the B*N tokens that selected each routed head, ``f_i``; it sums to ``k``.
+        importance: (E,) mean router probability of each routed head over the B*N tokens, ``P_i``.
+        loss: () load-balancing loss ``E * sum_i f_i P_i`` (the reference's ``l_aux``; gradient through
+            ``P_i`` only). Computed in training and in eval mode; 0 when there are no routed heads.
+        shared_weight: (B, N) two-stage weight ``a_1 = 2 softmax(W_h x)_1`` of the shared heads.
+        routed_weight: (B, N) two-stage weight ``a_2 = 2 softmax(W_h x)_2`` of the routed heads;
+            ``a_1 + a_2 = 2``. Both are 1 when the layer has no two-stage weighting (no ``wg_0``).
+    """
+
+    gates: torch.Tensor
+    selected: torch.Tensor
+    routed_probs: torch.Tensor
+    load: torch.Tensor
+    importance: torch.Tensor
+    loss: torch.Tensor
+    shared_weight: torch.Tensor
+    routed_weight: torch.Tensor
+
+
+def _no_autocast(x: torch.Tensor):
+    """Disable autocast for the router so its matmuls and softmaxes really run in float32."""
+    try:
+        enabled = torch.is_autocast_enabled(x.device.type)
+    except (RuntimeError, TypeError):  # a device type autocast does not know
+        enabled = False
+    return torch.autocast(x.device.type, enabled=False) if enabled else contextlib.nullcontext()
+
+
+def _check_count(name: str, value, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"MoHAttention: {name} must be an int >= {minimum}, got {value!r}")
+
+
+class MoHAttention(nn.Module):
+    """Mixture-of-head attention (Jin et al. 2024): per-token gates over the heads of multi-head attention.
+
+    ``out_t = proj(concat_h g_{t,h} head_h(t))`` with ``head_h = softmax(q_h k_h^T / sqrt(D)) v_h`` and the
+    gates of :class:`HeadRouting`. With ``shared_head = num_heads``, ``routed_head = 0`` and a zero ``wg_1``
+    every gate is 1 and this is plain multi-head attention (timm's ``Attention``).
+
+    Cost: the attention of every head, O(B H N^2 D) time and, through SDPA, O(B H N D) extra memory on the
+    fused backends; the router adds O(B N C H) time and O(B N H) memory. No head is skipped (see the module
+    docstring).
+
+    Valid head counts (anything else raises ``ValueError`` explaining why):
+
+    * ``routed_head = 0``: ``shared_head = num_heads`` (all heads shared; softmax gates from ``wg_1`` when
+      there are at least two heads). ``shared_head < num_heads`` would leave heads that no token uses.
+    * ``routed_head >= 1``: ``shared_head >= 0`` and ``shared_head + routed_head <= num_heads``; each token
+      picks ``routed_head`` of the ``num_heads - shared_head`` routed heads.
+
+    Args:
+        dim: model width C of the input and the output.
+        num_heads: number of heads H.
+        qkv_bias: bias in the fused ``qkv`` projection.
+        qk_norm: normalise each head's queries and keys with ``norm_layer(head_dim)``.
+        attn_drop: dropout on the attention weights (training only).
+        proj_drop: dropout after the output projection.
+        norm_layer: the normalisation used when ``qk_norm`` is set.
+        shared_head: number of shared heads h_s (always active), the first heads.
+        routed_head: number k of routed heads each token activates (top-k of the router).
+        head_dim: width D of a head; defaults to ``dim // num_heads`` (as in the reference, ``dim`` need not be
+            divisible by ``num_heads``; the projections map ``dim`` to ``H * D`` and back).
+
+    Attributes:
+        load_balancing_loss: the load-balancing loss of the most recent *training* forward, a scalar tensor
+            attached to the autograd graph; None after an eval forward, before any forward, and always when
+            the layer has no routed heads. Each forward overwrites it (no list that grows). Add it to the
+            task loss, or gather every layer's with :func:`moh_load_balancing_loss`.
+
+    Shape:
+        ``forward(x)``: (B, N, dim) -> (B, N, dim); ``forward(x, return_routing=True)`` -> ``(out, routing)``
+        with ``routing`` a :class:`HeadRouting`.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int = 8,
+        qkv_bias: bool = False,
+        qk_norm: bool = False,
+        attn_drop: float = 0.0,
+        proj_drop: float = 0.0,
+        norm_layer: type[nn.Module] = nn.LayerNorm,
+        shared_head: int = 0,
+        routed_head: int = 0,
+        head_dim: int | None = None,
+    ):
+        super().__init__()
+        _check_count("dim", dim, 1)
+        _check_count("num_heads", num_heads, 1)
+        _check_count("shared_head", shared_head, 0)
+        _check_count("routed_head", routed_head, 0)
+        if head_dim is None:
+            if dim < num_heads:
+                raise ValueError(
+                    f"MoHAttention: head_dim = dim // num_heads = {dim} // {num_heads} = 0; "
+                    f"pass head_dim or use fewer heads")
+            head_dim = dim // num_heads
+        _check_count("head_dim", head_dim, 1)
+        for label, p in (("attn_drop", attn_drop), ("proj_drop", proj_drop)):
+            if not 0.0 <= p < 1.0:
+                raise ValueError(f"MoHAttention: {label} must be in [0, 1), got {p}")
+        heads = f"num_heads={num_heads}, shared_head={shared_head}, routed_head={routed_head}"
+        if shared_head > num_heads:
+            raise ValueError(f"MoHAttention: more shared heads than heads ({heads})")
+        if routed_head == 0 and shared_head == 0:
+            raise ValueError(
+                f"MoHAttention: no head would ever be used: with routed_head=0 every head must be shared "
+                f"(shared_head=num_heads) ({heads})")
+        if routed_head == 0 and shared_head < num_heads:
+            raise ValueError(
+                f"MoHAttention: with routed_head=0 no token can choose the {num_heads - shared_head} "
+                f"non-shared heads, so they would never be used; set shared_head=num_heads or "
+                f"routed_head >= 1 ({heads})")
+        if shared_head + routed_head > num_heads:
+            raise ValueError(
+                f"MoHAttention: each token would use shared_head + routed_head = "
+                f"{shared_head + routed_head} heads but there are only {num_heads}; routed_head must be at "
+                f"most num_heads - shared_head = {num_heads - shared_head} ({heads})")
+
+        self.dim = dim
+        self.num_heads = num_heads
+        self.head_dim = head_dim
+        self.scale = head_dim**-0.5
+        self.shared_head = shared_head
+        self.routed_head = routed_head
+        self.num_routed = num_heads - shared_head if routed_head > 0 else 0  # E, the routed experts
+        self.fused_attn = True  # timm's switch: False takes the explicit-matrix path (same math)
+
+        inner = num_heads * head_dim
+        self.qkv = nn.Linear(dim, 3 * inner, bias=qkv_bias)
+        self.q_norm = norm_layer(head_dim) if qk_norm else nn.Identity()
+        self.k_norm = norm_layer(head_dim) if qk_norm else nn.Identity()
+        self.attn_drop = nn.Dropout(attn_drop)
+        self.proj = nn.Linear(inner, dim)
+        self.proj_drop = nn.Dropout(proj_drop)
+        # Router weights, created exactly when the reference creates them (checkpoint compatibility), except
+        # that a single shared head needs no wg_1: softmax over one logit is identically 1.
+        if routed_head > 0:
+            self.wg = nn.Linear(dim, self.num_routed, bias=False)  # W_r, scores the routed heads
+            if shared_head > 0:
+                self.wg_0 = nn.Linear(dim, 2, bias=False)  # W_h, the two-stage weighting
+        if shared_head > 1:
+            self.wg_1 = nn.Linear(dim, shared_head, bias=False)  # W_s, weights the shared heads
+        self.load_balancing_loss: torch.Tensor | None = None
+
+    def extra_repr(self) -> str:
+        return (f"dim={self.dim}, num_heads={self.num_heads}, head_dim={self.head_dim}, "
+                f"shared_head={self.shared_head}, routed_head={self.routed_head}")
+
+    def _check_input(self, x: torch.Tensor) -> None:
+        if not isinstance(x, torch.Tensor) or x.dim() != 3 or x.shape[-1] != self.dim:
+            got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+            raise ValueError(f"MoHAttention: expected x of shape (B, N, dim={self.dim}), got {got}")
+        if not x.is_floating_point():
+            raise ValueError(f"MoHAttention: x must be floating point, got dtype {x.dtype}")
+        if x.shape[0] == 0 or x.shape[1] == 0:
+            raise ValueError(f"MoHAttention: needs at least one token (B, N >= 1), got {tuple(x.shape)}")
+
+    def route(self, x: torch.Tensor) -> HeadRouting:
+        """The router alone: per-token head gates for x (B, N, dim), without computing attention.
+
+        Runs in ``accumulation_dtype(x.dtype)`` (at least float32), autocast disabled, so that top-k choices
+        and softmaxes do not suffer from half precision.
+        """
+        self._check_input(x)
+        B, N, _ = x.shape
+        acc = accumulation_dtype(x.dtype)
+        s, k, E = self.shared_head, self.routed_head, self.num_routed
+        with _no_autocast(x):
+            xr = x.to(acc)
+            ones = xr.new_ones(B, N)
+
+            def logits(layer: nn.Linear) -> torch.Tensor:
+                return F.linear(xr, layer.weight.to(acc))
+
+            # Shared heads: h_s * softmax(W_s x); one shared head has softmax 1 and needs no W_s.
+            if s > 1:
+                shared = F.softmax(logits(self.wg_1), dim=-1) * s  # (B, N, h_s)
+            else:
+                shared = xr.new_ones(B, N, s)  # (B, N, h_s), h_s in {0, 1}
+
+            if k == 0:  # all heads shared (validated: s == H)
+                empty = xr.new_zeros(B, N, 0)
+                return HeadRouting(
+                    gates=shared, selected=torch.ones_like(shared, dtype=torch.bool), routed_probs=empty,
+                    load=xr.new_zeros(0), importance=xr.new_zeros(0), loss=xr.new_zeros(()),
+                    shared_weight=ones, routed_weight=ones)
+
+            # Routed heads: top-k of p = softmax(W_r x), renormalised over the chosen k and scaled by k.
+            probs = F.softmax(logits(self.wg), dim=-1)  # (B, N, E)
+            top = probs.topk(k, dim=-1).indices  # (B, N, k)
+            chosen = torch.zeros_like(probs, dtype=torch.bool).scatter(-1, top, True)  # (B, N, E)
+            kept = probs * chosen
+            denom = kept.sum(dim=-1, keepdim=True).clamp(min=torch.finfo(acc).eps)  # (B, N, 1)
+            routed = kept / denom * k  # (B, N, E)
+
+            # Load balancing over all B*N tokens: E * sum_i f_i P_i, written as the reference does.
+            importance = probs.reshape(B * N, E).mean(dim=0)  # (E,) P_i
+            load = chosen.reshape(B * N, E).to(acc).mean(dim=0)  # (E,) f_i
+            loss = torch.mean(importance * load) * E * E
+
+            # Two-stage weighting: (a_1, a_2) = 2 softmax(W_h x) splits the weight between the two kinds.
+            if s > 0:
+                weight = F.softmax(logits(self.wg_0), dim=-1) * 2  # (B, N, 2)
+                shared_weight, routed_weight = weight[..., 0], weight[..., 1]  # (B, N)
+                shared = shared * shared_weight.unsqueeze(-1)
+                routed = routed * routed_weight.unsqueeze(-1)
+            else:
+                shared_weight = routed_weight = ones
+            gates = torch.cat([shared, routed], dim=-1)  # (B, N, H)
+            selected = torch.cat([torch.ones_like(shared, dtype=torch.bool), chosen], dim=-1)  # (B, N, H)
+        return HeadRouting(gates=gates, selected=selected, routed_probs=probs, load=load,
+                           importance=importance, loss=loss, shared_weight=shared_weight,
+                           routed_weight=routed_weight)
+
+    def forward(self, x: torch.Tensor, return_routing: bool = False):
+        """Gated multi-head self-attention of x (B, N, dim) -> (B, N, dim) [, HeadRouting]."""
+        routing = self.route(x)
+        B, N, _ = x.shape
+        H, D = self.num_heads, self.head_dim
+        q, k, v = self.qkv(x).view(B, N, 3, H, D).permute(2, 0, 3, 1, 4).unbind(0)  # 3 x (B, H, N, D)
+        q, k = self.q_norm(q), self.k_norm(k)
+        p = self.attn_drop.p if self.training else 0.0
+        if not self.fused_attn:
+            weights = ((q * self.scale) @ k.transpose(-2, -1)).softmax(dim=-1)  # (B, H, N, N)
+            heads = self.attn_drop(weights) @ v  # (B, H, N, D)
+        elif p > 0:
+            heads = F.scaled_dot_product_attention(q, k, v, dropout_p=p)  # (B, H, N, D)
+        else:
+            heads = softmax_attention(q, k, v)  # (B, H, N, D)
+        gates = routing.gates.to(heads.dtype)  # (B, N, H)
+        heads = heads.transpose(1, 2) * gates.unsqueeze(-1)  # (B, N, H, D)
+        out = self.proj_drop(self.proj(heads.reshape(B, N, H * D)))  # (B, N, dim)
+        self.load_balancing_loss = routing.loss if self.training and self.routed_head > 0 else None
+        return (out, routing) if return_routing else out
+
+
+def moh_load_balancing_loss(model: nn.Module, reduction: str = "mean") -> torch.Tensor:
+    """Gather the load-balancing losses of every :class:`MoHAttention` layer in ``model``.
+
+    Call it after a training-mode forward and add ``beta * loss`` to the task loss (the MoH paper uses
+    beta = 0.01). Layers without routed heads have no such loss and are skipped.
+
+    ``reduction="mean"`` (default) averages over the layers that have routed heads: the value stays on the
+    scale of one layer's loss (``k`` when the heads are perfectly balanced), so one ``beta`` works whatever
+    the depth. ``reduction="sum"`` adds them up, as summing a class-level list of the losses would.
+
+    Raises ``ValueError`` if ``model`` contains no MoHAttention, or if a layer with routed heads has no loss
+    (no training forward since construction or since its last eval forward).
+
+    Returns:
+        a scalar tensor attached to the autograd graph; zero (on the model's device) when no layer has
+        routed heads.
+    """
+    if reduction not in ("mean", "sum"):
+        raise ValueError(f"moh_load_balancing_loss: reduction must be 'mean' or 'sum', got {reduction!r}")
+    layers = [(name, m) for name, m in model.named_modules() if isinstance(m, MoHAttention)]
+    if not layers:
+        raise ValueError(f"moh_load_balancing_loss: {type(model).__name__} contains no MoHAttention layer")
+    losses = []
+    for name, m in layers:
+        if m.routed_head == 0:
+            continue
+        if m.load_balancing_loss is None:
+            raise ValueError(
+                f"moh_load_balancing_loss: layer {name or '<model>'!r} has no load-balancing loss; run a "
+                f"forward in training mode (model.train()) before asking for it")
+        losses.append(m.load_balancing_loss)
+    if not losses:
+        return next(layers[0][1].parameters()).new_zeros((), dtype=torch.float32)
+    total = torch.stack([loss.to(losses[0].dtype) for loss in losses]).sum()
+    return total / len(losses) if reduction == "mean" else total
