@@ -11,7 +11,7 @@ import math
 
 import torch
 
-__all__ = ["softmax_attention"]
+__all__ = ["softmax_attention", "linear_attention", "linear_attention_loop", "moh_attention"]
 
 
 def _f64(*xs: torch.Tensor) -> list[torch.Tensor]:
@@ -50,3 +50,175 @@ def softmax_attention(
     weights = numer / torch.where(denom > 0, denom, torch.ones_like(denom))
     out = torch.einsum("bhnm,bhmv->bhnv", weights, v)  # (B, H, N, Dv)
     return (out, weights) if return_weights else out
+
+
+def _linear_phi(feature_map, x: torch.Tensor) -> torch.Tensor:
+    """The feature map written out for the oracles: elu(x) + 1, max(x, 0), or the given callable."""
+    if feature_map == "elu":
+        return torch.where(x > 0, x + 1, torch.exp(x))
+    if feature_map == "relu":
+        return torch.clamp(x, min=0)
+    if callable(feature_map):
+        return feature_map(x).to(torch.float64)
+    raise ValueError(f"unknown feature_map {feature_map!r}")
+
+
+def linear_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    causal: bool = False,
+    feature_map="elu",
+    key_padding_mask: torch.Tensor | None = None,
+    eps: float = 1e-6,
+    return_weights: bool = False,
+):
+    """out_i = sum_j A_ij v_j,  A_ij = phi(q_i).phi(k_j) / (sum_j' phi(q_i).phi(k_j') + eps) over allowed j.
+
+    The normalised N x M kernel matrix written out (Katharopoulos et al., ICML 2020, Eq. 4; eps in the
+    denominator as in fast-transformers). Allowed: every key that is not padded (``key_padding_mask`` (B, M),
+    True = real token), and j <= i when ``causal``. q (B,H,N,D), k (B,H,M,D), v (B,H,M,Dv) -> (B,H,N,Dv)
+    float64 (and A (B,H,N,M) with ``return_weights``).
+    """
+    q, k, v = _f64(q, k, v)
+    N, M = q.shape[-2], k.shape[-2]
+    fq, fk = _linear_phi(feature_map, q), _linear_phi(feature_map, k)  # (B, H, N, R), (B, H, M, R)
+    kernel = torch.einsum("bhnr,bhmr->bhnm", fq, fk)  # (B, H, N, M)
+    allowed = torch.ones(N, M, dtype=torch.bool, device=q.device)
+    if causal:
+        allowed = allowed.tril()
+    if key_padding_mask is not None:
+        allowed = allowed & key_padding_mask[:, None, None, :]
+    kernel = kernel * allowed  # zero where not allowed
+    weights = kernel / (kernel.sum(dim=-1, keepdim=True) + eps)  # (B, H, N, M)
+    out = torch.einsum("bhnm,bhmv->bhnv", weights, v)  # (B, H, N, Dv)
+    return (out, weights) if return_weights else out
+
+
+def linear_attention_loop(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    feature_map="elu",
+    key_padding_mask: torch.Tensor | None = None,
+    eps: float = 1e-6,
+) -> torch.Tensor:
+    """Causal linear attention as an RNN, one time step after the other (Katharopoulos et al., Eqs. 16-20).
+
+        S_i = S_{i-1} + phi(k_i) v_i^T,  z_i = z_{i-1} + phi(k_i),  out_i = phi(q_i)^T S_i / (phi(q_i)^T z_i + eps)
+
+    q, k (B,H,N,D), v (B,H,N,Dv) -> (B,H,N,Dv) float64. Padded keys (``key_padding_mask`` False) are skipped.
+    """
+    q, k, v = _f64(q, k, v)
+    B, H, N, _ = q.shape
+    fq, fk = _linear_phi(feature_map, q), _linear_phi(feature_map, k)  # (B, H, N, R)
+    S = q.new_zeros(B, H, fk.shape[-1], v.shape[-1])  # (B, H, R, Dv)
+    z = q.new_zeros(B, H, fk.shape[-1])  # (B, H, R)
+    real = torch.ones(B, N, dtype=torch.bool, device=q.device) if key_padding_mask is None else key_padding_mask
+    outs = []
+    for i in range(N):
+        if_real = real[:, i].to(q.dtype)[:, None, None]  # (B, 1, 1): 0 for a padded key
+        S = S + if_real[..., None] * torch.einsum("bhr,bhv->bhrv", fk[:, :, i], v[:, :, i])
+        z = z + if_real * fk[:, :, i]
+        num = torch.einsum("bhr,bhrv->bhv", fq[:, :, i], S)  # (B, H, Dv)
+        den = torch.einsum("bhr,bhr->bh", fq[:, :, i], z)  # (B, H)
+        outs.append(num / (den[..., None] + eps))
+    return torch.stack(outs, dim=2)  # (B, H, N, Dv)
+
+
+def _softmax_literal(logits: torch.Tensor) -> torch.Tensor:
+    """exp(l_i - max l) / sum_j exp(l_j - max l) over a 1-D vector of logits."""
+    e = torch.exp(logits - logits.max())
+    return e / e.sum()
+
+
+def moh_attention(
+    x: torch.Tensor,
+    *,
+    num_heads: int,
+    shared_head: int,
+    routed_head: int,
+    qkv_weight: torch.Tensor,
+    proj_weight: torch.Tensor,
+    qkv_bias: torch.Tensor | None = None,
+    proj_bias: torch.Tensor | None = None,
+    wg: torch.Tensor | None = None,
+    wg_0: torch.Tensor | None = None,
+    wg_1: torch.Tensor | None = None,
+    q_norm=None,
+    k_norm=None,
+):
+    """Mixture-of-head attention (Jin et al., arXiv:2410.11842) written out head by head, token by token.
+
+    ``out_t = sum_h g_{t,h} head_h(t) W_O^h + b_O`` where ``W_O^h`` are the columns of the output projection
+    that read head h (multi-head attention as a sum over heads) and, for token t,
+
+    * shared heads 1..h_s: ``g = a_1 h_s softmax(W_s x_t)`` (``= a_1`` when h_s = 1: a softmax over one
+      logit is 1);
+    * routed heads (E = H - h_s of them): ``p = softmax(W_r x_t)``; the k = ``routed_head`` largest are kept,
+      ``g_i = a_2 k p_i / max(sum_{j kept} p_j, eps)``, the others get 0;
+    * ``(a_1, a_2) = 2 softmax(W_h x_t)`` when there are both kinds of heads, else 1;
+    * load-balancing loss ``E sum_i f_i P_i`` over the T = B*N tokens: ``f_i`` the fraction of tokens that
+      keep routed head i, ``P_i`` the mean of ``p_i``.
+
+    Weights are given as matrices (``nn.Linear.weight``): ``qkv_weight`` (3 H D, C) with the q, k, v rows
+    of head h at ``h*D:(h+1)*D`` within each third, ``proj_weight`` (C_out, H D), ``wg`` = W_r (E, C),
+    ``wg_0`` = W_h (2, C), ``wg_1`` = W_s (h_s, C). ``q_norm``/``k_norm`` are callables on (..., D).
+
+    Returns:
+        ``(out, gates, loss)``: out (B, N, C_out), gates (B, N, H), loss () (0 without routed heads), float64.
+    """
+    x, qkv_weight, proj_weight = _f64(x, qkv_weight, proj_weight)
+    B, N, _ = x.shape
+    H, s, k = num_heads, shared_head, routed_head
+    D = qkv_weight.shape[0] // (3 * H)
+    E = H - s if k > 0 else 0
+
+    # Gates, one token at a time.
+    gates, kept_rows, prob_rows = [], [], []
+    for b in range(B):
+        for n in range(N):
+            xt = x[b, n]  # (C,)
+            shared = [torch.ones((), dtype=x.dtype)] * s
+            if s > 1:
+                shared = list(_softmax_literal(wg_1.double() @ xt) * s)
+            routed = []
+            if k > 0:
+                p = _softmax_literal(wg.double() @ xt)  # (E,)
+                order = sorted(range(E), key=lambda i: -float(p[i].detach()))
+                keep = set(order[:k])
+                denom = torch.clamp(sum(p[i] for i in keep), min=torch.finfo(torch.float64).eps)
+                routed = [k * p[i] / denom if i in keep else p[i] * 0 for i in range(E)]
+                kept_rows.append([float(i in keep) for i in range(E)])
+                prob_rows.append(p)
+                if s > 0:
+                    a = _softmax_literal(wg_0.double() @ xt) * 2
+                    shared = [a[0] * g for g in shared]
+                    routed = [a[1] * g for g in routed]
+            gates.append(torch.stack(shared + routed))  # (H,)
+    gates = torch.stack(gates).reshape(B, N, H)
+
+    # Heads, one at a time, then the output as a sum over heads of gated head outputs.
+    out = x.new_zeros(B, N, proj_weight.shape[0])
+    if proj_bias is not None:
+        out = out + proj_bias.double()
+    for h in range(H):
+        rows = [slice(part * H * D + h * D, part * H * D + (h + 1) * D) for part in range(3)]
+        q, kk, v = (x @ qkv_weight[r].T for r in rows)  # 3 x (B, N, D)
+        if qkv_bias is not None:
+            q, kk, v = (t + qkv_bias.double()[r] for t, r in zip((q, kk, v), rows, strict=True))
+        if q_norm is not None:
+            q, kk = q_norm(q), k_norm(kk)
+        head = softmax_attention(q[:, None], kk[:, None], v[:, None])[:, 0]  # (B, N, D)
+        out = out + (gates[..., h, None] * head) @ proj_weight[:, h * D:(h + 1) * D].T  # (B, N, C_out)
+
+    loss = x.new_zeros(())
+    if k > 0:
+        T = B * N
+        for i in range(E):
+            f_i = sum(row[i] for row in kept_rows) / T
+            P_i = sum(p[i] for p in prob_rows) / T
+            loss = loss + E * f_i * P_i
+    return out, gates, loss
