@@ -31,7 +31,7 @@ test: lint unit notebooks book-strict
 
 lint: venv
 	$(BIN)/ruff check src tests benchmarks book
-	$(BIN)/nbstripout --verify $(wildcard book/*.ipynb)
+	$(BIN)/nbstripout --verify --keep-id $(wildcard book/*.ipynb)
 
 unit: venv
 	$(BIN)/pytest -q -n $(PYTEST_WORKERS) tests
