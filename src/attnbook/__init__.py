@@ -11,8 +11,11 @@ Layout is head-first, ``(B, H, N, D)``, as in ``torch.nn.functional.scaled_dot_p
 Boolean masks use True = "may attend".
 """
 
-from . import config, reference
+from . import config, feature_maps, reference
 from ._module import ProjectedAttention
+from .flow import FlowAttention, FlowState, FlowStats, flow_attention, flow_attention_step
+from .linear import LinearAttention, LinearState, linear_attention, linear_attention_step
+from .mobile import MobileAttention, mobile_attention
 from .moh import HeadRouting, MoHAttention, moh_load_balancing_loss
 from .softmax import SoftmaxAttention, softmax_attention
 
@@ -27,4 +30,16 @@ __all__ = [
     "MoHAttention",
     "HeadRouting",
     "moh_load_balancing_loss",
+    "feature_maps",
+    "linear_attention",
+    "linear_attention_step",
+    "LinearState",
+    "LinearAttention",
+    "flow_attention",
+    "flow_attention_step",
+    "FlowStats",
+    "FlowState",
+    "FlowAttention",
+    "mobile_attention",
+    "MobileAttention",
 ]

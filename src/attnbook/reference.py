@@ -11,7 +11,8 @@ import math
 
 import torch
 
-__all__ = ["softmax_attention", "linear_attention", "linear_attention_loop", "moh_attention"]
+__all__ = ["softmax_attention", "linear_attention", "linear_attention_loop", "moh_attention",
+           "flow_attention", "mobile_attention"]
 
 
 def _f64(*xs: torch.Tensor) -> list[torch.Tensor]:
@@ -222,3 +223,111 @@ def moh_attention(
             P_i = sum(p[i] for p in prob_rows) / T
             loss = loss + E * f_i * P_i
     return out, gates, loss
+
+
+def _flow_dot(x: torch.Tensor, y: torch.Tensor, eps: float) -> torch.Tensor:
+    """(x + eps) . (y + eps) over the last dimension, eps added to every component (Flowformer's placement)."""
+    return ((x + eps) * (y + eps)).sum(-1)
+
+
+def flow_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    causal: bool = False,
+    eps: float = 1e-6,
+    return_flows: bool = False,
+):
+    """Flow-Attention (Wu et al., ICML 2022) term by term, with the N x M flow matrix written out.
+
+    Non-causal: I_i = (q~_i+eps).(sum_j k~_j+eps), O_j = (k~_j+eps).(sum_i q~_i+eps),
+    I^_i = (q~_i+eps).(sum_j k~_j/O_j+eps), O^_j = clamp((k~_j+eps).(sum_i q~_i/I_i+eps), -1, 1),
+    a_i = sigmoid(I^_i n/m), c_j = softmax_j(O^_j) m, out_i = sum_j a_i (q~_i.k~_j) / I_i c_j v_j.
+    Causal (N == M): a loop over positions, every sum over the prefix, divided by t_i = i + 1;
+    a_i = sigmoid(I^_i), c_j = exp(O^_j) / sum_{j'<=j} exp(O^_j') t_j, out_i = sum_{j<=i} a_i (q~_i.k~_j) /
+    (I_i t_i) c_j v_j. q~ = sigmoid(q), k~ = sigmoid(k).
+
+    q (B,H,N,D), k (B,H,M,D), v (B,H,M,Dv) -> (B,H,N,Dv) float64, and a FlowStats with ``return_flows``.
+    """
+    from .flow import FlowStats  # the result type only
+
+    q, k, v = _f64(q, k, v)
+    qs, ks = torch.sigmoid(q), torch.sigmoid(k)
+    N, M = qs.shape[-2], ks.shape[-2]
+    if not causal:
+        incoming = _flow_dot(qs, ks.sum(-2, keepdim=True), eps)  # (B, H, N)
+        outgoing = _flow_dot(ks, qs.sum(-2, keepdim=True), eps)  # (B, H, M)
+        conserved_incoming = _flow_dot(qs, (ks / outgoing[..., None]).sum(-2, keepdim=True), eps)
+        raw = _flow_dot(ks, (qs / incoming[..., None]).sum(-2, keepdim=True), eps)
+        conserved_outgoing = raw.clamp(-1.0, 1.0)
+        allocation = torch.sigmoid(conserved_incoming * N / M)
+        e = torch.exp(conserved_outgoing)
+        competition = e / e.sum(-1, keepdim=True) * M
+        flow = (allocation / incoming)[..., :, None] * (qs @ ks.transpose(-2, -1)) * competition[..., None, :]
+    else:
+        if N != M:
+            raise ValueError(f"reference.flow_attention: causal needs N == M, got N={N}, M={M}")
+        I, O = [], []
+        for i in range(N):
+            t = i + 1
+            I.append(_flow_dot(qs[..., i, :], ks[..., :t, :].sum(-2), eps) / t)
+            O.append(_flow_dot(ks[..., i, :], qs[..., :t, :].sum(-2), eps) / t)
+        incoming, outgoing = torch.stack(I, -1), torch.stack(O, -1)  # (B, H, N)
+        Ih, Oh, C = [], [], []
+        for i in range(N):
+            t = i + 1
+            Ih.append(_flow_dot(qs[..., i, :], (ks[..., :t, :] / outgoing[..., :t, None]).sum(-2), eps) / t)
+            Oh.append(_flow_dot(ks[..., i, :], (qs[..., :t, :] / incoming[..., :t, None]).sum(-2), eps) / t)
+        conserved_incoming, raw = torch.stack(Ih, -1), torch.stack(Oh, -1)
+        conserved_outgoing = raw.clamp(-1.0, 1.0)
+        allocation = torch.sigmoid(conserved_incoming)
+        e = torch.exp(conserved_outgoing)
+        for j in range(N):
+            C.append(e[..., j] / e[..., : j + 1].sum(-1) * (j + 1))
+        competition = torch.stack(C, -1)
+        t = torch.arange(1, N + 1, dtype=torch.float64, device=q.device)
+        mask = torch.ones(N, N, dtype=torch.bool, device=q.device).tril()
+        scores = (qs @ ks.transpose(-2, -1)).masked_fill(~mask, 0.0)  # (B, H, N, N)
+        flow = (allocation / (incoming * t))[..., :, None] * scores * competition[..., None, :]
+    out = flow @ v  # (B, H, N, Dv)
+    if not return_flows:
+        return out
+    return out, FlowStats(incoming, outgoing, conserved_incoming, conserved_outgoing, competition, allocation, raw)
+
+
+def mobile_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    eps: float = 1e-6,
+    return_flows: bool = False,
+):
+    """Mobile-Attention (Yao et al., ICML 2024) term by term: flow sums over the heads at each position.
+
+    I_hi = (q~_hi+eps).(sum_h' k~_h'i+eps), O_hj = (k~_hj+eps).(sum_h' q~_h'j+eps),
+    I^_hi = (q~_hi+eps).(sum_h' k~_h'i/O_h'i+eps), O^_hj = clamp((k~_hj+eps).(sum_h' q~_h'j/I_h'j+eps), -1, 1),
+    a = sigmoid(I^ N/M), c_hj = softmax over j of O^_hj times M, out_hi = sum_j a_hi (q~_hi.k~_hj) / I_hi c_hj v_hj.
+    q, k (B,H,N,D), v (B,H,N,Dv) -> (B,H,N,Dv) float64, and a FlowStats with ``return_flows``.
+    """
+    from .flow import FlowStats  # the result type only
+
+    q, k, v = _f64(q, k, v)
+    qs, ks = torch.sigmoid(q), torch.sigmoid(k)
+    N, M = qs.shape[-2], ks.shape[-2]
+    if N != M:
+        raise ValueError(f"reference.mobile_attention: needs N == M, got N={N}, M={M}")
+    incoming = _flow_dot(qs, ks.sum(1, keepdim=True), eps)  # (B, H, N)
+    outgoing = _flow_dot(ks, qs.sum(1, keepdim=True), eps)  # (B, H, N)
+    conserved_incoming = _flow_dot(qs, (ks / outgoing[..., None]).sum(1, keepdim=True), eps)
+    raw = _flow_dot(ks, (qs / incoming[..., None]).sum(1, keepdim=True), eps)
+    conserved_outgoing = raw.clamp(-1.0, 1.0)
+    allocation = torch.sigmoid(conserved_incoming * N / M)
+    e = torch.exp(conserved_outgoing)
+    competition = e / e.sum(-1, keepdim=True) * M
+    flow = (allocation / incoming)[..., :, None] * (qs @ ks.transpose(-2, -1)) * competition[..., None, :]
+    out = flow @ v  # (B, H, N, Dv)
+    if not return_flows:
+        return out
+    return out, FlowStats(incoming, outgoing, conserved_incoming, conserved_outgoing, competition, allocation, raw)

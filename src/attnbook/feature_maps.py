@@ -1,0 +1,144 @@
+"""Feature maps phi for kernelized (linear) attention: chapter 2.
+
+Linear attention replaces the softmax kernel exp(q . k / sqrt(D)) by a dot product of features,
+sim(q, k) = phi(q) . phi(k), with phi mapping the last dimension D to R non-negative features.
+
+* :func:`elu_feature_map`: phi(x) = elu(x) + 1 (R = D), the map of Katharopoulos et al., "Transformers are
+  RNNs: Fast Autoregressive Transformers with Linear Attention", ICML 2020.
+* :func:`relu_feature_map`: phi(x) = max(x, 0) (R = D).
+* :class:`PerformerFeatures`: FAVOR+ positive orthogonal random features (R = ``num_features``), whose dot
+  products are an unbiased estimate of exp(q . k / sqrt(D)) (Choromanski et al., "Rethinking Attention with
+  Performers", ICLR 2021, Lemma 1 and Sec. 2.4).
+* :func:`resolve_feature_map` turns a spec ("elu", "relu", a callable) into a callable.
+
+A feature map is any callable taking (..., D) to (..., R) that keeps the leading dimensions.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+__all__ = ["elu_feature_map", "relu_feature_map", "PerformerFeatures", "resolve_feature_map", "FEATURE_MAPS"]
+
+FeatureMap = Callable[[torch.Tensor], torch.Tensor]
+
+
+def elu_feature_map(x: torch.Tensor) -> torch.Tensor:
+    """phi(x) = elu(x) + 1: positive, (..., D) -> (..., D). Katharopoulos et al., ICML 2020, Eq. 7."""
+    return F.elu(x) + 1
+
+
+def relu_feature_map(x: torch.Tensor) -> torch.Tensor:
+    """phi(x) = max(x, 0): non-negative, (..., D) -> (..., D). Rows can be all zero; eps keeps them finite."""
+    return F.relu(x)
+
+
+FEATURE_MAPS: dict[str, FeatureMap] = {"elu": elu_feature_map, "relu": relu_feature_map}
+
+
+def _orthogonal_gaussian(num_features: int, dim: int, generator: torch.Generator | None,
+                         device: torch.device) -> torch.Tensor:
+    """R rows w_r in R^D, orthogonal within blocks of D, each row's norm drawn as that of a N(0, I_D) vector.
+
+    The marginal of every row is N(0, I_D) (Choromanski et al. 2021, Sec. 2.4: orthogonal random features).
+    """
+    blocks = []
+    for start in range(0, num_features, dim):
+        rows = min(dim, num_features - start)
+        g = torch.randn(dim, dim, generator=generator, device=device, dtype=torch.float64)
+        qmat, _ = torch.linalg.qr(g)  # (D, D), orthonormal columns
+        blocks.append(qmat.T[:rows])  # (rows, D)
+    w = torch.cat(blocks, dim=0)  # (R, D), unit rows
+    norms = torch.randn(num_features, dim, generator=generator, device=device, dtype=torch.float64).norm(dim=-1)
+    return w * norms[:, None]  # (R, D)
+
+
+class PerformerFeatures(nn.Module):
+    """FAVOR+ positive random features: phi(q) . phi(k) estimates the softmax kernel exp(q . k / sqrt(D)).
+
+        phi(x) = exp(W x' - |x'|^2 / 2) / sqrt(R),   x' = x / D^(1/4),   W (R, D) with rows w_r ~ N(0, I_D)
+
+    so that E[phi(q) . phi(k)] = exp(q' . k') = exp(q . k / sqrt(D)) (Choromanski et al., "Rethinking
+    Attention with Performers", ICLR 2021, Lemma 1). With ``orthogonal=True`` the rows are orthogonal in
+    blocks of D (Sec. 2.4), which lowers the variance. The features are positive, so normalisers never
+    vanish. The error shrinks like 1 / sqrt(R).
+
+    Cost: O(N D R) time and O(N R) memory for N vectors.
+
+    Args:
+        num_features: R, the number of random features.
+        dim: D, the query/key width the features are drawn for.
+        generator: a ``torch.Generator`` for reproducible draws (drawn on its device, then stored as a buffer).
+        seed: alternatively an int seed (a fresh CPU generator). Neither: torch's global random state.
+        orthogonal: draw orthogonal blocks (FAVOR+) rather than independent Gaussian rows.
+
+    Shape:
+        (..., D) -> (..., R). The buffer ``projection`` (R, D) moves with ``.to(device)``.
+    """
+
+    projection: torch.Tensor
+
+    def __init__(self, num_features: int, dim: int, *, generator: torch.Generator | None = None,
+                 seed: int | None = None, orthogonal: bool = True):
+        super().__init__()
+        for label, value in (("num_features", num_features), ("dim", dim)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"PerformerFeatures: {label} must be a positive int, got {value!r}")
+        if generator is not None and seed is not None:
+            raise ValueError("PerformerFeatures: pass either generator or seed, not both")
+        if seed is not None:
+            generator = torch.Generator().manual_seed(seed)
+        self.num_features, self.dim, self.orthogonal = num_features, dim, orthogonal
+        self.register_buffer("projection", self._draw(generator))
+
+    def _draw(self, generator: torch.Generator | None) -> torch.Tensor:
+        device = generator.device if generator is not None else torch.device("cpu")
+        if self.orthogonal:
+            w = _orthogonal_gaussian(self.num_features, self.dim, generator, device)
+        else:
+            w = torch.randn(self.num_features, self.dim, generator=generator, device=device, dtype=torch.float64)
+        return w.to(torch.float32)  # (R, D)
+
+    @torch.no_grad()
+    def redraw(self, generator: torch.Generator | None = None) -> None:
+        """Draw a new projection in place (Performers redraw features now and then during training)."""
+        self.projection.copy_(self._draw(generator).to(self.projection.device))
+
+    def extra_repr(self) -> str:
+        return f"num_features={self.num_features}, dim={self.dim}, orthogonal={self.orthogonal}"
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[-1] != self.dim:
+            raise ValueError(
+                f"PerformerFeatures: drawn for width D={self.dim}, got input of shape {tuple(x.shape)}"
+            )
+        x = x * self.dim ** -0.25  # (..., D)
+        w = self.projection.to(dtype=x.dtype, device=x.device)  # (R, D)
+        logits = x @ w.T - 0.5 * (x * x).sum(dim=-1, keepdim=True)  # (..., R)
+        return torch.exp(logits) * (1.0 / math.sqrt(self.num_features))  # (..., R)
+
+
+def resolve_feature_map(spec: str | FeatureMap) -> FeatureMap:
+    """"elu" | "relu" | any callable (including a :class:`PerformerFeatures`) -> a callable feature map.
+
+    Raises ``ValueError`` for anything else, listing the accepted names.
+    """
+    if isinstance(spec, str):
+        try:
+            return FEATURE_MAPS[spec]
+        except KeyError:
+            raise ValueError(
+                f"unknown feature_map {spec!r}: expected one of {sorted(FEATURE_MAPS)}, a callable "
+                f"or a PerformerFeatures"
+            ) from None
+    if callable(spec):
+        return spec
+    raise ValueError(
+        f"feature_map must be one of {sorted(FEATURE_MAPS)}, a callable or a PerformerFeatures, "
+        f"got {type(spec).__name__}"
+    )

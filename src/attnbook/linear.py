@@ -1,0 +1,232 @@
+"""Kernelized linear attention: chapter 2.
+
+Replace the softmax kernel exp(q . k / sqrt(D)) by phi(q) . phi(k) and use associativity:
+
+    out_i = phi(q_i)^T (sum_j phi(k_j) v_j^T) / (phi(q_i)^T (sum_j phi(k_j)) + eps)
+
+The sums over keys are computed once, so the N x M matrix never exists: O(N R Dv) time instead of O(N M D).
+Causal attention restricts both sums to j <= i; carried as a state (S, z) it is an RNN, which is what makes
+generation cost O(1) per token (Katharopoulos et al., "Transformers are RNNs: Fast Autoregressive
+Transformers with Linear Attention", ICML 2020, Eqs. 4-6 and 16-20). The non-causal numbers are those of
+fast-transformers' ``LinearAttention``, eps added to the denominator.
+
+The literal definitions (the normalised N x M matrix, the loop over time) are
+:func:`attnbook.reference.linear_attention` and :func:`attnbook.reference.linear_attention_loop`.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from ._checks import _shape, accumulation_dtype, check_key_padding_mask, check_qkv
+from ._module import ProjectedAttention
+from ._prefix import causal_dot_product
+from .feature_maps import FeatureMap, PerformerFeatures, resolve_feature_map
+
+__all__ = ["linear_attention", "LinearState", "linear_attention_step", "LinearAttention"]
+
+
+def _features(phi: FeatureMap, x: torch.Tensor, *, name: str, label: str) -> torch.Tensor:
+    fx = phi(x)
+    if not isinstance(fx, torch.Tensor) or fx.dim() != x.dim() or fx.shape[:-1] != x.shape[:-1]:
+        got = _shape(fx) if isinstance(fx, torch.Tensor) else type(fx).__name__
+        raise ValueError(
+            f"{name}: the feature map must keep the leading dimensions of {label} {_shape(x)} "
+            f"and map only the last one, got {got}"
+        )
+    return fx
+
+
+def _check_eps(eps: float, name: str) -> None:
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps >= 0:
+        raise ValueError(f"{name}: eps must be a non-negative number, got {eps!r}")
+
+
+def linear_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    causal: bool = False,
+    feature_map: str | FeatureMap = "elu",
+    key_padding_mask: torch.Tensor | None = None,
+    eps: float = 1e-6,
+    chunk_size: int = 64,
+) -> torch.Tensor:
+    """Kernelized linear attention (Katharopoulos et al., ICML 2020), non-causal or causal.
+
+        out_i = phi(q_i)^T S / (phi(q_i)^T z + eps),   S = sum_j phi(k_j) v_j^T,   z = sum_j phi(k_j)
+
+    with both sums over all keys j, or over j <= i when ``causal``. ``phi`` is applied inside, to q and k.
+
+    Cost: non-causal O(B H (N + M) R Dv) time and O(B H R Dv) memory beside the inputs and the output.
+    Causal, chunked (``chunk_size`` C: exact products inside a chunk, a carried (R, Dv) state between
+    chunks): O(B H N (C + R) Dv) time and O(B H (N (R + Dv) + R Dv)) memory; nothing of size N x N or
+    N x R x Dv. The result does not depend on C (up to rounding).
+
+    Args:
+        q: queries (B, H, N, D).
+        k: keys (B, H, M, D).
+        v: values (B, H, M, Dv).
+        causal: query i sees keys j <= i only; needs N == M.
+        feature_map: "elu" (elu(x) + 1, default), "relu", a callable (..., D) -> (..., R), or an
+            :class:`attnbook.feature_maps.PerformerFeatures` (FAVOR+ random features approximating softmax).
+        key_padding_mask: (B, M) bool, True = real token. Padded keys and values contribute nothing, whatever
+            their values (and get zero gradients).
+        eps: added to the denominator, as in fast-transformers.
+        chunk_size: C of the causal algorithm.
+
+    Returns:
+        (B, H, N, Dv) in the dtype of the inputs. Feature maps, sums, normalisers and states are computed
+        in at least float32, so float16 / bfloat16 inputs do not overflow where float32 would not.
+    """
+    name = "linear_attention"
+    B, H, N, M, D, Dv = check_qkv(q, k, v, name=name, same_length=causal)
+    _check_eps(eps, name)
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
+        raise ValueError(f"{name}: chunk_size must be a positive int, got {chunk_size!r}")
+    phi = resolve_feature_map(feature_map)
+    dtype, acc = q.dtype, accumulation_dtype(q.dtype)
+    q, k, v = q.to(acc), k.to(acc), v.to(acc)
+    keep = None
+    if key_padding_mask is not None:
+        keep = check_key_padding_mask(key_padding_mask, B, M, name=name).to(q.device)[:, None, :, None]
+        # Zero padded keys and values *before* phi: a huge padded key must not become inf * 0 = NaN.
+        k = torch.where(keep, k, 0.0)  # (B, H, M, D)
+        v = torch.where(keep, v, 0.0)  # (B, H, M, Dv)
+    fq = _features(phi, q, name=name, label="q").to(acc)  # (B, H, N, R)
+    fk = _features(phi, k, name=name, label="k").to(acc)  # (B, H, M, R)
+    if fq.shape[-1] != fk.shape[-1]:
+        raise ValueError(f"{name}: the feature map gave q features {_shape(fq)} but k features {_shape(fk)}")
+    if keep is not None:
+        fk = torch.where(keep, fk, 0.0)  # (B, H, M, R), phi(0) need not be 0
+    if causal:
+        num = causal_dot_product(fq, fk, v, chunk_size)  # (B, H, N, Dv)
+        z = torch.cumsum(fk, dim=-2)  # (B, H, N, R)
+        den = (fq * z).sum(dim=-1, keepdim=True)  # (B, H, N, 1)
+    else:
+        kv = fk.transpose(-2, -1) @ v  # (B, H, R, Dv)
+        z = fk.sum(dim=-2)  # (B, H, R)
+        num = fq @ kv  # (B, H, N, Dv)
+        den = fq @ z.unsqueeze(-1)  # (B, H, N, 1)
+    return (num / (den + eps)).to(dtype)  # (B, H, N, Dv)
+
+
+class LinearState(NamedTuple):
+    """The recurrent state of causal linear attention after t tokens.
+
+    S = sum_{j<=t} phi(k_j) v_j^T (B, H, R, Dv) and z = sum_{j<=t} phi(k_j) (B, H, R), in at least float32.
+    """
+
+    S: torch.Tensor
+    z: torch.Tensor
+
+
+def linear_attention_step(
+    q_t: torch.Tensor,
+    k_t: torch.Tensor,
+    v_t: torch.Tensor,
+    state: LinearState | None = None,
+    *,
+    feature_map: str | FeatureMap = "elu",
+    eps: float = 1e-6,
+) -> tuple[torch.Tensor, LinearState]:
+    """One token of causal linear attention as an RNN (Katharopoulos et al., ICML 2020, Eqs. 16-20).
+
+        S_t = S_{t-1} + phi(k_t) v_t^T,   z_t = z_{t-1} + phi(k_t),   out_t = phi(q_t)^T S_t / (phi(q_t)^T z_t + eps)
+
+    Stepping through a sequence from ``state=None`` (zeros) reproduces ``linear_attention(causal=True)``.
+
+    Cost per token: O(B H R Dv) time and memory, independent of the position t.
+
+    Args:
+        q_t: query (B, H, D).
+        k_t: key (B, H, D).
+        v_t: value (B, H, Dv).
+        state: :class:`LinearState` from the previous step, or None to start from zeros.
+        feature_map, eps: as in :func:`linear_attention`.
+
+    Returns:
+        (out_t (B, H, Dv) in the input dtype, the new :class:`LinearState` in the accumulation dtype).
+    """
+    name = "linear_attention_step"
+    for label, x in (("q_t", q_t), ("k_t", k_t), ("v_t", v_t)):
+        if not isinstance(x, torch.Tensor) or x.dim() != 3 or not x.is_floating_point():
+            got = _shape(x) if isinstance(x, torch.Tensor) else type(x).__name__
+            raise ValueError(f"{name}: {label} must be a floating (B, H, D) tensor, got {got}")
+    shapes = f"q_t {_shape(q_t)}, k_t {_shape(k_t)}, v_t {_shape(v_t)}"
+    if q_t.shape != k_t.shape or v_t.shape[:2] != q_t.shape[:2]:
+        raise ValueError(f"{name}: expected q_t, k_t (B, H, D) and v_t (B, H, Dv), got {shapes}")
+    if not (q_t.dtype == k_t.dtype == v_t.dtype):
+        raise ValueError(f"{name}: q_t, k_t, v_t must share a dtype, got {q_t.dtype}, {k_t.dtype}, {v_t.dtype}")
+    _check_eps(eps, name)
+    phi = resolve_feature_map(feature_map)
+    acc = accumulation_dtype(q_t.dtype)
+    fq = _features(phi, q_t.to(acc), name=name, label="q_t").to(acc)  # (B, H, R)
+    fk = _features(phi, k_t.to(acc), name=name, label="k_t").to(acc)  # (B, H, R)
+    B, H, R = fk.shape
+    Dv = v_t.shape[-1]
+    if fq.shape != fk.shape:
+        raise ValueError(f"{name}: the feature map gave q_t features {_shape(fq)} but k_t features {_shape(fk)}")
+    if state is None:
+        state = LinearState(fk.new_zeros(B, H, R, Dv), fk.new_zeros(B, H, R))
+    elif not isinstance(state, tuple) or len(state) != 2:
+        raise ValueError(f"{name}: state must be a LinearState(S, z) or None, got {type(state).__name__}")
+    else:
+        S, z = state
+        if tuple(S.shape) != (B, H, R, Dv) or tuple(z.shape) != (B, H, R):
+            raise ValueError(
+                f"{name}: state S {_shape(S)}, z {_shape(z)} does not match (B, H, R, Dv) = {(B, H, R, Dv)} "
+                f"and (B, H, R) for {shapes}"
+            )
+    S = state.S.to(acc) + fk.unsqueeze(-1) * v_t.to(acc).unsqueeze(-2)  # (B, H, R, Dv)
+    z = state.z.to(acc) + fk  # (B, H, R)
+    num = (fq.unsqueeze(-2) @ S).squeeze(-2)  # (B, H, Dv)
+    den = (fq * z).sum(dim=-1, keepdim=True)  # (B, H, 1)
+    return (num / (den + eps)).to(v_t.dtype), LinearState(S, z)
+
+
+class LinearAttention(ProjectedAttention):
+    """Multi-head kernelized linear attention with the module family's projections.
+
+    Args:
+        d_input, d_model, d_output, n_heads, drop_out: see :class:`attnbook.ProjectedAttention`.
+        feature_map: as in :func:`linear_attention`. A :class:`~attnbook.feature_maps.PerformerFeatures`
+            becomes a submodule (its projection moves with the module) and must be drawn for
+            D = d_model // n_heads.
+        causal: each position attends only to itself and earlier positions (needs L == S).
+        eps: added to the denominator.
+        chunk_size: C of the causal chunked algorithm.
+
+    Shape:
+        ``forward(queries, keys, values, key_padding_mask=None)``: (B, L, d_input), (B, S, d_input),
+        (B, S, d_input) and a (B, S) bool mask (True = real token) -> (B, L, d_output).
+    """
+
+    def __init__(self, d_input: int, d_model: int, d_output: int, n_heads: int, drop_out: float = 0.0,
+                 feature_map: str | FeatureMap = "elu", causal: bool = False, eps: float = 1e-6,
+                 chunk_size: int = 64):
+        super().__init__(d_input, d_model, d_output, n_heads, drop_out)
+        _check_eps(eps, type(self).__name__)
+        phi = resolve_feature_map(feature_map)
+        head_dim = d_model // n_heads
+        if isinstance(phi, PerformerFeatures) and phi.dim != head_dim:
+            raise ValueError(
+                f"{type(self).__name__}: feature map drawn for D={phi.dim}, but heads have "
+                f"D = d_model // n_heads = {head_dim}"
+            )
+        self.feature_map = phi  # an nn.Module (Performer) registers as a submodule
+        self.causal, self.eps, self.chunk_size = causal, eps, chunk_size
+
+    def extra_repr(self) -> str:
+        return f"n_heads={self.n_heads}, causal={self.causal}, eps={self.eps}"
+
+    def forward(self, queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                key_padding_mask: torch.Tensor | None = None) -> torch.Tensor:
+        return super().forward(queries, keys, values, key_padding_mask=key_padding_mask)
+
+    def attend(self, q, k, v, key_padding_mask=None):
+        return linear_attention(q, k, v, causal=self.causal, feature_map=self.feature_map,
+                                key_padding_mask=key_padding_mask, eps=self.eps, chunk_size=self.chunk_size)

@@ -1,0 +1,390 @@
+"""linear_attention, linear_attention_step and LinearAttention against the float64 definitions."""
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from support import DEVICES, FLOAT_DTYPES, assert_matches_reference, tol
+
+import attnbook
+from attnbook import reference
+from attnbook.feature_maps import PerformerFeatures
+
+SHAPES = {  # (B, H, N, M, D, Dv)
+    "square": (2, 3, 7, 7, 8, 8),
+    "more_keys": (1, 2, 5, 11, 4, 6),
+    "more_queries": (2, 1, 9, 4, 4, 3),
+    "single_token": (1, 1, 1, 1, 3, 2),
+    "long_odd": (1, 2, 63, 63, 5, 7),
+}
+SQUARE = {name: s for name, s in SHAPES.items() if s[2] == s[3]}
+
+
+def qkv(B, H, N, M, D, Dv, device="cpu", dtype=torch.float32):
+    return (torch.randn(B, H, N, D, device=device, dtype=dtype), torch.randn(B, H, M, D, device=device, dtype=dtype),
+            torch.randn(B, H, M, Dv, device=device, dtype=dtype))
+
+
+def feature_map(name, D):
+    """The feature maps under test, by readable id; Performer drawn with a fixed seed for width D."""
+    if name == "performer":
+        return PerformerFeatures(16, D, seed=1)
+    if name == "square_plus":  # a user callable that changes the width: R = 2 D
+        return lambda x: torch.cat([x * x, torch.ones_like(x)], dim=-1)
+    return name
+
+
+FEATURE_MAP_IDS = ["elu", "relu", "performer", "square_plus"]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("fmap", FEATURE_MAP_IDS)
+@pytest.mark.parametrize("shape", SHAPES.values(), ids=SHAPES.keys())
+def test_non_causal_matches_reference_outputs_and_gradients(shape, fmap, dtype, device):
+    phi = feature_map(fmap, shape[4])
+    if isinstance(phi, PerformerFeatures):
+        phi = phi.to(device)
+    assert_matches_reference(
+        lambda q, k, v: attnbook.linear_attention(q, k, v, feature_map=phi),
+        lambda q, k, v: reference.linear_attention(q, k, v, feature_map=phi),
+        list(qkv(*shape, device=device)), dtype=dtype)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("chunk_size", [1, 3, 64], ids=lambda c: f"chunk{c}")
+@pytest.mark.parametrize("fmap", FEATURE_MAP_IDS)
+@pytest.mark.parametrize("shape", SQUARE.values(), ids=SQUARE.keys())
+def test_causal_matches_reference_outputs_and_gradients(shape, fmap, chunk_size, dtype, device):
+    phi = feature_map(fmap, shape[4])
+    if isinstance(phi, PerformerFeatures):
+        phi = phi.to(device)
+    assert_matches_reference(
+        lambda q, k, v: attnbook.linear_attention(q, k, v, causal=True, feature_map=phi, chunk_size=chunk_size),
+        lambda q, k, v: reference.linear_attention(q, k, v, causal=True, feature_map=phi),
+        list(qkv(*shape, device=device)), dtype=dtype)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_key_padding_mask_matches_reference_outputs_and_gradients(causal):
+    B, H, N, D, Dv = 3, 2, 9, 4, 5
+    pad = torch.ones(B, N, dtype=torch.bool)
+    pad[1, 6:] = False
+    pad[2, ::2] = False
+    for dtype in (torch.float32, torch.float64):
+        assert_matches_reference(
+            lambda q, k, v: attnbook.linear_attention(q, k, v, causal=causal, key_padding_mask=pad, chunk_size=4),
+            lambda q, k, v: reference.linear_attention(q, k, v, causal=causal, key_padding_mask=pad),
+            list(qkv(B, H, N, N, D, Dv)), dtype=dtype)
+
+
+def fast_transformers_formula(queries, keys, values, eps):
+    """The seed's non-causal computation, in its (N, L, H, D) layout, written from its three einsums."""
+    Q = torch.nn.functional.elu(queries) + 1
+    K = torch.nn.functional.elu(keys) + 1
+    KV = torch.einsum("nshd,nshm->nhmd", K, values)
+    Z = 1 / (torch.einsum("nlhd,nhd->nlh", Q, K.sum(dim=1)) + eps)
+    return torch.einsum("nlhd,nhmd,nlh->nlhm", Q, KV, Z)
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("eps", [1e-6, 0.5], ids=["eps_default", "eps_large"])
+def test_non_causal_equals_the_fast_transformers_numbers(eps, dtype):
+    q, k, v = qkv(2, 3, 6, 10, 4, 5, dtype=dtype)
+    q = q * 3  # rows whose elu + 1 features are tiny make eps visible
+    ours = attnbook.linear_attention(q, k, v, eps=eps)  # (B, H, N, Dv)
+    seed = fast_transformers_formula(*(x.transpose(1, 2) for x in (q, k, v)), eps).transpose(1, 2)
+    torch.testing.assert_close(ours, seed, **tol(dtype))
+    torch.testing.assert_close(reference.linear_attention(q, k, v, eps=eps), seed.double(), **tol(dtype))
+
+
+@pytest.mark.parametrize("fmap", ["elu", "performer"])
+@pytest.mark.parametrize("N", [1, 7, 63, 100])
+def test_chunked_equals_one_chunk_equals_recurrent_equals_loop(N, fmap):
+    """The causal result does not depend on the chunk size (dividing N or not) and equals the RNN form."""
+    phi = feature_map(fmap, 6)
+    q, k, v = qkv(2, 3, N, N, 6, 5, dtype=torch.float64)
+    one_chunk = attnbook.linear_attention(q, k, v, causal=True, feature_map=phi, chunk_size=N)
+    for c in (1, 5, 16, 64, 1000):
+        torch.testing.assert_close(
+            attnbook.linear_attention(q, k, v, causal=True, feature_map=phi, chunk_size=c), one_chunk,
+            **tol(torch.float64), msg=lambda m, c=c: f"chunk_size={c}: {m}")
+    state, outs = None, []
+    for t in range(N):
+        out_t, state = attnbook.linear_attention_step(q[:, :, t], k[:, :, t], v[:, :, t], state, feature_map=phi)
+        outs.append(out_t)
+    torch.testing.assert_close(torch.stack(outs, dim=2), one_chunk, **tol(torch.float64))
+    torch.testing.assert_close(reference.linear_attention_loop(q, k, v, feature_map=phi),
+                               reference.linear_attention(q, k, v, causal=True, feature_map=phi), **tol(torch.float64))
+    torch.testing.assert_close(one_chunk, reference.linear_attention_loop(q, k, v, feature_map=phi),
+                               **tol(torch.float64))
+
+
+def test_recurrent_state_is_the_sum_of_outer_products_in_float32():
+    q, k, v = qkv(2, 2, 5, 5, 3, 4, dtype=torch.bfloat16)
+    state = None
+    for t in range(5):
+        out_t, state = attnbook.linear_attention_step(q[:, :, t], k[:, :, t], v[:, :, t], state)
+        assert out_t.dtype == torch.bfloat16 and out_t.shape == (2, 2, 4)
+    assert isinstance(state, attnbook.LinearState)
+    assert state.S.dtype == state.z.dtype == torch.float32
+    fk = torch.nn.functional.elu(k.float()) + 1  # (B, H, N, D)
+    torch.testing.assert_close(state.S, torch.einsum("bhnr,bhnv->bhrv", fk, v.float()), **tol(torch.float32))
+    torch.testing.assert_close(state.z, fk.sum(dim=2), **tol(torch.float32))
+
+
+def test_recurrent_step_gradients_match_the_loop_reference():
+    q, k, v = (x.requires_grad_() for x in qkv(1, 2, 6, 6, 3, 4, dtype=torch.float64))
+    state, outs = None, []
+    for t in range(6):
+        out_t, state = attnbook.linear_attention_step(q[:, :, t], k[:, :, t], v[:, :, t], state)
+        outs.append(out_t)
+    upstream = torch.randn(1, 2, 6, 4, dtype=torch.float64)
+    grads = torch.autograd.grad(torch.stack(outs, 2), (q, k, v), upstream)
+    ref_grads = torch.autograd.grad(reference.linear_attention_loop(q, k, v), (q, k, v), upstream)
+    for g, r in zip(grads, ref_grads, strict=True):
+        torch.testing.assert_close(g, r, **tol(torch.float64))
+
+
+def test_gradcheck_tiny():
+    q, k, v = (x.double().requires_grad_() for x in qkv(1, 2, 5, 5, 3, 2))
+    pad = torch.tensor([[True, True, False, True, False]])
+    phi = PerformerFeatures(4, 3, seed=0)
+    assert torch.autograd.gradcheck(lambda q, k, v: attnbook.linear_attention(q, k, v), (q, k, v))
+    assert torch.autograd.gradcheck(
+        lambda q, k, v: attnbook.linear_attention(q, k, v, key_padding_mask=pad, feature_map=phi), (q, k, v))
+    assert torch.autograd.gradcheck(
+        lambda q, k, v: attnbook.linear_attention(q, k, v, causal=True, chunk_size=2), (q, k, v))
+    assert torch.autograd.gradcheck(
+        lambda q, k, v: attnbook.linear_attention(q, k, v, causal=True, feature_map=phi, key_padding_mask=pad,
+                                                  chunk_size=3), (q, k, v))
+    step = attnbook.linear_attention_step
+    assert torch.autograd.gradcheck(lambda q, k, v: step(q[:, :, 0], k[:, :, 0], v[:, :, 0])[0], (q, k, v))
+
+
+@pytest.mark.parametrize("fmap", ["elu", "relu", "performer"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_padded_keys_set_to_1e9_change_nothing(causal, fmap):
+    phi = feature_map(fmap, 4)
+    B, H, N, D = 2, 3, 10, 4
+    q, k, v = qkv(B, H, N, N, D, D)
+    pad = torch.ones(B, N, dtype=torch.bool)
+    pad[0, 7:] = False
+    pad[1, 2] = False
+    out = attnbook.linear_attention(q, k, v, causal=causal, feature_map=phi, key_padding_mask=pad, chunk_size=3)
+    k2, v2 = k.clone(), v.clone()
+    k2[~pad[:, None, :, None].expand_as(k)] = 1e9
+    v2[~pad[:, None, :, None].expand_as(v)] = -1e9
+    k2.requires_grad_()
+    v2.requires_grad_()
+    out2 = attnbook.linear_attention(q, k2, v2, causal=causal, feature_map=phi, key_padding_mask=pad, chunk_size=3)
+    torch.testing.assert_close(out2, out, **tol(torch.float32))
+    out2.backward(torch.randn_like(out2))
+    for g in (k2.grad, v2.grad):
+        assert torch.isfinite(g).all()
+        assert (g.transpose(1, 2)[~pad] == 0).all(), "padded keys and values must get zero gradient"
+    # ... and masking equals dropping the padded keys (non-causal: batch 0 has 7 real keys)
+    if not causal:
+        torch.testing.assert_close(out[:1], attnbook.linear_attention(q[:1], k[:1, :, :7], v[:1, :, :7],
+                                                                      feature_map=phi), **tol(torch.float32))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["float16", "bfloat16"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_half_inputs_accumulate_in_float32_without_overflow(causal, dtype):
+    """Sums over 4096 keys with values ~100 exceed float16's range (65504); float32 accumulation keeps them."""
+    B, H, N, D = 1, 2, 4096, 8
+    q, k = torch.randn(B, H, N, D) * 3, torch.randn(B, H, N, D) * 3
+    v = torch.randn(B, H, N, D) * 100
+    q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
+    out = attnbook.linear_attention(q, k, v, causal=causal, chunk_size=100)
+    assert out.dtype == dtype
+    assert torch.isfinite(out).all()
+    expected = attnbook.linear_attention(q.float(), k.float(), v.float(), causal=causal)
+    # the output's own rounding dominates: compare relative to the values' scale (100)
+    torch.testing.assert_close(out.float() / 100, expected / 100, **tol(dtype))
+    qs, ks, vs = (x.detach().clone().requires_grad_() for x in (q, k, v))
+    attnbook.linear_attention(qs, ks, vs, causal=causal).sum().backward()
+    for g in (qs.grad, ks.grad, vs.grad):
+        assert g.dtype == dtype and torch.isfinite(g).all()
+
+
+def test_causal_never_builds_an_n_by_n_matrix():
+    """Peak extra memory of the causal path is O(N (D + Dv) + D Dv), far below one N x N float32 matrix."""
+    from attnbook.profiling import peak_memory
+
+    N, D = 4096, 8
+    q, k, v = qkv(1, 1, N, N, D, D)
+    peak = peak_memory(lambda: attnbook.linear_attention(q, k, v, causal=True))
+    qkv_bytes = 3 * q.numel() * q.element_size()
+    assert peak < 4 * qkv_bytes, f"peak {peak} bytes for q, k, v of {qkv_bytes} bytes in total"
+    assert peak < N * N * 4 / 16
+
+
+@settings(max_examples=20, deadline=None)
+@given(n=st.integers(2, 12), cut=st.integers(0, 11), chunk=st.integers(1, 8), seed=st.integers(0, 2**16))
+def test_causal_output_ignores_the_future(n, cut, chunk, seed):
+    cut = min(cut, n - 2)  # at least one future position
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(1, 2, n, 3, generator=g, dtype=torch.float64) for _ in range(3))
+    k2, v2 = k.clone(), v.clone()
+    k2[..., cut + 1:, :] += 5.0
+    v2[..., cut + 1:, :] -= 3.0
+    a = attnbook.linear_attention(q, k, v, causal=True, chunk_size=chunk)
+    b = attnbook.linear_attention(q, k2, v2, causal=True, chunk_size=chunk)
+    torch.testing.assert_close(a[..., : cut + 1, :], b[..., : cut + 1, :])
+    assert not torch.allclose(a[..., cut + 1:, :], b[..., cut + 1:, :])  # the future does matter later on
+
+
+@settings(max_examples=20, deadline=None)
+@given(n=st.integers(1, 9), m=st.integers(1, 9), seed=st.integers(0, 2**16))
+def test_non_causal_is_permutation_equivariant(n, m, seed):
+    """Permuting queries permutes the output; permuting keys and values together changes nothing."""
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(2, 2, n, 3, generator=g, dtype=torch.float64)
+    k = torch.randn(2, 2, m, 3, generator=g, dtype=torch.float64)
+    v = torch.randn(2, 2, m, 4, generator=g, dtype=torch.float64)
+    pq, pk = torch.randperm(n, generator=g), torch.randperm(m, generator=g)
+    out = attnbook.linear_attention(q, k, v)
+    torch.testing.assert_close(attnbook.linear_attention(q[:, :, pq], k, v), out[:, :, pq])
+    torch.testing.assert_close(attnbook.linear_attention(q, k[:, :, pk], v[:, :, pk]), out)
+
+
+@settings(max_examples=20, deadline=None)
+@given(n=st.integers(1, 9), m=st.integers(1, 9), seed=st.integers(0, 2**16))
+def test_weights_are_non_negative_and_rows_sum_to_almost_one(n, m, seed):
+    """With positive features the output is a convex combination of the values (up to eps)."""
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(1, 1, x, 3, generator=g, dtype=torch.float64) for x in (n, m, m))
+    out, weights = reference.linear_attention(q, k, v, eps=0.0, return_weights=True)
+    assert (weights >= 0).all()
+    torch.testing.assert_close(weights.sum(-1), torch.ones(1, 1, n, dtype=torch.float64))
+    fast = attnbook.linear_attention(q, k, v, eps=0.0)
+    torch.testing.assert_close(fast, out)
+    assert (fast <= v.amax(dim=-2, keepdim=True) + 1e-9).all()
+    assert (fast >= v.amin(dim=-2, keepdim=True) - 1e-9).all()
+
+
+def test_relu_row_without_features_is_zero_not_nan():
+    q = -torch.ones(1, 1, 2, 3)  # relu(q) = 0: nothing to attend with
+    k, v = torch.randn(1, 1, 4, 3), torch.randn(1, 1, 4, 2)
+    out = attnbook.linear_attention(q, k, v, feature_map="relu")
+    assert torch.equal(out, torch.zeros_like(out))
+
+
+@pytest.mark.parametrize(
+    "shapes, message",
+    [
+        (((2, 3, 4), (2, 3, 4, 5), (2, 3, 4, 5)), r"q must have 4 dimensions .* \(2, 3, 4\)"),
+        (((2, 3, 4, 5), (1, 3, 4, 5), (1, 3, 4, 5)), r"batch sizes B differ"),
+        (((2, 3, 4, 5), (2, 2, 4, 5), (2, 2, 4, 5)), r"head counts H differ"),
+        (((2, 3, 4, 5), (2, 3, 4, 6), (2, 3, 4, 5)), r"feature size D: q \(2, 3, 4, 5\), k \(2, 3, 4, 6\)"),
+        (((2, 3, 4, 5), (2, 3, 4, 5), (2, 3, 6, 5)), r"key length M"),
+        (((2, 3, 0, 5), (2, 3, 4, 5), (2, 3, 4, 5)), r"N must be at least 1"),
+    ],
+    ids=["rank", "batch", "heads", "width", "key_length", "empty"],
+)
+def test_bad_shapes_raise_value_error_naming_them(shapes, message):
+    q, k, v = (torch.randn(*s) for s in shapes)
+    with pytest.raises(ValueError, match=message):
+        attnbook.linear_attention(q, k, v)
+
+
+def test_bad_arguments_raise_value_error():
+    q, k, v = qkv(2, 3, 4, 5, 2, 2)
+    with pytest.raises(ValueError, match=r"N == M.*q \(2, 3, 4, 2\), k \(2, 3, 5, 2\)"):
+        attnbook.linear_attention(q, k, v, causal=True)
+    with pytest.raises(ValueError, match="unknown feature_map 'softmax'"):
+        attnbook.linear_attention(q, k, v, feature_map="softmax")
+    with pytest.raises(ValueError, match="feature_map must be one of"):
+        attnbook.linear_attention(q, k, v, feature_map=3)
+    with pytest.raises(ValueError, match=r"keep the leading dimensions of q \(2, 3, 4, 2\)"):
+        attnbook.linear_attention(q, k, v, feature_map=lambda x: x.sum(-1))
+    with pytest.raises(ValueError, match=r"q features \(2, 3, 4, 2\) but k features \(2, 3, 5, 3\)"):
+        attnbook.linear_attention(q, k, v, feature_map=lambda x: x if x.shape[-2] == 4 else x.new_ones(2, 3, 5, 3))
+    with pytest.raises(ValueError, match=r"drawn for width D=3, got input of shape \(2, 3, 4, 2\)"):
+        attnbook.linear_attention(q, k, v, feature_map=PerformerFeatures(8, 3, seed=0))
+    with pytest.raises(ValueError, match=r"key_padding_mask must have shape \(B, M\) = \(2, 5\), got \(2, 4\)"):
+        attnbook.linear_attention(q, k, v, key_padding_mask=torch.ones(2, 4, dtype=torch.bool))
+    with pytest.raises(ValueError, match="key_padding_mask must be a bool tensor"):
+        attnbook.linear_attention(q, k, v, key_padding_mask=torch.ones(2, 5))
+    with pytest.raises(ValueError, match="chunk_size must be a positive int"):
+        attnbook.linear_attention(q, k[:, :, :4], v[:, :, :4], causal=True, chunk_size=0)
+    with pytest.raises(ValueError, match="eps must be a non-negative number"):
+        attnbook.linear_attention(q, k, v, eps=-1.0)
+    with pytest.raises(ValueError, match="share a dtype"):
+        attnbook.linear_attention(q.double(), k, v)
+
+
+def test_bad_step_arguments_raise_value_error():
+    q, k, v = torch.randn(2, 3, 4), torch.randn(2, 3, 4), torch.randn(2, 3, 5)
+    _, state = attnbook.linear_attention_step(q, k, v)
+    assert state.S.shape == (2, 3, 4, 5) and state.z.shape == (2, 3, 4)
+    with pytest.raises(ValueError, match=r"q_t must be a floating \(B, H, D\) tensor, got \(2, 3, 1, 4\)"):
+        attnbook.linear_attention_step(q[:, :, None], k, v)
+    with pytest.raises(ValueError, match=r"q_t \(2, 3, 4\), k_t \(2, 3, 6\)"):
+        attnbook.linear_attention_step(q, torch.randn(2, 3, 6), v)
+    with pytest.raises(ValueError, match=r"state S \(2, 3, 4, 5\), z \(2, 3, 4\) does not match .*\(2, 3, 4, 6\)"):
+        attnbook.linear_attention_step(q, k, torch.randn(2, 3, 6), state)
+    with pytest.raises(ValueError, match="state must be a LinearState"):
+        attnbook.linear_attention_step(q, k, v, state.S)
+    with pytest.raises(ValueError, match="unknown feature_map"):
+        attnbook.linear_attention_step(q, k, v, feature_map="nope")
+
+
+class TestModule:
+    def test_parameter_names_and_shapes(self):
+        m = attnbook.LinearAttention(12, 16, 10, 4)
+        assert isinstance(m, attnbook.ProjectedAttention)
+        shapes = {n: tuple(p.shape) for n, p in m.named_parameters()}
+        assert shapes == {
+            "query_projection.weight": (16, 12), "query_projection.bias": (16,),
+            "key_projection.weight": (16, 12), "key_projection.bias": (16,),
+            "value_projection.weight": (16, 12), "value_projection.bias": (16,),
+            "out_projection.weight": (10, 16), "out_projection.bias": (10,),
+        }
+        state = attnbook.LinearAttention(12, 16, 10, 4, feature_map=PerformerFeatures(8, 4, seed=0)).state_dict()
+        assert tuple(state["feature_map.projection"].shape) == (8, 4)  # the draw is saved with the model
+
+    @pytest.mark.parametrize("fmap", ["elu", "performer"])
+    @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+    def test_equals_literal_multi_head_computation(self, causal, fmap):
+        phi = feature_map(fmap, 4)
+        m = attnbook.LinearAttention(6, 8, 5, 2, feature_map=phi, causal=causal).double().eval()
+        x = torch.randn(3, 7, 6, dtype=torch.float64)
+        y = torch.randn(3, 7, 6, dtype=torch.float64)
+        pad = torch.ones(3, 7, dtype=torch.bool)
+        pad[1, 5:] = False
+        heads = []
+        for h in range(2):
+            sl = slice(4 * h, 4 * h + 4)
+            q = m.query_projection(x)[..., sl]
+            k = m.key_projection(y)[..., sl]
+            v = m.value_projection(y)[..., sl]
+            heads.append(reference.linear_attention(q[:, None], k[:, None], v[:, None], causal=causal,
+                                                    feature_map=phi, key_padding_mask=pad)[:, 0])
+        expected = m.out_projection(torch.cat(heads, dim=-1))
+        torch.testing.assert_close(m(x, y, y, key_padding_mask=pad), expected)
+
+    def test_cross_attention_lengths(self):
+        m = attnbook.LinearAttention(6, 8, 5, 2)
+        assert m(torch.randn(2, 3, 6), torch.randn(2, 9, 6), torch.randn(2, 9, 6)).shape == (2, 3, 5)
+        with pytest.raises(ValueError, match="N == M"):
+            attnbook.LinearAttention(6, 8, 5, 2, causal=True)(torch.randn(2, 3, 6), torch.randn(2, 9, 6),
+                                                               torch.randn(2, 9, 6))
+
+    @pytest.mark.parametrize(
+        "kwargs, message",
+        [
+            (dict(feature_map="softmax"), "unknown feature_map"),
+            (dict(feature_map=PerformerFeatures(8, 3, seed=0)), r"drawn for D=3.*= 4"),
+            (dict(eps=-1.0), "eps must be a non-negative number"),
+            (dict(n_heads=3), "d_model=8 is not divisible by n_heads=3"),
+        ],
+        ids=["feature_map", "performer_width", "eps", "heads"],
+    )
+    def test_bad_construction(self, kwargs, message):
+        args = dict(d_input=4, d_model=8, d_output=4, n_heads=2) | kwargs
+        with pytest.raises(ValueError, match=message):
+            attnbook.LinearAttention(**args)
