@@ -293,7 +293,8 @@ def flow_attention(
     out = flow @ v  # (B, H, N, Dv)
     if not return_flows:
         return out
-    return out, FlowStats(incoming, outgoing, conserved_incoming, conserved_outgoing, competition, allocation, raw)
+    stats = FlowStats(incoming, outgoing, conserved_incoming, conserved_outgoing, competition, allocation, raw)
+    return out, stats
 
 
 def mobile_attention(
@@ -307,8 +308,10 @@ def mobile_attention(
     """Mobile-Attention (Yao et al., ICML 2024) term by term: flow sums over the heads at each position.
 
     I_hi = (q~_hi+eps).(sum_h' k~_h'i+eps), O_hj = (k~_hj+eps).(sum_h' q~_h'j+eps),
-    I^_hi = (q~_hi+eps).(sum_h' k~_h'i/O_h'i+eps), O^_hj = clamp((k~_hj+eps).(sum_h' q~_h'j/I_h'j+eps), -1, 1),
-    a = sigmoid(I^ N/M), c_hj = softmax over j of O^_hj times M, out_hi = sum_j a_hi (q~_hi.k~_hj) / I_hi c_hj v_hj.
+    I^_hi = (q~_hi+eps).(sum_h' k~_h'i/O_h'i+eps),
+    O^_hj = clamp((k~_hj+eps).(sum_h' q~_h'j/I_h'j+eps), -1, 1),
+    a = sigmoid(I^ N/M), c_hj = softmax over j of O^_hj times M,
+    out_hi = sum_j a_hi (q~_hi.k~_hj) / I_hi c_hj v_hj.
     q, k (B,H,N,D), v (B,H,N,Dv) -> (B,H,N,Dv) float64, and a FlowStats with ``return_flows``.
     """
     from .flow import FlowStats  # the result type only
@@ -330,4 +333,5 @@ def mobile_attention(
     out = flow @ v  # (B, H, N, Dv)
     if not return_flows:
         return out
-    return out, FlowStats(incoming, outgoing, conserved_incoming, conserved_outgoing, competition, allocation, raw)
+    stats = FlowStats(incoming, outgoing, conserved_incoming, conserved_outgoing, competition, allocation, raw)
+    return out, stats

@@ -1,0 +1,337 @@
+"""Flow-Attention: attention as a flow network with conservation, competition and allocation (chapter 3).
+
+Wu et al., "Flowformer: Linearizing Transformers with Conservation Flows", ICML 2022. The numbers are those of
+the paper's published core code (``Flow_Attention`` / ``Flow_Attention_Causal``), eps placement and clamp
+included. Queries are sinks, keys are sources; with q~ = sigmoid(q), k~ = sigmoid(k), eps = 1e-6, n = N,
+m = M and ``a . b`` the dot product over D (eps is added to every component of a vector):
+
+    incoming flow       I_i  = (q~_i + eps) . (sum_j k~_j + eps)
+    outgoing flow       O_j  = (k~_j + eps) . (sum_i q~_i + eps)
+    conserved incoming  I^_i = (q~_i + eps) . (sum_j k~_j / O_j + eps)
+    conserved outgoing  O^_j = clamp((k~_j + eps) . (sum_i q~_i / I_i + eps), -1, 1)
+    allocation          a_i  = sigmoid(I^_i n / m)
+    competition         c_j  = softmax_j(O^_j) m
+    output              out_i = a_i (q~_i / I_i) . sum_j k~_j (c_j v_j)^T
+
+Causal (N == M), with t_i = i + 1 and every sum over the prefix (j <= i, i <= j):
+
+    I_i  = (q~_i + eps) . (sum_{j<=i} k~_j + eps) / t_i
+    O_j  = (k~_j + eps) . (sum_{i<=j} q~_i + eps) / t_j
+    I^_i = (q~_i + eps) . (sum_{j<=i} k~_j / O_j + eps) / t_i
+    O^_j = clamp((k~_j + eps) . (sum_{i<=j} q~_i / I_i + eps) / t_j, -1, 1)
+    a_i  = sigmoid(I^_i),   c_j = exp(O^_j) / sum_{j'<=j} exp(O^_j') t_j
+    out_i = a_i (q~_i / (I_i t_i)) . sum_{j<=i} k~_j (c_j v_j)^T
+
+Conventions. :class:`FlowStats` holds the flows themselves (``incoming`` is I_i), not their reciprocals
+1 / I_i that the published code stores under the name ``sink_incoming``. Statistics are returned in the
+accumulation dtype (at least float32): I_i grows like N D and would overflow float16.
+
+Cost: non-causal O(B H (N + M) D Dv) time, O(B H (N + M) (D + Dv)) memory, like linear attention --
+conservation adds O(N D) work. Causal: the same time plus the chunked prefix product (O(B H N C Dv) for
+chunk size C); no N x N and no N x D x Dv tensor is built (the published causal code builds (B, H, N, D, Dv)).
+For generation, :func:`flow_attention_step` advances a :class:`FlowState` by one token in O(B H D Dv).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from ._checks import accumulation_dtype, check_qkv
+from ._module import ProjectedAttention
+from ._prefix import causal_dot_product
+
+__all__ = ["FlowStats", "FlowState", "flow_attention", "flow_attention_step", "FlowAttention"]
+
+
+class FlowStats(NamedTuple):
+    """The flow quantities of Flow-Attention (Wu et al., 2022), named after the paper.
+
+    All are the flows themselves (``incoming`` is I_i, not 1 / I_i), in the accumulation dtype (at least
+    float32), and keep their autograd history.
+
+    Fields:
+        incoming: I_i, flow into sink (query) i, (B, H, N).
+        outgoing: O_j, flow out of source (key) j, (B, H, M).
+        conserved_incoming: I^_i, incoming flow when every source emits one unit, (B, H, N).
+        conserved_outgoing: O^_j after the clamp to [-1, 1], outgoing flow when every sink takes one unit,
+            (B, H, M).
+        competition: c_j, softmax of O^ over the sources times M (causal: over the prefix, times t_j),
+            (B, H, M).
+        allocation: a_i = sigmoid(I^_i N / M) (causal: sigmoid(I^_i)), (B, H, N).
+        conserved_outgoing_raw: O^_j before the clamp, (B, H, M); ``(raw > 1).sum()`` counts clipped sources.
+    """
+
+    incoming: torch.Tensor
+    outgoing: torch.Tensor
+    conserved_incoming: torch.Tensor
+    conserved_outgoing: torch.Tensor
+    competition: torch.Tensor
+    allocation: torch.Tensor
+    conserved_outgoing_raw: torch.Tensor
+
+
+class FlowState(NamedTuple):
+    """Prefix quantities of causal Flow-Attention after ``t`` tokens, for :func:`flow_attention_step`.
+
+    Fields (accumulation dtype, at least float32):
+        t: number of tokens seen (a Python int).
+        key_sum: sum_{j<=t} k~_j, (B, H, D).
+        query_sum: sum_{i<=t} q~_i, (B, H, D).
+        key_over_outgoing: sum_{j<=t} k~_j / O_j, (B, H, D).
+        query_over_incoming: sum_{i<=t} q~_i / I_i, (B, H, D).
+        exp_mean: (1/t) sum_{j<=t} exp(O^_j), the competition softmax's normaliser kept as a running mean,
+            (B, H). Because O^ is clamped to [-1, 1], exp(O^) lies in [1/e, e], so the mean stays in [1/e, e]
+            for any sequence length: no overflow and no loss of the new term's digits as t grows (which a
+            running *sum* would suffer in float32 once t reaches ~1e6).
+        kv: sum_{j<=t} k~_j (c_j v_j)^T, (B, H, D, Dv).
+    """
+
+    t: int
+    key_sum: torch.Tensor
+    query_sum: torch.Tensor
+    key_over_outgoing: torch.Tensor
+    query_over_incoming: torch.Tensor
+    exp_mean: torch.Tensor
+    kv: torch.Tensor
+
+
+def _check_eps(eps: float, name: str) -> float:
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps >= 0:
+        raise ValueError(f"{name}: eps must be a number >= 0, got {eps!r}")
+    return float(eps)
+
+
+def _dot_eps(x: torch.Tensor, y: torch.Tensor, eps: float) -> torch.Tensor:
+    """(x_n + eps) . (y + eps) for x (..., N, D), y (..., D) -> (..., N), without materialising x + eps."""
+    ye = y + eps  # (..., D)
+    return (x @ ye.unsqueeze(-1)).squeeze(-1) + eps * ye.sum(-1, keepdim=True)  # (..., N)
+
+
+def _rowdot_eps(x: torch.Tensor, y: torch.Tensor, eps: float) -> torch.Tensor:
+    """(x_n + eps) . (y_n + eps) row by row for x, y (..., N, D) -> (..., N)."""
+    return torch.linalg.vecdot(x + eps, y + eps)  # (..., N)
+
+
+def _flow_full(qs, ks, v, eps):
+    """Non-causal Flow-Attention on sigmoid features in the accumulation dtype; returns (out, FlowStats)."""
+    N, M = qs.shape[-2], ks.shape[-2]
+    incoming = _dot_eps(qs, ks.sum(-2), eps)  # (B, H, N)
+    outgoing = _dot_eps(ks, qs.sum(-2), eps)  # (B, H, M)
+    key_over_outgoing = (ks.transpose(-2, -1) @ outgoing.reciprocal().unsqueeze(-1)).squeeze(-1)  # (B, H, D)
+    query_over_incoming = (qs.transpose(-2, -1) @ incoming.reciprocal().unsqueeze(-1)).squeeze(
+        -1
+    )  # (B, H, D)
+    conserved_incoming = _dot_eps(qs, key_over_outgoing, eps)  # (B, H, N)
+    conserved_outgoing_raw = _dot_eps(ks, query_over_incoming, eps)  # (B, H, M)
+    conserved_outgoing = conserved_outgoing_raw.clamp(-1.0, 1.0)  # for stability, as published
+    allocation = torch.sigmoid(conserved_incoming * (N / M))  # (B, H, N)
+    competition = torch.softmax(conserved_outgoing, dim=-1) * M  # (B, H, M)
+    kv = ks.transpose(-2, -1) @ (v * competition.unsqueeze(-1))  # (B, H, D, Dv)
+    out = (qs @ kv) * (allocation / incoming).unsqueeze(-1)  # (B, H, N, Dv)
+    stats = FlowStats(
+        incoming,
+        outgoing,
+        conserved_incoming,
+        conserved_outgoing,
+        competition,
+        allocation,
+        conserved_outgoing_raw,
+    )
+    return out, stats
+
+
+def _flow_causal(qs, ks, v, eps, chunk_size):
+    """Causal Flow-Attention on sigmoid features (N == M); prefix sums and a chunked prefix product."""
+    N = qs.shape[-2]
+    t = torch.arange(1, N + 1, device=qs.device, dtype=qs.dtype)  # (N,)
+    incoming = _rowdot_eps(qs, ks.cumsum(-2), eps) / t  # (B, H, N)
+    outgoing = _rowdot_eps(ks, qs.cumsum(-2), eps) / t  # (B, H, N)
+    conserved_incoming = _rowdot_eps(qs, (ks / outgoing.unsqueeze(-1)).cumsum(-2), eps) / t  # (B, H, N)
+    conserved_outgoing_raw = _rowdot_eps(ks, (qs / incoming.unsqueeze(-1)).cumsum(-2), eps) / t  # (B, H, N)
+    conserved_outgoing = conserved_outgoing_raw.clamp(-1.0, 1.0)
+    allocation = torch.sigmoid(conserved_incoming)  # (B, H, N)
+    # exp(O^) lies in [1/e, e] (O^ is clamped), so the prefix sums cannot overflow; dividing by the running
+    # mean (sum / t) is the same number as the published exp(O^_j) / sum_{j'<=j} exp(O^_j') * t_j.
+    expo = conserved_outgoing.exp()  # (B, H, N)
+    competition = expo / (expo.cumsum(-1) / t)  # (B, H, N)
+    out = causal_dot_product(qs, ks, v * competition.unsqueeze(-1), chunk_size)  # (B, H, N, Dv)
+    out = out * (allocation / (incoming * t)).unsqueeze(-1)  # (B, H, N, Dv)
+    stats = FlowStats(
+        incoming,
+        outgoing,
+        conserved_incoming,
+        conserved_outgoing,
+        competition,
+        allocation,
+        conserved_outgoing_raw,
+    )
+    return out, stats
+
+
+def flow_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    causal: bool = False,
+    eps: float = 1e-6,
+    return_flows: bool = False,
+    chunk_size: int = 64,
+):
+    """Flow-Attention (Wu et al., "Flowformer", ICML 2022): linear attention with flow conservation.
+
+    ``out_i = a_i (q~_i / I_i) . sum_j k~_j (c_j v_j)^T`` with q~ = sigmoid(q), k~ = sigmoid(k), incoming flow
+    I, allocation a = sigmoid(I^ N / M) and competition c = softmax(clamp(O^, -1, 1)) M, all defined in the
+    module docstring; causal: sums over the prefix, normalised by t_i = i + 1.
+
+    Cost: O(B H (N + M) D Dv) time and O(B H (N + M) (D + Dv)) memory; causal adds the chunked prefix product,
+    O(B H N chunk_size Dv) time, and never builds an N x N or N x D x Dv tensor.
+
+    Args:
+        q: queries (sinks), (B, H, N, D).
+        k: keys (sources), (B, H, M, D).
+        v: values, (B, H, M, Dv).
+        causal: query i sees keys j <= i only; needs N == M.
+        eps: added to every component of the flow vectors, as in the published code (>= 0).
+        return_flows: also return the :class:`FlowStats`.
+        chunk_size: block length of the causal prefix product (any positive int; the result does not depend
+            on it beyond rounding).
+
+    Returns:
+        out (B, H, N, Dv) in the dtype of the inputs (float16/bfloat16 inputs are computed in float32), or
+        ``(out, FlowStats)`` with ``return_flows``; the statistics are in the accumulation dtype.
+    """
+    check_qkv(q, k, v, name="flow_attention", same_length=causal)
+    eps = _check_eps(eps, "flow_attention")
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
+        raise ValueError(f"flow_attention: chunk_size must be a positive int, got {chunk_size!r}")
+    acc = accumulation_dtype(q.dtype)
+    qs = torch.sigmoid(q.to(acc))  # (B, H, N, D)
+    ks = torch.sigmoid(k.to(acc))  # (B, H, M, D)
+    va = v.to(acc)  # (B, H, M, Dv)
+    if causal:
+        out, stats = _flow_causal(qs, ks, va, eps, chunk_size)
+    else:
+        out, stats = _flow_full(qs, ks, va, eps)
+    out = out.to(q.dtype)
+    return (out, stats) if return_flows else out
+
+
+def flow_attention_step(
+    q_t: torch.Tensor,
+    k_t: torch.Tensor,
+    v_t: torch.Tensor,
+    state: FlowState | None = None,
+    *,
+    eps: float = 1e-6,
+) -> tuple[torch.Tensor, FlowState]:
+    """One token of causal Flow-Attention from the prefix state: the recurrent form for generation.
+
+    Feeding tokens 1..N one at a time gives the rows of ``flow_attention(q, k, v, causal=True)``; every
+    causal quantity of token t depends only on prefix sums, which :class:`FlowState` carries. The competition
+    normaliser is kept as a running mean of exp(O^) (bounded in [1/e, e], see :class:`FlowState`).
+
+    Cost: O(B H D Dv) time and memory per token, independent of t.
+
+    Args:
+        q_t: query of the new token, (B, H, D).
+        k_t: key of the new token, (B, H, D).
+        v_t: value of the new token, (B, H, Dv).
+        state: the state after the previous tokens, or None before the first token.
+        eps: as in :func:`flow_attention`.
+
+    Returns:
+        ``(out_t, new_state)``: out_t (B, H, Dv) in the dtype of the inputs, new_state a :class:`FlowState`.
+    """
+    name = "flow_attention_step"
+    eps = _check_eps(eps, name)
+    for label, x in (("q_t", q_t), ("k_t", k_t), ("v_t", v_t)):
+        if not isinstance(x, torch.Tensor) or x.dim() != 3 or not x.is_floating_point():
+            got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+            raise ValueError(f"{name}: {label} must be a floating point (B, H, D) tensor, got {got}")
+    shapes = f"q_t {tuple(q_t.shape)}, k_t {tuple(k_t.shape)}, v_t {tuple(v_t.shape)}"
+    if q_t.shape != k_t.shape or v_t.shape[:2] != q_t.shape[:2]:
+        raise ValueError(f"{name}: need q_t, k_t (B, H, D) of equal shape and v_t (B, H, Dv): {shapes}")
+    if not (q_t.dtype == k_t.dtype == v_t.dtype):
+        raise ValueError(
+            f"{name}: q_t, k_t, v_t must share a dtype, got {q_t.dtype}, {k_t.dtype}, {v_t.dtype}"
+        )
+    acc = accumulation_dtype(q_t.dtype)
+    B, H, D = q_t.shape
+    Dv = v_t.shape[-1]
+    if state is None:
+        zeros = q_t.new_zeros(B, H, D, dtype=acc)
+        state = FlowState(
+            0,
+            zeros,
+            zeros,
+            zeros,
+            zeros,
+            q_t.new_zeros(B, H, dtype=acc),
+            q_t.new_zeros(B, H, D, Dv, dtype=acc),
+        )
+    elif not isinstance(state, FlowState) or tuple(state.kv.shape) != (B, H, D, Dv):
+        got = tuple(state.kv.shape) if isinstance(state, FlowState) else type(state).__name__
+        raise ValueError(
+            f"{name}: state must be a FlowState with kv of shape (B, H, D, Dv) = {(B, H, D, Dv)}, got {got}"
+        )
+    qs = torch.sigmoid(q_t.to(acc))  # (B, H, D)
+    ks = torch.sigmoid(k_t.to(acc))  # (B, H, D)
+    t = state.t + 1
+    key_sum = state.key_sum + ks  # (B, H, D)
+    query_sum = state.query_sum + qs  # (B, H, D)
+    incoming = _rowdot_eps(qs, key_sum, eps) / t  # (B, H)
+    outgoing = _rowdot_eps(ks, query_sum, eps) / t  # (B, H)
+    key_over_outgoing = state.key_over_outgoing + ks / outgoing.unsqueeze(-1)  # (B, H, D)
+    query_over_incoming = state.query_over_incoming + qs / incoming.unsqueeze(-1)  # (B, H, D)
+    conserved_incoming = _rowdot_eps(qs, key_over_outgoing, eps) / t  # (B, H)
+    conserved_outgoing = (_rowdot_eps(ks, query_over_incoming, eps) / t).clamp(-1.0, 1.0)  # (B, H)
+    expo = conserved_outgoing.exp()  # (B, H), in [1/e, e]
+    exp_mean = state.exp_mean + (expo - state.exp_mean) / t  # (B, H), running mean of exp(O^)
+    competition = expo / exp_mean  # (B, H)
+    kv = state.kv + ks.unsqueeze(-1) * (v_t.to(acc) * competition.unsqueeze(-1)).unsqueeze(
+        -2
+    )  # (B, H, D, Dv)
+    scale = torch.sigmoid(conserved_incoming) / (incoming * t)  # (B, H)
+    out = (qs.unsqueeze(-2) @ kv).squeeze(-2) * scale.unsqueeze(-1)  # (B, H, Dv)
+    new_state = FlowState(t, key_sum, query_sum, key_over_outgoing, query_over_incoming, exp_mean, kv)
+    return out.to(q_t.dtype), new_state
+
+
+class FlowAttention(ProjectedAttention):
+    """Multi-head Flow-Attention with the module family's projections (Wu et al., ICML 2022).
+
+    Parameter names and shapes are those of the published ``Flow_Attention`` module (``query_projection``,
+    ``key_projection``, ``value_projection``, ``out_projection``; dropout after the output projection), so
+    its checkpoints load unchanged.
+
+    Args:
+        d_input, d_model, d_output, n_heads, drop_out: see :class:`attnbook.ProjectedAttention`.
+        eps: see :func:`flow_attention`.
+        causal: each position attends to itself and earlier positions (needs L == S).
+
+    Shape:
+        queries (B, L, d_input), keys (B, S, d_input), values (B, S, d_input) -> (B, L, d_output).
+    """
+
+    def __init__(
+        self,
+        d_input: int,
+        d_model: int,
+        d_output: int,
+        n_heads: int,
+        drop_out: float = 0.05,
+        eps: float = 1e-6,
+        causal: bool = False,
+    ):
+        super().__init__(d_input, d_model, d_output, n_heads, drop_out)
+        self.eps = _check_eps(eps, type(self).__name__)
+        self.causal = causal
+
+    def extra_repr(self) -> str:
+        return f"n_heads={self.n_heads}, eps={self.eps}, causal={self.causal}"
+
+    def attend(self, q, k, v):
+        return flow_attention(q, k, v, causal=self.causal, eps=self.eps)
