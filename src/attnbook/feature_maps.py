@@ -47,13 +47,13 @@ def _orthogonal_gaussian(num_features: int, dim: int, generator: torch.Generator
 
     The marginal of every row is N(0, I_D) (Choromanski et al. 2021, Sec. 2.4: orthogonal random features).
     """
-    blocks = []
-    for start in range(0, num_features, dim):
-        rows = min(dim, num_features - start)
-        g = torch.randn(dim, dim, generator=generator, device=device, dtype=torch.float64)
-        qmat, _ = torch.linalg.qr(g)  # (D, D), orthonormal columns
-        blocks.append(qmat.T[:rows])  # (rows, D)
-    w = torch.cat(blocks, dim=0)  # (R, D), unit rows
+    n_blocks = -(-num_features // dim)
+    g = torch.randn(n_blocks, dim, dim, generator=generator, device=device, dtype=torch.float64)
+    qmat, r = torch.linalg.qr(g)  # (n_blocks, D, D), orthonormal columns
+    # Fix the signs QR leaves arbitrary: only then is qmat uniformly (Haar) distributed, and the estimator
+    # unbiased (Mezzadri, "How to generate random matrices from the classical compact groups", 2007).
+    qmat = qmat * torch.sign(torch.diagonal(r, dim1=-2, dim2=-1)).unsqueeze(-2)  # (n_blocks, D, D)
+    w = qmat.transpose(-2, -1).reshape(n_blocks * dim, dim)[:num_features]  # (R, D), unit rows
     norms = torch.randn(num_features, dim, generator=generator, device=device, dtype=torch.float64).norm(dim=-1)
     return w * norms[:, None]  # (R, D)
 
