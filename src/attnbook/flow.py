@@ -27,9 +27,11 @@ Conventions. :class:`FlowStats` holds the flows themselves (``incoming`` is I_i)
 accumulation dtype (at least float32): I_i grows like N D and would overflow float16.
 
 Cost: non-causal O(B H (N + M) D Dv) time, O(B H (N + M) (D + Dv)) memory, like linear attention --
-conservation adds O(N D) work. Causal: the same time plus the chunked prefix product (O(B H N C Dv) for
-chunk size C); no N x N and no N x D x Dv tensor is built (the published causal code builds (B, H, N, D, Dv)).
-For generation, :func:`flow_attention_step` advances a :class:`FlowState` by one token in O(B H D Dv).
+conservation adds O(N D) work. Causal: one pass over blocks of C = ``chunk_size`` tokens; each block
+advances a :class:`FlowState` of prefix sums (cumulative sums inside the block, a masked C x C product for
+the output), O(B H N (C + D) Dv) time and O(B H C (C + D + Dv) + B H D Dv) memory beside the output: no
+N x N and no N x D x Dv tensor is built (the published causal code builds (B, H, N, D, Dv)). For generation,
+:func:`flow_attention_step` is the same block with C = 1: one token in O(B H D Dv).
 """
 
 from __future__ import annotations
@@ -40,7 +42,6 @@ import torch
 
 from ._checks import accumulation_dtype, check_qkv
 from ._module import ProjectedAttention
-from ._prefix import causal_dot_product
 
 __all__ = ["FlowStats", "FlowState", "flow_attention", "flow_attention_step", "FlowAttention"]
 
@@ -142,31 +143,72 @@ def _flow_full(qs, ks, v, eps):
     return out, stats
 
 
-def _flow_causal(qs, ks, v, eps, chunk_size):
-    """Causal Flow-Attention on sigmoid features (N == M); prefix sums and a chunked prefix product."""
-    N = qs.shape[-2]
-    t = torch.arange(1, N + 1, device=qs.device, dtype=qs.dtype)  # (N,)
-    incoming = _rowdot_eps(qs, ks.cumsum(-2), eps) / t  # (B, H, N)
-    outgoing = _rowdot_eps(ks, qs.cumsum(-2), eps) / t  # (B, H, N)
-    conserved_incoming = _rowdot_eps(qs, (ks / outgoing.unsqueeze(-1)).cumsum(-2), eps) / t  # (B, H, N)
-    conserved_outgoing_raw = _rowdot_eps(ks, (qs / incoming.unsqueeze(-1)).cumsum(-2), eps) / t  # (B, H, N)
-    conserved_outgoing = conserved_outgoing_raw.clamp(-1.0, 1.0)
-    allocation = torch.sigmoid(conserved_incoming)  # (B, H, N)
-    # exp(O^) lies in [1/e, e] (O^ is clamped), so the prefix sums cannot overflow; dividing by the running
-    # mean (sum / t) is the same number as the published exp(O^_j) / sum_{j'<=j} exp(O^_j') * t_j.
-    expo = conserved_outgoing.exp()  # (B, H, N)
-    competition = expo / (expo.cumsum(-1) / t)  # (B, H, N)
-    out = causal_dot_product(qs, ks, v * competition.unsqueeze(-1), chunk_size)  # (B, H, N, Dv)
-    out = out * (allocation / (incoming * t)).unsqueeze(-1)  # (B, H, N, Dv)
-    stats = FlowStats(
-        incoming,
-        outgoing,
-        conserved_incoming,
-        conserved_outgoing,
-        competition,
-        allocation,
-        conserved_outgoing_raw,
-    )
+def _initial_state(x: torch.Tensor, B: int, H: int, D: int, Dv: int, acc: torch.dtype) -> FlowState:
+    zeros = x.new_zeros(B, H, D, dtype=acc)
+    kv = x.new_zeros(B, H, D, Dv, dtype=acc)
+    return FlowState(0, zeros, zeros, zeros, zeros, x.new_zeros(B, H, dtype=acc), kv)
+
+
+def _causal_block(state: FlowState, q, k, v, eps: float, tril: torch.Tensor):
+    """Advance causal Flow-Attention over the next c tokens, q, k (B, H, c, D), v (B, H, c, Dv).
+
+    Every causal quantity of a token is a prefix sum, so a block needs only the state before it: inside the
+    block the prefix sums are cumulative sums on top of the carried totals, and the output is the block's
+    c x c masked product plus the carried k v^T state. c = 1 is the recurrent step; the parallel form runs
+    the blocks one after another. Returns (out (B, H, c, Dv) in the accumulation dtype, FlowStats of the
+    block, new state).
+    """
+    acc = state.kv.dtype
+    c = q.shape[-2]
+    qs = torch.sigmoid(q.to(acc))  # (B, H, c, D)
+    ks = torch.sigmoid(k.to(acc))  # (B, H, c, D)
+    va = v.to(acc)  # (B, H, c, Dv)
+    t = torch.arange(state.t + 1, state.t + c + 1, device=qs.device, dtype=acc)  # (c,) = i + 1
+    key_sum = state.key_sum.unsqueeze(-2) + ks.cumsum(-2)  # (B, H, c, D): sum_{j<=i} k~_j
+    query_sum = state.query_sum.unsqueeze(-2) + qs.cumsum(-2)  # (B, H, c, D)
+    incoming = _rowdot_eps(qs, key_sum, eps) / t  # (B, H, c)
+    outgoing = _rowdot_eps(ks, query_sum, eps) / t  # (B, H, c)
+    key_over_outgoing = state.key_over_outgoing.unsqueeze(-2) + (ks / outgoing.unsqueeze(-1)).cumsum(-2)
+    query_over_incoming = state.query_over_incoming.unsqueeze(-2) + (qs / incoming.unsqueeze(-1)).cumsum(-2)
+    conserved_incoming = _rowdot_eps(qs, key_over_outgoing, eps) / t  # (B, H, c)
+    conserved_outgoing_raw = _rowdot_eps(ks, query_over_incoming, eps) / t  # (B, H, c)
+    conserved_outgoing = conserved_outgoing_raw.clamp(-1.0, 1.0)  # for stability, as published
+    # Competition exp(O^_j) / sum_{j'<=j} exp(O^_j') t_j = exp(O^_j) / mean_{j'<=j} exp(O^_j'). The running
+    # mean is updated as m_i = m + sum_{s<j<=i} (exp(O^_j) - m) / t_i from the carried mean m (after s
+    # tokens): every term lies in [1/e, e] because O^ is clamped, so nothing grows with the sequence length.
+    expo = conserved_outgoing.exp()  # (B, H, c), in [1/e, e]
+    prev_mean = state.exp_mean.unsqueeze(-1)  # (B, H, 1)
+    exp_mean = prev_mean + (expo - prev_mean).cumsum(-1) / t  # (B, H, c)
+    competition = expo / exp_mean  # (B, H, c)
+    allocation = torch.sigmoid(conserved_incoming)  # (B, H, c)
+    vc = va * competition.unsqueeze(-1)  # (B, H, c, Dv)
+    scores = qs @ ks.transpose(-2, -1)  # (B, H, c, c)
+    if c > 1:
+        scores = scores.masked_fill(~tril[:c, :c], 0.0)
+    out = scores @ vc + qs @ state.kv  # (B, H, c, Dv)
+    out = out * (allocation / (incoming * t)).unsqueeze(-1)  # (B, H, c, Dv)
+    stats = FlowStats(incoming, outgoing, conserved_incoming, conserved_outgoing, competition, allocation,
+                      conserved_outgoing_raw)
+    new_state = FlowState(
+        state.t + c, key_sum[..., -1, :], query_sum[..., -1, :], key_over_outgoing[..., -1, :],
+        query_over_incoming[..., -1, :], exp_mean[..., -1], state.kv + ks.transpose(-2, -1) @ vc)
+    return out, stats, new_state
+
+
+def _flow_causal(q, k, v, eps, chunk_size, acc):
+    """Causal Flow-Attention (N == M) block by block: O(B H C (C + D + Dv)) memory beside the output."""
+    B, H, N, D = q.shape
+    C = min(chunk_size, N)
+    tril = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
+    state = _initial_state(q, B, H, D, v.shape[-1], acc)
+    outs, blocks = [], []
+    for start in range(0, N, C):
+        sl = slice(start, start + C)
+        out, stats, state = _causal_block(state, q[..., sl, :], k[..., sl, :], v[..., sl, :], eps, tril)
+        outs.append(out.to(q.dtype))  # (B, H, c, Dv)
+        blocks.append(stats)
+    out = torch.cat(outs, dim=-2)  # (B, H, N, Dv)
+    stats = FlowStats(*(torch.cat(parts, dim=-1) for parts in zip(*blocks, strict=True)))  # each (B, H, N)
     return out, stats
 
 
@@ -186,8 +228,9 @@ def flow_attention(
     I, allocation a = sigmoid(I^ N / M) and competition c = softmax(clamp(O^, -1, 1)) M, all defined in the
     module docstring; causal: sums over the prefix, normalised by t_i = i + 1.
 
-    Cost: O(B H (N + M) D Dv) time and O(B H (N + M) (D + Dv)) memory; causal adds the chunked prefix product,
-    O(B H N chunk_size Dv) time, and never builds an N x N or N x D x Dv tensor.
+    Cost: O(B H (N + M) D Dv) time and O(B H (N + M) (D + Dv)) memory; causal: O(B H N (chunk_size + D) Dv)
+    time, O(B H chunk_size (chunk_size + D + Dv)) memory beside the output, never an N x N or N x D x Dv
+    tensor.
 
     Args:
         q: queries (sinks), (B, H, N, D).
@@ -208,14 +251,13 @@ def flow_attention(
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
         raise ValueError(f"flow_attention: chunk_size must be a positive int, got {chunk_size!r}")
     acc = accumulation_dtype(q.dtype)
-    qs = torch.sigmoid(q.to(acc))  # (B, H, N, D)
-    ks = torch.sigmoid(k.to(acc))  # (B, H, M, D)
-    va = v.to(acc)  # (B, H, M, Dv)
     if causal:
-        out, stats = _flow_causal(qs, ks, va, eps, chunk_size)
+        out, stats = _flow_causal(q, k, v, eps, chunk_size, acc)
     else:
-        out, stats = _flow_full(qs, ks, va, eps)
-    out = out.to(q.dtype)
+        qs = torch.sigmoid(q.to(acc))  # (B, H, N, D)
+        ks = torch.sigmoid(k.to(acc))  # (B, H, M, D)
+        out, stats = _flow_full(qs, ks, v.to(acc), eps)
+        out = out.to(q.dtype)
     return (out, stats) if return_flows else out
 
 
@@ -262,42 +304,14 @@ def flow_attention_step(
     B, H, D = q_t.shape
     Dv = v_t.shape[-1]
     if state is None:
-        zeros = q_t.new_zeros(B, H, D, dtype=acc)
-        state = FlowState(
-            0,
-            zeros,
-            zeros,
-            zeros,
-            zeros,
-            q_t.new_zeros(B, H, dtype=acc),
-            q_t.new_zeros(B, H, D, Dv, dtype=acc),
-        )
+        state = _initial_state(q_t, B, H, D, Dv, acc)
     elif not isinstance(state, FlowState) or tuple(state.kv.shape) != (B, H, D, Dv):
         got = tuple(state.kv.shape) if isinstance(state, FlowState) else type(state).__name__
-        raise ValueError(
-            f"{name}: state must be a FlowState with kv of shape (B, H, D, Dv) = {(B, H, D, Dv)}, got {got}"
-        )
-    qs = torch.sigmoid(q_t.to(acc))  # (B, H, D)
-    ks = torch.sigmoid(k_t.to(acc))  # (B, H, D)
-    t = state.t + 1
-    key_sum = state.key_sum + ks  # (B, H, D)
-    query_sum = state.query_sum + qs  # (B, H, D)
-    incoming = _rowdot_eps(qs, key_sum, eps) / t  # (B, H)
-    outgoing = _rowdot_eps(ks, query_sum, eps) / t  # (B, H)
-    key_over_outgoing = state.key_over_outgoing + ks / outgoing.unsqueeze(-1)  # (B, H, D)
-    query_over_incoming = state.query_over_incoming + qs / incoming.unsqueeze(-1)  # (B, H, D)
-    conserved_incoming = _rowdot_eps(qs, key_over_outgoing, eps) / t  # (B, H)
-    conserved_outgoing = (_rowdot_eps(ks, query_over_incoming, eps) / t).clamp(-1.0, 1.0)  # (B, H)
-    expo = conserved_outgoing.exp()  # (B, H), in [1/e, e]
-    exp_mean = state.exp_mean + (expo - state.exp_mean) / t  # (B, H), running mean of exp(O^)
-    competition = expo / exp_mean  # (B, H)
-    kv = state.kv + ks.unsqueeze(-1) * (v_t.to(acc) * competition.unsqueeze(-1)).unsqueeze(
-        -2
-    )  # (B, H, D, Dv)
-    scale = torch.sigmoid(conserved_incoming) / (incoming * t)  # (B, H)
-    out = (qs.unsqueeze(-2) @ kv).squeeze(-2) * scale.unsqueeze(-1)  # (B, H, Dv)
-    new_state = FlowState(t, key_sum, query_sum, key_over_outgoing, query_over_incoming, exp_mean, kv)
-    return out.to(q_t.dtype), new_state
+        raise ValueError(f"{name}: state must be a FlowState with kv of shape (B, H, D, Dv) = "
+                         f"{(B, H, D, Dv)}, got {got}")
+    q1, k1, v1 = q_t.unsqueeze(-2), k_t.unsqueeze(-2), v_t.unsqueeze(-2)  # one-token blocks (B, H, 1, .)
+    out, _, new_state = _causal_block(state, q1, k1, v1, eps, None)
+    return out.squeeze(-2).to(q_t.dtype), new_state  # (B, H, Dv)
 
 
 class FlowAttention(ProjectedAttention):
