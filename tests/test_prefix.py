@@ -1,0 +1,98 @@
+"""causal_dot_product: the chunked prefix product shared by causal linear and flow attention."""
+
+import pytest
+import torch
+from support import tol
+
+from attnbook import _prefix
+from attnbook._prefix import causal_dot_product
+
+
+def masked_product(q, k, v):
+    """The definition: the N x N matrix of q_i . k_j, zero above the diagonal, times v (float64)."""
+    q, k, v = (x.double() for x in (q, k, v))
+    scores = (q @ k.transpose(-2, -1)).tril()  # (B, H, N, N)
+    return scores @ v  # (B, H, N, Dv)
+
+
+def inputs(N, D=5, Dv=3, dtype=torch.float64, B=2, H=3):
+    return torch.randn(B, H, N, D, dtype=dtype), torch.randn(B, H, N, D, dtype=dtype), torch.randn(B, H, N, Dv,
+                                                                                                  dtype=dtype)
+
+
+@pytest.mark.parametrize("chunk_size", [1, 3, 8, 64, 200], ids=lambda c: f"chunk{c}")
+@pytest.mark.parametrize("N", [1, 7, 63, 100])
+def test_outputs_and_gradients_equal_the_masked_matrix_for_any_chunk_size(N, chunk_size):
+    q, k, v = (x.requires_grad_() for x in inputs(N))
+    out = causal_dot_product(q, k, v, chunk_size)
+    expected = masked_product(q, k, v)
+    torch.testing.assert_close(out, expected, **tol(torch.float64))
+    upstream = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v), upstream)
+    ref_grads = torch.autograd.grad(expected, (q, k, v), upstream)
+    for name, g, r in zip("qkv", grads, ref_grads, strict=True):
+        torch.testing.assert_close(g, r, **tol(torch.float64), msg=lambda m, name=name: f"d{name}: {m}")
+
+
+@pytest.mark.parametrize("block_tokens", [4, 9, 1024], ids=lambda b: f"block{b}")
+def test_blocks_of_chunks_do_not_change_the_result(monkeypatch, block_tokens):
+    """Several chunks per block (batched prefix over chunks) or one chunk per block: the same numbers."""
+    monkeypatch.setattr(_prefix, "_BLOCK_TOKENS", block_tokens)
+    q, k, v = (x.requires_grad_() for x in inputs(37))
+    out = causal_dot_product(q, k, v, 3)
+    torch.testing.assert_close(out, masked_product(q, k, v), **tol(torch.float64))
+    upstream = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v), upstream)
+    ref_grads = torch.autograd.grad(masked_product(q, k, v), (q, k, v), upstream)
+    for g, r in zip(grads, ref_grads, strict=True):
+        torch.testing.assert_close(g, r, **tol(torch.float64))
+
+
+def test_gradcheck():
+    q, k, v = (x.requires_grad_() for x in inputs(6, D=2, Dv=3, B=1, H=2))
+    assert torch.autograd.gradcheck(lambda q, k, v: causal_dot_product(q, k, v, 4), (q, k, v))
+
+
+def test_only_requested_gradients_and_partial_requires_grad():
+    q, k, v = inputs(9)
+    v.requires_grad_()
+    out = causal_dot_product(q, k, v, 4)
+    (dv,) = torch.autograd.grad(out, (v,), torch.ones_like(out))
+    expected = torch.autograd.grad(masked_product(q, k, v), (v,), torch.ones_like(out))[0]
+    torch.testing.assert_close(dv, expected, **tol(torch.float64))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64],
+                         ids=["float16", "bfloat16", "float32", "float64"])
+def test_returns_the_accumulation_dtype(dtype):
+    q, k, v = inputs(5, dtype=dtype)
+    out = causal_dot_product(q, k, v, 2)
+    assert out.dtype == torch.promote_types(dtype, torch.float32)
+    torch.testing.assert_close(out.double(), masked_product(q, k, v), **tol(torch.float32))
+
+
+def test_half_inputs_do_not_overflow():
+    """Prefix sums of 2048 products of size ~ 10 x 10 x 100 exceed float16's 65504; float32 holds them."""
+    q, k, v = (torch.full((1, 1, 2048, 4), x, dtype=torch.float16) for x in (1.0, 1.0, 100.0))
+    out = causal_dot_product(q, k, v, 64)
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out[0, 0, :, 0], 400.0 * torch.arange(1, 2049, dtype=torch.float32))
+
+
+def test_memory_is_far_below_an_n_by_n_matrix():
+    from attnbook.profiling import peak_memory
+
+    q, k, v = inputs(4096, D=8, Dv=8, dtype=torch.float32, B=1, H=1)
+    peak = peak_memory(lambda: causal_dot_product(q, k, v, 64))
+    assert peak < 4 * 3 * q.numel() * 4, peak
+    q.requires_grad_()
+    out = causal_dot_product(q, k, v, 64)
+    peak_backward = peak_memory(lambda: out.backward(torch.ones_like(out)))
+    assert peak_backward < 4 * 3 * q.numel() * 4, peak_backward
+
+
+def test_bad_chunk_size_raises_value_error():
+    q, k, v = inputs(4)
+    for bad in (0, -1, 2.5, True):
+        with pytest.raises(ValueError, match="chunk_size must be a positive int"):
+            causal_dot_product(q, k, v, bad)
