@@ -237,12 +237,18 @@ class MoHAttention(nn.Module):
             xr = x.to(acc)
             ones = xr.new_ones(B, N)
 
-            def logits(layer: nn.Linear) -> torch.Tensor:
-                return F.linear(xr, layer.weight.to(acc))
+            # All router logits in one matmul (W_r, W_h, W_s stacked): one pass over x instead of three.
+            # (A single head, all shared, has no router at all.)
+            names = [n for n in ("wg", "wg_0", "wg_1") if hasattr(self, n)]
+            logit = {}  # name -> (B, N, out_features)
+            if names:
+                stacked = torch.cat([getattr(self, n).weight for n in names]).to(acc)  # (E + 2 + h_s, C)
+                split = F.linear(xr, stacked).split([getattr(self, n).out_features for n in names], dim=-1)
+                logit = dict(zip(names, split, strict=True))
 
             # Shared heads: h_s * softmax(W_s x); one shared head has softmax 1 and needs no W_s.
             if s > 1:
-                shared = F.softmax(logits(self.wg_1), dim=-1) * s  # (B, N, h_s)
+                shared = F.softmax(logit["wg_1"], dim=-1) * s  # (B, N, h_s)
             else:
                 shared = xr.new_ones(B, N, s)  # (B, N, h_s), h_s in {0, 1}
 
@@ -254,7 +260,7 @@ class MoHAttention(nn.Module):
                     shared_weight=ones, routed_weight=ones)
 
             # Routed heads: top-k of p = softmax(W_r x), renormalised over the chosen k and scaled by k.
-            probs = F.softmax(logits(self.wg), dim=-1)  # (B, N, E)
+            probs = F.softmax(logit["wg"], dim=-1)  # (B, N, E)
             top = probs.topk(k, dim=-1).indices  # (B, N, k)
             chosen = torch.zeros_like(probs, dtype=torch.bool).scatter(-1, top, True)  # (B, N, E)
             kept = probs * chosen
@@ -268,7 +274,7 @@ class MoHAttention(nn.Module):
 
             # Two-stage weighting: (a_1, a_2) = 2 softmax(W_h x) splits the weight between the two kinds.
             if s > 0:
-                weight = F.softmax(logits(self.wg_0), dim=-1) * 2  # (B, N, 2)
+                weight = F.softmax(logit["wg_0"], dim=-1) * 2  # (B, N, 2)
                 shared_weight, routed_weight = weight[..., 0], weight[..., 1]  # (B, N)
                 shared = shared * shared_weight.unsqueeze(-1)
                 routed = routed * routed_weight.unsqueeze(-1)
