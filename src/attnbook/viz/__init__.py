@@ -2,8 +2,10 @@
 explorers; every widget also has a static figure of its default state for the website."""
 
 from .linear import attention_maps_figure, feature_error_plot, relative_error, row_entropy
+from .moh import compute_routing, plot_routing, routing_explorer, train_router
 from .plots import attention_heatmap, scaling_plot
 from .static import frame_slider
 
 __all__ = ["attention_heatmap", "scaling_plot", "frame_slider",
            "attention_maps_figure", "feature_error_plot", "relative_error", "row_entropy"]
+__all__ += ["compute_routing", "train_router", "plot_routing", "routing_explorer"]
