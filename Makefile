@@ -9,12 +9,15 @@ TORCH ?= torch==2.13.0
 CHAPTERS := $(shell grep -oE 'book/[0-9]+_[A-Za-z0-9_]+' _toc.yml | sed 's/$$/.ipynb/')
 PYTEST_WORKERS ?= 2
 
-.PHONY: help venv book test lint unit notebooks book-strict serve clean
+ASSETS := _build/site-assets/vendor
+
+.PHONY: help venv assets book test lint unit notebooks book-strict browser colab serve clean
 
 help:
 	@echo "make book   - set up .venv, execute every chapter and build the website into _build/html"
 	@echo "make test   - lint, unit tests, every chapter with nbmake, the website with warnings as errors"
 	@echo "make serve  - serve _build/html on http://127.0.0.1:8000"
+	@echo "make browser - the website's browser tests (needs a build and /usr/bin/chromium)"
 
 $(BIN)/.installed: pyproject.toml requirements.txt
 	$(PYTHON) -m venv $(VENV)
@@ -24,23 +27,44 @@ $(BIN)/.installed: pyproject.toml requirements.txt
 
 venv: $(BIN)/.installed
 
-book: venv
+# MathJax 3, require.js and the ipywidgets HTML manager come from the npm registry (versions locked in
+# package-lock.json) and are served by the site itself: _config.yml copies _build/site-assets into the site
+# root (html_extra_path), outside any _static/ folder, whose scripts Jupyter Book would inject everywhere.
+node_modules/.package-lock.json: package.json package-lock.json
+	npm ci --ignore-scripts --no-audit --no-fund --loglevel=error
+
+$(ASSETS)/.copied: node_modules/.package-lock.json
+	rm -rf $(ASSETS) && mkdir -p $(ASSETS)/widgets
+	cp -r node_modules/mathjax/es5 $(ASSETS)/mathjax
+	cp node_modules/requirejs/require.js $(ASSETS)/require.js
+	cp node_modules/@jupyter-widgets/html-manager/dist/*-amd.js $(ASSETS)/widgets/
+	find node_modules/@jupyter-widgets/html-manager/dist -regex '.*\.\(woff2?\|ttf\|eot\|svg\)' \
+	  -exec cp {} $(ASSETS)/widgets/ \;
+	touch $@
+
+assets: $(ASSETS)/.copied
+
+book: venv assets
 	$(BIN)/jupyter-book build .
 
-test: lint unit notebooks book-strict
+test: lint unit notebooks book-strict browser
 
 lint: venv
 	$(BIN)/ruff check src tests benchmarks book
 	$(BIN)/nbstripout --verify --keep-id $(wildcard book/*.ipynb)
 
 unit: venv
-	$(BIN)/pytest -q -n $(PYTEST_WORKERS) tests
+	$(BIN)/pytest -q -n $(PYTEST_WORKERS) -m "not browser" tests
 
 notebooks: venv
 	ATTNBOOK_FAST=1 $(BIN)/pytest -q -n $(PYTEST_WORKERS) --nbmake --nbmake-timeout=600 $(CHAPTERS)
 
-book-strict: venv
+book-strict: venv assets
 	ATTNBOOK_FAST=1 $(BIN)/jupyter-book build . --all --warningiserror --keep-going
+
+# The built site in Debian's chromium (Playwright), served on 127.0.0.1; screenshots in _build/screenshots.
+browser: venv
+	$(BIN)/pytest -q -m browser tests/browser
 
 serve:
 	@test -d _build/html || { echo "no _build/html yet: run 'make book' first"; exit 1; }

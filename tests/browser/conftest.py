@@ -1,0 +1,49 @@
+"""Browser tests: Debian's chromium, driven by Playwright, against the built site served on 127.0.0.1."""
+
+import functools
+import http.server
+import pathlib
+import shutil
+import threading
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+SITE = ROOT / "_build" / "html"
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if pathlib.Path(str(item.fspath)).is_relative_to(pathlib.Path(__file__).parent):
+            item.add_marker(pytest.mark.browser)
+
+
+@pytest.fixture(scope="session")
+def browser_type_launch_args(browser_type_launch_args):
+    # Playwright cannot download its own browsers here: use the system chromium, with its background
+    # networking off (the machine's network is closed and nothing may reach another host anyway).
+    return {
+        **browser_type_launch_args,
+        "executable_path": CHROMIUM,
+        "args": ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"],
+    }
+
+
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture(scope="session")
+def site_url():
+    """Serve _build/html on a free port of 127.0.0.1 for the session."""
+    if not (SITE / "index.html").exists():
+        pytest.fail("no built site in _build/html: run `make book` (or `make test`) first")
+    handler = functools.partial(_QuietHandler, directory=str(SITE))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
