@@ -203,6 +203,7 @@ OPTIONS = {
     "plain": dict(),
     "bias-qknorm": dict(qkv_bias=True, qk_norm=True),
     "head-dim": dict(head_dim=5),
+    "indivisible-dim": dict(dim=14),  # head_dim = 14 // H, so H * head_dim != dim; the reference allows it
 }
 
 
@@ -215,7 +216,7 @@ def test_matches_reference_code_outputs_gradients_and_loss(counts, options, mode
     ours.fused_attn = fused
     ref.train(mode == "train")
     ours.train(mode == "train")
-    x = torch.randn(2, 7, 12)
+    x = torch.randn(2, 7, ours.dim)
     expected, got = ref(x), ours(x)
     assert got.dtype == x.dtype
     torch.testing.assert_close(got, expected, **tol(torch.float32))

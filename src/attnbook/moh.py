@@ -135,7 +135,16 @@ class MoHAttention(nn.Module):
 
     Shape:
         ``forward(x)``: (B, N, dim) -> (B, N, dim); ``forward(x, return_routing=True)`` -> ``(out, routing)``
-        with ``routing`` a :class:`HeadRouting`.
+        with ``routing`` a :class:`HeadRouting`; ``route(x)`` -> :class:`HeadRouting` without the attention.
+
+    Notes:
+        * Loading a timm ``Attention`` state dict: ``load_state_dict(sd, strict=False)`` reports only the router
+          weights as missing; with ``shared_head=num_heads`` and ``wg_1`` set to zero the layer then computes
+          exactly timm's attention.
+        * Ties in the router's top-k (e.g. an all-zero ``wg``) are broken by ``torch.topk``, as in the
+          reference; which of the tied heads is chosen is not specified, the gates' values are.
+        * ``load_balancing_loss`` keeps the last training forward's graph alive until the next forward; with
+          gradient accumulation over several forwards, gather the loss after each one.
     """
 
     def __init__(
