@@ -1,6 +1,7 @@
 """Figures and widgets. Pure ``compute_*`` functions (tested) feed matplotlib views and ipywidgets
 explorers; every widget also has a static figure of its default state for the website."""
 
+from .flow import compute_flow_state, flow_explorer, make_toy_input, plot_flow
 from .linear import attention_maps_figure, feature_error_plot, relative_error, row_entropy
 from .moh import compute_routing, plot_routing, routing_explorer, train_router
 from .plots import attention_heatmap, scaling_plot
@@ -9,3 +10,4 @@ from .static import frame_slider
 __all__ = ["attention_heatmap", "scaling_plot", "frame_slider",
            "attention_maps_figure", "feature_error_plot", "relative_error", "row_entropy"]
 __all__ += ["compute_routing", "train_router", "plot_routing", "routing_explorer"]
+__all__ += ["make_toy_input", "compute_flow_state", "plot_flow", "flow_explorer"]

@@ -1,0 +1,335 @@
+"""The flow-allocation explorer (attnbook.viz.flow): its compute functions against the package and the float64
+reference, and that its views build and react to their controls without a kernel."""
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+from support import tol  # noqa: E402
+
+import attnbook  # noqa: E402
+from attnbook import reference  # noqa: E402
+from attnbook.viz import flow as vf  # noqa: E402
+
+F64 = tol(torch.float64)
+MODES = {  # id -> keyword arguments of compute_flow_state
+    "flow": dict(causal=False, heads_compete=False),
+    "causal": dict(causal=True, heads_compete=False),
+    "mobile": dict(causal=False, heads_compete=True),
+}
+
+
+@pytest.fixture(autouse=True)
+def _close_figures():
+    yield
+    plt.close("all")
+
+
+def package_output(q, k, v, *, causal, heads_compete):
+    if heads_compete:
+        return attnbook.mobile_attention(q, k, v, return_flows=True)
+    return attnbook.flow_attention(q, k, v, causal=causal, return_flows=True)
+
+
+# ---------------------------------------------------------------------------------------------- toy input
+
+
+def test_toy_input_shapes_dtype_and_determinism():
+    q, k, v = vf.make_toy_input(5, 0.4, 2.0, 3, seed=7)
+    for x in (q, k, v):
+        assert x.shape == (1, 3, 5, 4) and x.dtype == torch.float64
+    again = vf.make_toy_input(5, 0.4, 2.0, 3, seed=7)
+    other = vf.make_toy_input(5, 0.4, 2.0, 3, seed=8)
+    assert all(torch.equal(a, b) for a, b in zip((q, k, v), again, strict=True))
+    assert not torch.equal(q, other[0])
+
+
+def test_toy_input_more_tokens_keep_the_earlier_ones():
+    short = vf.make_toy_input(4, 0.3, 2.0, 2, seed=1)
+    long = vf.make_toy_input(9, 0.3, 2.0, 2, seed=1)
+    for a, b in zip(short, long, strict=True):
+        torch.testing.assert_close(b[..., :4, :], a, **F64)
+
+
+def test_toy_input_similarity_one_makes_identical_tokens_and_zero_does_not():
+    q, k, v = vf.make_toy_input(6, 1.0, 2.0, 2)
+    for x in (q, k, v):
+        torch.testing.assert_close(x, x[..., :1, :].expand_as(x), **F64)
+    q0, _, _ = vf.make_toy_input(6, 0.0, 2.0, 2)
+    assert (q0 - q0[..., :1, :]).abs().amax() > 0.1
+
+
+def test_toy_input_magnitude_scales_queries_and_keys_not_values():
+    q1, k1, v1 = vf.make_toy_input(5, 0.5, 1.0, 2)
+    q3, k3, v3 = vf.make_toy_input(5, 0.5, 3.0, 2)
+    torch.testing.assert_close(q3, 3 * q1, **F64)
+    torch.testing.assert_close(k3, 3 * k1, **F64)
+    torch.testing.assert_close(v3, v1, **F64)
+
+
+@pytest.mark.parametrize("kwargs", [dict(n_tokens=0), dict(n_tokens=vf.MAX_TOKENS + 1), dict(similarity=1.5),
+                                    dict(similarity=-0.1), dict(magnitude=-1.0), dict(n_heads=0)],
+                         ids=["no_tokens", "too_many_tokens", "similarity_above_1", "similarity_below_0",
+                              "negative_magnitude", "no_heads"])
+def test_toy_input_rejects_bad_arguments(kwargs):
+    with pytest.raises(ValueError):
+        vf.make_toy_input(**kwargs)
+
+
+# ------------------------------------------------------------------------------------ compute_flow_state
+
+
+@pytest.mark.parametrize("mode", MODES.values(), ids=MODES.keys())
+def test_state_shapes(mode):
+    H, N = 3, 5
+    s = vf.compute_flow_state(*vf.make_toy_input(N, 0.3, 2.0, H), **mode)
+    assert (s.n_heads, s.n_sinks, s.n_sources) == (H, N, N)
+    for field in ("incoming", "conserved_incoming", "allocation"):
+        assert getattr(s, field).shape == (H, N), field
+    for field in ("outgoing", "conserved_outgoing", "conserved_outgoing_raw", "competition"):
+        assert getattr(s, field).shape == (H, N), field
+    assert s.flow.shape == s.edges.shape == (H, N, N)
+    assert s.output.shape == (H, N, 4)
+    assert s.mode == ("mobile" if mode["heads_compete"] else "flow")
+    assert (s.head_flow is not None) == mode["heads_compete"]
+
+
+@pytest.mark.parametrize("mode", MODES.values(), ids=MODES.keys())
+def test_edges_times_v_is_the_package_output_and_the_reference(mode):
+    q, k, v = vf.make_toy_input(7, 0.2, 3.0, 3, seed=2)
+    s = vf.compute_flow_state(q, k, v, **mode)
+    out, _ = package_output(q, k, v, **mode)
+    torch.testing.assert_close(s.edges @ v[0], out[0], **F64)
+    torch.testing.assert_close(s.output, out[0], **F64)
+    if mode["heads_compete"]:
+        ref = reference.mobile_attention(q, k, v)
+    else:
+        ref = reference.flow_attention(q, k, v, causal=mode["causal"])
+    torch.testing.assert_close(s.output, ref[0], **F64)
+
+
+def test_edges_with_more_keys_than_queries():
+    """Cross-attention (N != M): sources and sinks differ in number; edges @ v is still the output."""
+    q = torch.randn(2, 3, 4, dtype=torch.float64) * 2
+    k = torch.randn(2, 8, 4, dtype=torch.float64) * 2
+    v = torch.randn(2, 8, 5, dtype=torch.float64)
+    s = vf.compute_flow_state(q, k, v)
+    assert s.edges.shape == (2, 3, 8)
+    torch.testing.assert_close(s.output, reference.flow_attention(q[None], k[None], v[None])[0], **F64)
+
+
+@pytest.mark.parametrize("mode", [MODES["flow"], MODES["causal"]], ids=["flow", "causal"])
+def test_flow_rows_sum_to_one_before_the_two_factors(mode):
+    """flow_ij = q~_i.k~_j / I_i (causal: / (I_i t_i)) is a normalised distribution over sources (up to eps)."""
+    s = vf.compute_flow_state(*vf.make_toy_input(6, 0.3, 3.0, 2), **mode)
+    sums = s.flow.sum(-1)
+    torch.testing.assert_close(sums, torch.ones_like(sums), rtol=0, atol=1e-4)  # eps terms: ~eps N D
+
+
+@pytest.mark.parametrize("mode", MODES.values(), ids=MODES.keys())
+def test_competition_off_sets_it_to_one_and_equals_attention_on_v_over_competition(mode):
+    """Competition does not depend on v, so ablating it equals the package run on v / c."""
+    q, k, v = vf.make_toy_input(6, 0.2, 3.0, 3, seed=3)
+    full = vf.compute_flow_state(q, k, v, **mode)
+    off = vf.compute_flow_state(q, k, v, competition=False, **mode)
+    assert torch.equal(off.competition, torch.ones_like(off.competition))
+    torch.testing.assert_close(off.allocation, full.allocation, **F64)
+    torch.testing.assert_close(off.edges, off.allocation[..., None] * off.flow, **F64)
+    out, _ = package_output(q, k, v / full.competition[None, ..., None], **mode)
+    torch.testing.assert_close(off.output, out[0], **F64)
+    assert (off.output - full.output).abs().amax() > 1e-3, "the competition toggle changed nothing"
+
+
+@pytest.mark.parametrize("mode", MODES.values(), ids=MODES.keys())
+def test_allocation_off_sets_it_to_one_and_divides_the_output_by_it(mode):
+    q, k, v = vf.make_toy_input(6, 0.2, 3.0, 3, seed=4)
+    full = vf.compute_flow_state(q, k, v, **mode)
+    off = vf.compute_flow_state(q, k, v, allocation=False, **mode)
+    assert torch.equal(off.allocation, torch.ones_like(off.allocation))
+    torch.testing.assert_close(off.competition, full.competition, **F64)
+    torch.testing.assert_close(off.edges, off.flow * off.competition[:, None, :], **F64)
+    torch.testing.assert_close(off.output, full.output / full.allocation[..., None], **F64)
+    assert (off.output - full.output).abs().amax() > 1e-3, "the allocation toggle changed nothing"
+
+
+def test_both_off_is_plain_normalised_linear_attention_with_sigmoid_features():
+    q, k, v = vf.make_toy_input(5, 0.4, 2.0, 2, seed=5)
+    s = vf.compute_flow_state(q, k, v, competition=False, allocation=False)
+    qs, ks = torch.sigmoid(q[0]), torch.sigmoid(k[0])
+    scores = qs @ ks.transpose(-2, -1)  # (H, N, M)
+    expected = scores / scores.sum(-1, keepdim=True) @ v[0]
+    torch.testing.assert_close(s.output, expected, rtol=1e-4, atol=1e-6)  # eps = 1e-6 in the normaliser
+
+
+def test_causal_has_no_edges_from_future_sources_and_ignores_them():
+    q, k, v = vf.make_toy_input(7, 0.3, 3.0, 2, seed=6)
+    s = vf.compute_flow_state(q, k, v, causal=True)
+    future = torch.ones(7, 7, dtype=torch.bool).triu(1)
+    assert torch.equal(s.edges[:, future], torch.zeros_like(s.edges[:, future]))
+    assert (s.edges[:, ~future] > 0).all()
+    k2, v2 = k.clone(), v.clone()
+    k2[..., 4:, :] += 5.0
+    v2[..., 4:, :] -= 3.0
+    s2 = vf.compute_flow_state(q, k2, v2, causal=True)
+    torch.testing.assert_close(s2.edges[:, :4], s.edges[:, :4], **F64)
+    torch.testing.assert_close(s2.output[:, :4], s.output[:, :4], **F64)
+    assert (s2.output[:, 4:] - s.output[:, 4:]).abs().amax() > 1e-3
+
+
+def test_mobile_mode_uses_head_wise_sums():
+    """Head mode: I_hi normalises with the sum of k~ over the heads at position i, not over the sequence."""
+    eps = 1e-6
+    q, k, v = vf.make_toy_input(6, 0.3, 3.0, 4, seed=8)
+    s = vf.compute_flow_state(q, k, v, heads_compete=True)
+    qs, ks = torch.sigmoid(q[0]), torch.sigmoid(k[0])  # (H, N, D)
+    head_total = ks.sum(0, keepdim=True)  # (1, N, D): over heads, same position
+    torch.testing.assert_close(s.incoming, ((qs + eps) * (head_total + eps)).sum(-1), **F64)
+    seq = vf.compute_flow_state(q, k, v)
+    assert (s.incoming - seq.incoming).abs().amax() > 1e-2
+    # the heads share each token's budget: sum over heads of the conserved outgoing flow is H (before clamp)
+    per_token = s.conserved_outgoing_raw.sum(0)
+    torch.testing.assert_close(per_token, torch.full_like(per_token, 4.0), rtol=0, atol=1e-4)
+    # ... and the head-axis network at each token is normalised: each query head receives one unit
+    sums = s.head_flow.sum(-1)  # (N, H)
+    torch.testing.assert_close(sums, torch.ones_like(sums), rtol=0, atol=1e-4)  # eps terms: ~eps N D
+
+
+def test_flow_mode_conserves_over_the_sequence():
+    s = vf.compute_flow_state(*vf.make_toy_input(6, 0.3, 3.0, 2))
+    total = s.conserved_outgoing_raw.sum(-1)  # (H,)
+    torch.testing.assert_close(total, torch.full_like(total, 6.0), rtol=0, atol=1e-4)
+
+
+def test_state_accepts_a_three_dimensional_input_and_float32():
+    q, k, v = (x[0].float() for x in vf.make_toy_input(5, 0.3, 2.0, 2))
+    s = vf.compute_flow_state(q, k, v)
+    assert s.edges.dtype == torch.float64
+    torch.testing.assert_close(s.output.float(), attnbook.flow_attention(q[None], k[None], v[None])[0],
+                               **tol(torch.float32))
+
+
+def test_state_rejects_bad_inputs():
+    q, k, v = vf.make_toy_input(5, 0.3, 2.0, 2)
+    with pytest.raises(ValueError, match="no causal"):
+        vf.compute_flow_state(q, k, v, causal=True, heads_compete=True)
+    with pytest.raises(ValueError, match="toy sizes"):
+        big = torch.zeros(1, 1, vf.MAX_TOKENS + 1, 4, dtype=torch.float64)
+        vf.compute_flow_state(big, big, big)
+    with pytest.raises(ValueError, match=r"\(H, N, D\)"):
+        vf.compute_flow_state(q[0, 0], k, v)
+    with pytest.raises(ValueError, match="N == M"):  # from the package: Mobile pairs query i with key i
+        vf.compute_flow_state(q, k[..., :3, :], v[..., :3, :], heads_compete=True)
+
+
+# ---------------------------------------------------------------------------------------------- views
+
+
+@pytest.mark.parametrize("mode", MODES.values(), ids=MODES.keys())
+def test_plot_flow_returns_a_figure_with_one_line_per_visible_edge(mode):
+    N = 5
+    s = vf.compute_flow_state(*vf.make_toy_input(N, 0.3, 2.0, 3), **mode)
+    fig = vf.plot_flow(s, head=1)
+    assert isinstance(fig, Figure)
+    assert len(fig.axes) == (4 if mode["heads_compete"] else 3)
+    (edges,) = [c for c in fig.axes[0].collections if c.get_label() == "edges"]
+    n_lines = len(edges.get_segments())
+    if mode["causal"]:
+        assert n_lines == N * (N + 1) // 2  # no line from a future source
+    else:
+        assert n_lines == N * N
+
+
+def test_plot_flow_rejects_a_missing_head_and_a_wrong_object():
+    s = vf.compute_flow_state(*vf.make_toy_input(4, 0.3, 2.0, 2))
+    with pytest.raises(ValueError, match="head=2"):
+        vf.plot_flow(s, head=2)
+    with pytest.raises(ValueError, match="FlowPicture"):
+        vf.plot_flow(s.edges)
+
+
+def test_default_figure_and_frames():
+    assert isinstance(vf.default_figure(), Figure)
+    frames = vf.explorer_frames("similarity", [0.0, 0.5, 1.0])
+    assert list(frames) == ["0", "0.5", "1"]
+    assert all(isinstance(f, Figure) for f in frames.values())
+    with pytest.raises(ValueError, match="unknown parameter"):
+        vf.explorer_frames("temperature", [1.0])
+    with pytest.raises(ValueError, match="unknown explorer parameter"):
+        vf.default_figure(temperature=1.0)
+
+
+def test_frames_feed_frame_slider():
+    html = attnbook.viz.frame_slider(vf.explorer_frames("magnitude", [1.0, 4.0]), label="magnitude").data
+    assert html.count("<img") == 2 and 'type="range"' in html
+
+
+def test_summary_reports_the_conservation_sums():
+    s = vf.compute_flow_state(*vf.make_toy_input(6, 0.3, 3.0, 2))
+    text = vf.explorer_summary(s)
+    assert f"{s.conserved_outgoing_raw[0].sum():.3f} (N = 6)" in text
+    assert "clamp clips" in text
+    mobile = vf.explorer_summary(vf.compute_flow_state(*vf.make_toy_input(6, 0.3, 3.0, 2), heads_compete=True))
+    assert "(H = 2)" in mobile
+
+
+# ------------------------------------------------------------------------------------------- the widget
+
+
+def _walk(widget):
+    yield widget
+    for child in getattr(widget, "children", ()):
+        yield from _walk(child)
+
+
+def _find(box, cls_name, description=None):
+    for w in _walk(box):
+        if type(w).__name__ == cls_name and (description is None or w.description == description):
+            return w
+    raise AssertionError(f"no {cls_name} {description!r} in the explorer")
+
+
+def test_explorer_builds_with_a_rendered_png():
+    box = vf.flow_explorer()
+    image = _find(box, "Image")
+    assert image.value[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "Σ" in _find(box, "HTML").value
+    for name in ("tokens", "similarity", "magnitude", "heads", "seed", "head shown", "competition",
+                 "allocation", "causal", "mode"):
+        assert any(getattr(w, "description", None) == name for w in _walk(box)), name
+
+
+@pytest.mark.parametrize("control, cls_name, new_value", [
+    ("similarity", "FloatSlider", 0.9),
+    ("magnitude", "FloatSlider", 5.0),
+    ("tokens", "IntSlider", 4),
+    ("competition", "Checkbox", False),
+    ("allocation", "Checkbox", False),
+    ("causal", "Checkbox", True),
+    ("mode", "ToggleButtons", True),
+], ids=lambda x: str(x))
+def test_changing_a_control_re_renders(control, cls_name, new_value):
+    box = vf.flow_explorer()
+    image, summary = _find(box, "Image"), _find(box, "HTML")
+    before_png, before_text = image.value, summary.value
+    _find(box, cls_name, control).value = new_value
+    assert image.value != before_png
+    assert image.value[:4] == b"\x89PNG"
+    if control in ("similarity", "magnitude", "tokens", "mode", "competition", "allocation"):
+        assert summary.value != before_text
+
+
+def test_head_mode_disables_causal_and_fewer_heads_clamp_the_head_shown():
+    box = vf.flow_explorer(n_heads=4, head=3, causal=True)
+    causal, mode = _find(box, "Checkbox", "causal"), _find(box, "ToggleButtons", "mode")
+    head, heads = _find(box, "IntSlider", "head shown"), _find(box, "IntSlider", "heads")
+    mode.value = True
+    assert causal.disabled
+    assert "H = 4" in _find(box, "HTML").value
+    mode.value = False
+    assert not causal.disabled
+    heads.value = 2
+    assert head.max == 1 and head.value == 1
