@@ -47,7 +47,7 @@ assets: $(ASSETS)/.copied
 book: venv assets
 	$(BIN)/jupyter-book build .
 
-test: lint unit notebooks book-strict browser
+test: lint unit notebooks book-strict browser colab
 
 lint: venv
 	$(BIN)/ruff check src tests benchmarks book
@@ -65,6 +65,10 @@ book-strict: venv assets
 # The built site in Debian's chromium (Playwright), served on 127.0.0.1; screenshots in _build/screenshots.
 browser: venv
 	$(BIN)/pytest -q -m browser tests/browser
+
+# A Colab-like environment (ipywidgets 7.7.1, torch already there), the install cell, one widget chapter.
+colab: venv
+	$(BIN)/python tests/colab/run_colab_path.py
 
 serve:
 	@test -d _build/html || { echo "no _build/html yet: run 'make book' first"; exit 1; }

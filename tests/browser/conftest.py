@@ -13,12 +13,6 @@ SITE = ROOT / "_build" / "html"
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 
 
-def pytest_collection_modifyitems(items):
-    for item in items:
-        if pathlib.Path(str(item.fspath)).is_relative_to(pathlib.Path(__file__).parent):
-            item.add_marker(pytest.mark.browser)
-
-
 @pytest.fixture(scope="session")
 def browser_type_launch_args(browser_type_launch_args):
     # Playwright cannot download its own browsers here: use the system chromium, with its background

@@ -16,6 +16,8 @@ PAGES = [TOC["root"]] + [entry["file"] for entry in TOC["chapters"]]
 CHAPTERS = [p for p in PAGES if (ROOT / f"{p}.ipynb").exists()]
 SCREENSHOTS = ROOT / "_build" / "screenshots"
 
+pytestmark = pytest.mark.browser
+
 
 def has_live_widget(page: str) -> bool:
     """True when a chapter builds an ipywidgets explorer (it must then offer a kernel-free fallback)."""

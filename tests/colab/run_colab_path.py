@@ -1,0 +1,90 @@
+"""The Colab path, taken the way Colab takes it.
+
+1. A fresh virtual environment that looks like a Colab runtime before the chapter runs: the CPU torch,
+   ipywidgets 7.7.1 (Colab's), numpy, matplotlib and a kernel already installed.
+2. The chapter's own install cell is executed there, as on Colab (``google.colab`` present), with the
+   repository URL pointed at this checkout.
+3. Colab's torch, numpy, matplotlib and ipywidgets must be untouched by that install.
+4. The chapter runs top to bottom with nbmake, and the widget tests run against ipywidgets 7.7.1.
+
+Usage: python tests/colab/run_colab_path.py [CHAPTER.ipynb]   (run by `make colab`, part of `make test`)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+
+import yaml
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+VENV = ROOT / "_build" / "colab-venv"
+PY = VENV / "bin" / "python"
+COLAB_PREINSTALLED = ["torch==2.13.0", "ipywidgets==7.7.1", "numpy", "matplotlib", "ipykernel"]
+TEST_TOOLS = ["pytest", "nbmake", "hypothesis"]
+KEPT = ["torch", "numpy", "matplotlib", "ipywidgets"]
+
+
+def run(*args: str, **kwargs) -> subprocess.CompletedProcess:
+    print("+", " ".join(args), flush=True)
+    return subprocess.run(args, check=True, **kwargs)
+
+
+def versions() -> dict[str, str]:
+    code = "import importlib.metadata as m, json, sys; print(json.dumps({p: m.version(p) for p in sys.argv[1:]}))"
+    out = subprocess.run([str(PY), "-c", code, *KEPT], check=True, capture_output=True, text=True).stdout
+    return json.loads(out)
+
+
+def default_chapter() -> pathlib.Path:
+    """The first chapter in the table of contents that builds an ipywidgets explorer."""
+    toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
+    for entry in toc["chapters"]:
+        path = ROOT / f"{entry['file']}.ipynb"
+        if path.exists() and "_explorer(" in path.read_text():
+            return path
+    return ROOT / "book" / "01_softmax_attention.ipynb"
+
+
+def install_cell(chapter: pathlib.Path) -> str:
+    cell = json.loads(chapter.read_text())["cells"][0]
+    source = "".join(cell["source"])
+    config = yaml.safe_load((ROOT / "_config.yml").read_text())["repository"]
+    remote = f"git+{config['url']}@{config['branch']}"
+    if remote not in source:
+        raise SystemExit(f"{chapter.name}: the install cell does not install {remote}")
+    return source.replace(remote, ROOT.as_uri())
+
+
+def main() -> None:
+    chapter = pathlib.Path(sys.argv[1]).resolve() if len(sys.argv) > 1 else default_chapter()
+    shutil.rmtree(VENV, ignore_errors=True)
+    run(sys.executable, "-m", "venv", str(VENV))
+    run(str(PY), "-m", "pip", "install", "--quiet", *COLAB_PREINSTALLED, *TEST_TOOLS)
+    before = versions()
+    print("Colab-like runtime:", before, flush=True)
+
+    # The install cell, executed as Colab executes it: google.colab is importable.
+    prelude = "import sys, types; sys.modules['google.colab'] = types.ModuleType('google.colab')\n"
+    run(str(PY), "-c", prelude + install_cell(chapter))
+    after = versions()
+    if after != before:
+        raise SystemExit(f"installing attnbook changed Colab's packages: {before} -> {after}")
+    print("install cell kept Colab's packages:", after, flush=True)
+
+    env = {**os.environ, "ATTNBOOK_FAST": "1", "MPLBACKEND": "Agg"}
+    # Run outside the checkout's src/ so that the installed package is the one imported.
+    run(str(PY), "-c", "import attnbook, ipywidgets; print(attnbook.__file__, ipywidgets.__version__)",
+        cwd=str(VENV), env=env)
+    run(str(PY), "-m", "pytest", "-q", "-p", "no:cacheprovider", "--nbmake", "--nbmake-timeout=600",
+        str(chapter), cwd=str(ROOT), env=env)
+    widget_tests = sorted(str(p) for p in (ROOT / "tests").glob("test_viz_*.py"))
+    run(str(PY), "-m", "pytest", "-q", "-p", "no:cacheprovider", *widget_tests, cwd=str(ROOT), env=env)
+
+
+if __name__ == "__main__":
+    main()
