@@ -33,9 +33,14 @@ from .flow import FlowStats, _check_eps
 __all__ = ["mobile_attention", "MobileAttention"]
 
 
-def _headdot_eps(x: torch.Tensor, y: torch.Tensor, eps: float) -> torch.Tensor:
-    """(x_hn + eps) . (y_n + eps) for x (B, H, N, D) and a head total y (B, 1, N, D) -> (B, H, N)."""
-    return torch.linalg.vecdot(x + eps, y + eps)  # (B, H, N)
+def _head_gram(qs: torch.Tensor, ks: torch.Tensor) -> torch.Tensor:
+    """G[b, n, h, g] = q~_hn . k~_gn: every head's query against every head's key at the same position.
+
+    (B, H, N, D), (B, H, N, D) -> (B, N, H, H). One batched product per batch element on strided views, so the
+    features are read once and never copied into a head-last layout.
+    """
+    grams = [q_b.transpose(0, 1) @ k_b.permute(1, 2, 0) for q_b, k_b in zip(qs, ks, strict=True)]  # (N, H, H)
+    return torch.stack(grams)  # (B, N, H, H)
 
 
 def mobile_attention(
@@ -73,13 +78,24 @@ def mobile_attention(
     acc = accumulation_dtype(q.dtype)
     qs = torch.sigmoid(q.to(acc))  # (B, H, N, D)
     ks = torch.sigmoid(k.to(acc))  # (B, H, M, D)
-    N, M = qs.shape[-2], ks.shape[-2]
-    incoming = _headdot_eps(qs, ks.sum(1, keepdim=True), eps)  # (B, H, N)
-    outgoing = _headdot_eps(ks, qs.sum(1, keepdim=True), eps)  # (B, H, M)
-    key_over_outgoing = (ks / outgoing.unsqueeze(-1)).sum(1, keepdim=True)  # (B, 1, M, D)
-    query_over_incoming = (qs / incoming.unsqueeze(-1)).sum(1, keepdim=True)  # (B, 1, N, D)
-    conserved_incoming = _headdot_eps(qs, key_over_outgoing, eps)  # (B, H, N)
-    conserved_outgoing_raw = _headdot_eps(ks, query_over_incoming, eps)  # (B, H, M)
+    N, M, D = qs.shape[-2], ks.shape[-2], qs.shape[-1]
+    # Every flow is a head-axis contraction at one position, so all four follow from the H x H Gram matrix
+    # of each token and the row sums of the features, expanding (x + eps) . (y + eps) =
+    # x . y + eps sum(x) + eps sum(y) + D eps^2. Layout (B, N, H) until the competition.
+    gram = _head_gram(qs, ks)  # (B, N, H, H)
+    q_rows = qs.sum(-1).transpose(1, 2)  # (B, N, H): q~_hn . 1
+    k_rows = ks.sum(-1).transpose(1, 2)  # (B, N, H): k~_hn . 1
+    e, de2 = eps, D * eps * eps
+    incoming = gram.sum(-1) + e * q_rows + e * k_rows.sum(-1, keepdim=True) + de2  # (B, N, H)
+    outgoing = gram.sum(-2) + e * k_rows + e * q_rows.sum(-1, keepdim=True) + de2  # (B, N, H)
+    r_out, r_in = outgoing.reciprocal(), incoming.reciprocal()  # (B, N, H)
+    conserved_incoming = ((gram @ r_out.unsqueeze(-1)).squeeze(-1) + e * q_rows
+                          + e * (k_rows * r_out).sum(-1, keepdim=True) + de2)  # (B, N, H)
+    conserved_outgoing_raw = ((gram.transpose(-2, -1) @ r_in.unsqueeze(-1)).squeeze(-1) + e * k_rows
+                              + e * (q_rows * r_in).sum(-1, keepdim=True) + de2)  # (B, N, H)
+    incoming, outgoing, conserved_incoming, conserved_outgoing_raw = (
+        x.transpose(1, 2) for x in (incoming, outgoing, conserved_incoming, conserved_outgoing_raw)
+    )  # each (B, H, N)
     conserved_outgoing = conserved_outgoing_raw.clamp(-1.0, 1.0)  # for stability, as published
     allocation = torch.sigmoid(conserved_incoming * (N / M))  # (B, H, N)
     competition = torch.softmax(conserved_outgoing, dim=-1) * M  # (B, H, M), over the sequence
@@ -87,15 +103,9 @@ def mobile_attention(
     out = ((qs @ kv) * (allocation / incoming).unsqueeze(-1)).to(q.dtype)  # (B, H, N, Dv)
     if not return_flows:
         return out
-    return out, FlowStats(
-        incoming,
-        outgoing,
-        conserved_incoming,
-        conserved_outgoing,
-        competition,
-        allocation,
-        conserved_outgoing_raw,
-    )
+    stats = (incoming, outgoing, conserved_incoming, conserved_outgoing, competition, allocation,
+             conserved_outgoing_raw)
+    return out, FlowStats(*(x.contiguous() for x in stats))
 
 
 class MobileAttention(ProjectedAttention):
