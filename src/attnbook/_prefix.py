@@ -6,10 +6,10 @@ computed chunk by chunk (Katharopoulos et al., 2020, Sec. 3.3; the chunked form 
 inside a chunk of C positions the products are exact and masked (a C x C matrix), between chunks a state
 S = sum_j k_j v_j^T of shape (D, Dv) is carried. The result does not depend on C (up to rounding).
 
-To keep the number of (small) operations low, G consecutive chunks form a block that is processed with
-batched products: the per-chunk sums k^T v of a block are prefix-summed over the chunks, and only the state
-at the block's end is carried on. Memory beside the output is O(B H (L C + G D Dv)) for a block of L = G C
-positions, independent of N.
+To keep the number of operations low, a block of G consecutive chunks (of r rows of B H at once) is processed
+with batched products: the per-chunk sums k^T v of a block are prefix-summed over the chunks, and only the
+state at the block's end is carried on. A block's temporaries are bounded by a fixed budget, so the extra
+memory beside the output is O(D Dv + budget), independent of N.
 
 The backward pass (a custom ``autograd.Function``) saves only q, k and v and recomputes chunks instead of
 storing per-chunk states: with g the output gradient,
@@ -29,65 +29,83 @@ from ._checks import accumulation_dtype
 
 __all__ = ["causal_dot_product"]
 
-_BLOCK_TOKENS = 1024  # L: positions handled by one batch of products
+_BLOCK_NUMBERS = 1 << 22  # temporaries of one block of products, in numbers (16 MiB in float32)
 
 
-def _chunks_per_block(C: int, D: int, Dv: int) -> int:
-    """G such that a block has about _BLOCK_TOKENS positions and its G (D, Dv) states are no bigger than
-    its q, k, v (G D Dv <= L (D + Dv)): memory per block stays O(L (C + D + Dv))."""
-    by_tokens = max(1, _BLOCK_TOKENS // C)
-    by_states = max(1, (_BLOCK_TOKENS * (D + Dv)) // (D * Dv))
-    return min(by_tokens, by_states)
+def _plan(rows: int, N: int, C: int, D: int, Dv: int) -> tuple[int, int]:
+    """(r, G): rows of (B H) and chunks per block, so that a block's temporaries stay within a fixed budget.
 
-
-def _prefix_product_into(out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, C: int,
-                         reverse: bool = False) -> torch.Tensor:
-    """Write sum_{j <= i} (q_i . k_j) v_j (``reverse``: sum over j >= i) into ``out`` (B, H, N, Dv).
-
-    q, k (B, H, N, D), v (B, H, N, Dv), all of out's dtype. No autograd (called under no_grad).
+    A chunk costs C^2 numbers of scores and 2 D Dv of per-chunk states, so r G <= budget / (C^2 + 2 D Dv):
+    the extra memory beside the output does not grow with N. Several rows at once only when a block spans
+    whole rows (then the rows are contiguous in memory and the batched products need no copies).
     """
-    B, H, N, D = q.shape
-    Dv = v.shape[-1]
-    C = min(C, N)
-    G = _chunks_per_block(C, D, Dv)
-    L = G * C
-    keep = torch.ones(C, C, dtype=torch.bool, device=q.device)
-    keep = keep.triu() if reverse else keep.tril()  # (C, C): which key j of a chunk query i may see
-    carry = q.new_zeros(B, H, 1, D, Dv)  # sum of k_j v_j^T over the blocks already done
-    starts = range(0, N, L)
-    for s in reversed(starts) if reverse else starts:
-        e = min(s + L, N)
-        n = e - s
-        g = -(-n // C)  # chunks in this block; the last may be partial: pad it with zeros
-        qb, kb, vb = q[..., s:e, :], k[..., s:e, :], v[..., s:e, :]
-        if g * C != n:
-            # zero keys and values add nothing; padded queries give rows that are dropped below
-            qb, kb, vb = (torch.nn.functional.pad(x, (0, 0, 0, g * C - n)) for x in (qb, kb, vb))
-        qc = qb.reshape(B, H, g, C, D)  # (B, H, g, C, D)
-        kc = kb.reshape(B, H, g, C, D)  # (B, H, g, C, D)
-        vc = vb.reshape(B, H, g, C, Dv)  # (B, H, g, C, Dv)
-        scores = qc @ kc.transpose(-2, -1)  # (B, H, g, C, C)
-        scores.masked_fill_(~keep, 0.0)
-        o = scores @ vc  # (B, H, g, C, Dv): inside each chunk
-        del scores
-        kv = kc.transpose(-2, -1) @ vc  # (B, H, g, D, Dv): each chunk's sum k_j v_j^T
-        if reverse:
-            inclusive = kv.flip(2).cumsum(2).flip(2)  # (B, H, g, D, Dv): sum over chunks >= this one
-            states = torch.cat([inclusive[:, :, 1:], torch.zeros_like(carry)], dim=2) + carry
-            carry = carry + inclusive[:, :, :1]  # (B, H, 1, D, Dv)
-        else:
-            inclusive = kv.cumsum(2)  # (B, H, g, D, Dv): sum over chunks <= this one
-            states = torch.cat([torch.zeros_like(carry), inclusive[:, :, :-1]], dim=2) + carry
-            carry = carry + inclusive[:, :, -1:]  # (B, H, 1, D, Dv)
-        del kv, inclusive
-        o += qc @ states  # (B, H, g, C, Dv): plus everything in earlier (later) chunks
-        out[..., s:e, :] = o.reshape(B, H, g * C, Dv)[..., :n, :]
-    return out
+    per_block = max(1, _BLOCK_NUMBERS // (C * C + 2 * D * Dv))  # r G at most
+    full = N // C
+    if per_block >= full and full * C == N:
+        return max(1, min(rows, per_block // full)), full
+    return 1, min(full, per_block)
 
 
 def _prefix_product(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, C: int, reverse: bool = False):
-    out = q.new_empty(*q.shape[:-1], v.shape[-1])  # (B, H, N, Dv)
-    return _prefix_product_into(out, q, k, v, C, reverse)
+    """sum_{j <= i} (q_i . k_j) v_j (``reverse``: over j >= i) for q, k (B, H, N, D), v (B, H, N, Dv).
+
+    Everything in q's dtype, no autograd (called from the autograd.Function). Chunks are aligned to the start
+    of the sequence (to its end when ``reverse``); the partial chunk that remains is done last.
+    """
+    *lead, N, D = q.shape
+    Dv = v.shape[-1]
+    q = q.contiguous().view(-1, N, D)  # (BH, N, D)
+    k = k.contiguous().view(-1, N, D)  # (BH, N, D)
+    v = v.contiguous().view(-1, N, Dv)  # (BH, N, Dv)
+    rows = q.shape[0]
+    out = q.new_empty(rows, N, Dv)  # (BH, N, Dv)
+    C = min(C, N)
+    full = N // C  # whole chunks
+    part = N - full * C  # positions in the partial chunk
+    base = part if reverse else 0  # first position of the whole chunks
+    r_max, G = _plan(rows, N, C, D, Dv)
+    for r0 in range(0, rows, r_max):
+        r1 = min(r0 + r_max, rows)
+        r = r1 - r0
+        carry = None  # (r, 1, D, Dv): sum of k_j v_j^T over the blocks already done
+        blocks = range(0, full, G)
+        for g0 in reversed(blocks) if reverse else blocks:
+            g = min(G, full - g0)
+            span = slice(base + g0 * C, base + (g0 + g) * C)
+            q3 = q[r0:r1, span].reshape(r * g, C, D)  # (r g, C, D), a view when rows are whole
+            k3 = k[r0:r1, span].reshape(r * g, C, D)  # (r g, C, D)
+            v3 = v[r0:r1, span].reshape(r * g, C, Dv)  # (r g, C, Dv)
+            o3 = out[r0:r1, span].view(r * g, C, Dv)  # (r g, C, Dv), written in place
+            scores = torch.bmm(q3, k3.transpose(1, 2))  # (r g, C, C)
+            scores = scores.triu_() if reverse else scores.tril_()
+            torch.bmm(scores, v3, out=o3)  # inside each chunk
+            del scores
+            kv = torch.bmm(k3.transpose(1, 2), v3).view(r, g, D, Dv)  # each chunk's sum k_j v_j^T
+            # states: the sum over the chunks before (after) each chunk, shifted by one rather than
+            # inclusive - kv, which would lose small sums next to a large kv
+            states = torch.empty_like(kv)  # (r, g, D, Dv)
+            if reverse:
+                torch.cumsum(kv[:, 1:].flip(1), 1, out=states[:, :-1])  # backwards, reversed
+                states[:, :-1] = states[:, :-1].flip(1)  # chunks > this one
+                states[:, -1:] = 0.0 if carry is None else carry
+                if carry is not None:
+                    states[:, :-1] += carry
+                carry = states[:, :1] + kv[:, :1]  # (r, 1, D, Dv)
+            else:
+                torch.cumsum(kv[:, :-1], 1, out=states[:, 1:])  # chunks < this one
+                states[:, :1] = 0.0 if carry is None else carry
+                if carry is not None:
+                    states[:, 1:] += carry
+                carry = states[:, -1:] + kv[:, -1:]  # (r, 1, D, Dv)
+            del kv
+            o3.baddbmm_(q3, states.view(r * g, D, Dv))  # plus all earlier (later) chunks
+        if part:
+            span = slice(0, part) if reverse else slice(full * C, N)
+            qp, kp, vp, op = q[r0:r1, span], k[r0:r1, span], v[r0:r1, span], out[r0:r1, span]
+            scores = torch.bmm(qp, kp.transpose(1, 2))  # (r, part, part)
+            scores = scores.triu_() if reverse else scores.tril_()
+            op.copy_(torch.bmm(scores, vp).baddbmm_(qp, carry.view(r, D, Dv)))  # (r, part, Dv)
+    return out.view(*lead, N, Dv)
 
 
 class _CausalDotProduct(torch.autograd.Function):

@@ -104,14 +104,16 @@ def linear_attention(
         fk = torch.where(keep, fk, 0.0)  # (B, H, M, R), phi(0) need not be 0
     if causal:
         num = causal_dot_product(fq, fk, v, chunk_size)  # (B, H, N, Dv)
-        z = torch.cumsum(fk, dim=-2)  # (B, H, N, R)
-        den = (fq * z).sum(dim=-1, keepdim=True)  # (B, H, N, 1)
+        z = torch.cumsum(fk, dim=-2)  # (B, H, N, R): sum_{j <= i} phi(k_j)
+        den = torch.linalg.vecdot(fq, z).unsqueeze(-1)  # (B, H, N, 1)
     else:
         kv = fk.transpose(-2, -1) @ v  # (B, H, R, Dv)
         z = fk.sum(dim=-2)  # (B, H, R)
         num = fq @ kv  # (B, H, N, Dv)
         den = fq @ z.unsqueeze(-1)  # (B, H, N, 1)
-    return (num / (den + eps)).to(dtype)  # (B, H, N, Dv)
+    if torch.is_grad_enabled() and num.requires_grad:
+        return (num / (den + eps)).to(dtype)  # (B, H, N, Dv)
+    return num.div_(den.add_(eps)).to(dtype)  # (B, H, N, Dv): no autograd, so reuse num's memory
 
 
 class LinearState(NamedTuple):
