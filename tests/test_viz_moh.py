@@ -188,6 +188,7 @@ def test_plot_routing_returns_a_figure_with_the_loss_in_the_title(config):
     assert isinstance(fig, Figure) and len(fig.axes) == 4  # three panels and the gate colour bar
     assert f"load-balancing loss {s.loss:.3f}" in fig._suptitle.get_text()
     assert fig.axes[0].images[0].get_array().shape == (24, config[0])
+    assert fig._repr_png_().startswith(b"\x89PNG")  # displays itself, no pyplot backend needed
 
 
 def test_plot_with_history_adds_the_training_panel_and_frames_are_figures():

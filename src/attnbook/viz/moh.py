@@ -327,6 +327,21 @@ def train_router(
 
 # ----------------------------------------------------------------------------------------------- views
 
+
+class _Figure(Figure):
+    """A Figure that shows itself as a PNG in IPython, with or without pyplot's inline backend.
+
+    The views build figures without pyplot, so nothing accumulates in pyplot's registry and nothing needs
+    closing; ``_repr_png_`` is what lets ``display(fig)`` (a notebook, the widget's ``Output``) draw them.
+    """
+
+    def _repr_png_(self) -> bytes:
+        from .static import figure_to_png
+
+        return figure_to_png(self)
+
+
+
 _SELECTION_COLOURS = ListedColormap(["#f4f4f4", "#7a9cc6", "#e8871e"])  # off, shared, routed + chosen
 
 
@@ -345,7 +360,10 @@ def plot_routing(state: RoutingState, history: RouterTraining | None = None, *, 
         a matplotlib ``Figure`` (not registered with pyplot, so nothing needs closing).
     """
     n_panels = 3 if history is None else 4
-    fig = Figure(figsize=(3.3 * n_panels + 0.6, 3.9), layout="constrained")
+    fig = _Figure(figsize=(3.3 * n_panels + 0.6, 3.9))
+    # Fixed margins rather than a layout engine: drawing stays cheap (the website pre-renders many frames).
+    fig.subplots_adjust(left=0.06, right=0.94 if history is not None else 0.98, bottom=0.16, top=0.83,
+                        wspace=0.45)
     axes = fig.subplots(1, n_panels, width_ratios=[1.15, 1.0, 1.2] + ([1.3] if history is not None else []))
     H, S = state.n_heads, state.shared
     labels = _head_labels(H, S)
