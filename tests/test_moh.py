@@ -207,10 +207,15 @@ OPTIONS = {
 }
 
 
+# Every configuration the reference supports with H <= 4 in the plain setting; the options on H = 4 only.
+REFERENCE_CASES = [pytest.param(c, o, id=f"{cid(c)}-{name}")
+                   for name, o in OPTIONS.items() for c in REFERENCE_SUPPORTED
+                   if c[0] == 4 or (name == "plain" and c[0] < 4)]
+
+
 @pytest.mark.parametrize("fused", [True, False], ids=["fused", "manual"])
 @pytest.mark.parametrize("mode", ["eval", "train"])
-@pytest.mark.parametrize("options", OPTIONS.values(), ids=OPTIONS.keys())
-@pytest.mark.parametrize("counts", [c for c in REFERENCE_SUPPORTED if c[0] <= 4], ids=cid)
+@pytest.mark.parametrize("counts,options", REFERENCE_CASES)
 def test_matches_reference_code_outputs_gradients_and_loss(counts, options, mode, fused):
     ref, ours = twin(*counts, fused=fused, **options)
     ours.fused_attn = fused
@@ -345,8 +350,10 @@ def test_gradcheck_with_well_separated_router_logits(counts):
         top2 = m.route(x).routed_probs.sort(dim=-1, descending=True).values
         gap = (top2[..., k - 1] - top2[..., k]).min() if k < H - s else torch.tensor(1.0)
         assert gap > 1e-3, f"router logits not well separated (gap {gap}): the test would be meaningless"
-    names = [n for n, _ in m.named_parameters()]
-    params = [p.detach().clone().requires_grad_() for p in m.parameters()]
+    # x and the router weights; the gradients of the other parameters are checked against the literal
+    # reference above (gradcheck on every weight of the layer would take about a minute here).
+    names = [n for n, _ in m.named_parameters() if n.startswith("wg") or n == "q_norm.weight"]
+    params = [m.get_parameter(n).detach().clone().requires_grad_() for n in names]
 
     def f(x, *ps):
         out, r = functional_call(m, dict(zip(names, ps, strict=True)), (x,), {"return_routing": True})
