@@ -203,7 +203,7 @@ def _causal_block(state: FlowState, q, k, v, eps: float, tril: torch.Tensor):
     return out, stats, new_state
 
 
-def _flow_causal(q, k, v, eps, chunk_size, acc):
+def _flow_causal(q, k, v, eps, chunk_size, acc, return_flows):
     """Causal Flow-Attention (N == M) block by block: O(B H C (C + D + Dv)) memory beside the output."""
     B, H, N, D = q.shape
     C = min(chunk_size, N)
@@ -214,8 +214,11 @@ def _flow_causal(q, k, v, eps, chunk_size, acc):
         sl = slice(start, start + C)
         out, stats, state = _causal_block(state, q[..., sl, :], k[..., sl, :], v[..., sl, :], eps, tril)
         outs.append(out.to(q.dtype))  # (B, H, c, Dv)
-        blocks.append(stats)
+        if return_flows:
+            blocks.append(stats)
     out = torch.cat(outs, dim=-2)  # (B, H, N, Dv)
+    if not return_flows:
+        return out, None
     stats = FlowStats(*(torch.cat(parts, dim=-1) for parts in zip(*blocks, strict=True)))  # each (B, H, N)
     return out, stats
 
@@ -260,7 +263,7 @@ def flow_attention(
         raise ValueError(f"flow_attention: chunk_size must be a positive int, got {chunk_size!r}")
     acc = accumulation_dtype(q.dtype)
     if causal:
-        out, stats = _flow_causal(q, k, v, eps, chunk_size, acc)
+        out, stats = _flow_causal(q, k, v, eps, chunk_size, acc, return_flows)
     else:
         qs = torch.sigmoid(q.to(acc))  # (B, H, N, D)
         ks = torch.sigmoid(k.to(acc))  # (B, H, M, D)
