@@ -1,0 +1,338 @@
+"""Time and memory of every mechanism against the sequence length N: the one measuring routine.
+
+Chapter 6, ``benchmarks/bench_all.py`` and ``python -m attnbook.check_gpu`` all call :func:`run_benchmark`,
+so a figure in the book, a JSON file in ``benchmarks/results/`` and the GPU report are measured the same way:
+
+* **forward** is inference: the mechanism under ``torch.no_grad()``;
+* **forward_backward** is one training step of the mechanism alone: forward with inputs that require
+  gradients, then ``torch.autograd.grad`` of the output against a fixed random upstream gradient;
+* for each N every mechanism is timed in the *same* :func:`attnbook.profiling.compare` call, which alternates
+  between them, so a noisy neighbour slows them all alike; medians are reported;
+* peak memory is :func:`attnbook.profiling.peak_memory` of one more call: the caching allocator's peak on
+  CUDA, tensors allocated by torch operators on the CPU. It is the *extra* memory above the inputs.
+
+Every mechanism sees q, k, v of shape (B, H, N, D) in the requested dtype, except ``moh``, which is a whole
+layer (its ``qkv`` projection, router, attention and output projection) on x of shape (B, N, H * D): MoH
+routes tokens, so it has no q, k, v interface. Its costs therefore include the projections.
+
+Results are plain dicts and lists (JSON-ready): see :func:`run_benchmark`.
+"""
+
+from __future__ import annotations
+
+import datetime
+import math
+import platform
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from .flow import flow_attention
+from .linear import linear_attention
+from .mobile import mobile_attention
+from .moh import MoHAttention
+from .profiling import compare, peak_memory
+from .softmax import softmax_attention
+
+__all__ = [
+    "Mechanism",
+    "MECHANISMS",
+    "run_benchmark",
+    "environment",
+    "series",
+    "loglog_slope",
+    "copy_bandwidth",
+    "memory_floor_seconds",
+]
+
+Setup = Callable[[int, int, int, int, torch.device, torch.dtype], tuple[list[torch.Tensor], Callable]]
+
+
+@dataclass(frozen=True)
+class Mechanism:
+    """One entry of the benchmark: how to build its inputs and the callable that is timed.
+
+    ``setup(B, H, N, D, device, dtype)`` returns ``(inputs, fn)``; ``fn(*inputs)`` is the mechanism.
+    ``quadratic_memory`` marks mechanisms that materialise B x H x N x N scores (skipped above a size cap).
+    """
+
+    name: str
+    description: str
+    causal: bool
+    setup: Setup
+    quadratic_memory: bool = False
+
+
+def _qkv(B, H, N, D, device, dtype):
+    g = torch.Generator(device="cpu").manual_seed(N)
+    return [torch.randn(B, H, N, D, generator=g).to(device=device, dtype=dtype) for _ in range(3)]
+
+
+def _function(fn: Callable, **kwargs) -> Setup:
+    def setup(B, H, N, D, device, dtype):
+        return _qkv(B, H, N, D, device, dtype), lambda q, k, v: fn(q, k, v, **kwargs)
+
+    return setup
+
+
+def _softmax_literal(q, k, v):
+    """The definition with the matrix written out, in the input dtype: B x H x N x N scores."""
+    scores = (q @ k.transpose(-2, -1)) * q.shape[-1] ** -0.5  # (B, H, N, N)
+    return torch.softmax(scores, dim=-1) @ v  # (B, H, N, D)
+
+
+def _moh_setup(B, H, N, D, device, dtype):
+    layer = MoHAttention(H * D, H, qkv_bias=True, shared_head=max(1, H // 4), routed_head=max(1, H // 2))
+    layer = layer.to(device=device, dtype=dtype).eval()
+    g = torch.Generator(device="cpu").manual_seed(N)
+    x = torch.randn(B, N, H * D, generator=g).to(device=device, dtype=dtype)
+    return [x], layer
+
+
+MECHANISMS: dict[str, Mechanism] = {
+    m.name: m
+    for m in [
+        Mechanism("softmax", "softmax attention through torch SDPA (fused kernels where they apply)", False,
+                  _function(softmax_attention)),
+        Mechanism("softmax_causal", "causal softmax attention through torch SDPA (is_causal=True)", True,
+                  _function(softmax_attention, causal=True)),
+        Mechanism("softmax_literal", "softmax(q k^T / sqrt(D)) v with the N x N matrix materialised", False,
+                  lambda B, H, N, D, dev, dt: (_qkv(B, H, N, D, dev, dt), _softmax_literal),
+                  quadratic_memory=True),
+        Mechanism("linear", "attnbook.linear_attention, elu+1 features", False, _function(linear_attention)),
+        Mechanism("linear_causal", "attnbook.linear_attention(causal=True), chunked prefix sums", True,
+                  _function(linear_attention, causal=True)),
+        Mechanism("flow", "attnbook.flow_attention", False, _function(flow_attention)),
+        Mechanism("flow_causal", "attnbook.flow_attention(causal=True), chunked", True,
+                  _function(flow_attention, causal=True)),
+        Mechanism("mobile", "attnbook.mobile_attention", False, _function(mobile_attention)),
+        Mechanism("moh", "attnbook.MoHAttention layer (qkv, router, SDPA, proj) on x (B, N, H*D); "
+                  "shared_head=H//4, routed_head=H//2", False, _moh_setup),
+    ]
+}
+
+
+class _Progress:
+    """One line on stderr, rewritten in place: ``[bench] 3/12 N=4096 flow forward``."""
+
+    def __init__(self, total: int, enabled: bool):
+        self.total, self.done, self.enabled = total, 0, enabled
+        self.t0 = time.perf_counter()
+
+    def step(self, what: str) -> None:
+        self.done += 1
+        if self.enabled:
+            elapsed = time.perf_counter() - self.t0
+            sys.stderr.write(f"\r[bench] {self.done}/{self.total} {what:<40s} {elapsed:7.1f}s")
+            sys.stderr.flush()
+
+    def close(self) -> None:
+        if self.enabled:
+            sys.stderr.write("\n")
+            sys.stderr.flush()
+
+
+def environment(device: torch.device | str = "cpu") -> dict:
+    """Where a result came from: device name, library versions, date (UTC), threads."""
+    from . import __version__
+
+    device = torch.device(device)
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+    else:
+        name = platform.processor() or platform.machine()
+        try:
+            with open("/proc/cpuinfo") as f:
+                name = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+        except (OSError, StopIteration):
+            pass
+    return {
+        "device": str(device),
+        "device_name": name,
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "attnbook": __version__,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "threads": torch.get_num_threads(),
+        "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def _training_step(fn: Callable, inputs: list[torch.Tensor], upstream: torch.Tensor) -> Callable[[], object]:
+    def step():
+        out = fn(*inputs)
+        return torch.autograd.grad(out, inputs, upstream)
+
+    return step
+
+
+def _inference(fn: Callable, inputs: list[torch.Tensor]) -> Callable[[], object]:
+    def forward():
+        with torch.no_grad():
+            return fn(*inputs)
+
+    return forward
+
+
+def run_benchmark(
+    lengths: Sequence[int],
+    *,
+    mechanisms: Sequence[str] | None = None,
+    batch: int = 1,
+    heads: int = 4,
+    head_dim: int = 32,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype = torch.float32,
+    repeats: int = 5,
+    warmup: int = 1,
+    backward: bool = True,
+    memory: bool = True,
+    max_matrix_bytes: float = 2**31,
+    compile: bool = False,
+    progress: bool = True,
+) -> dict:
+    """Forward and forward+backward time and peak memory of each mechanism at each N.
+
+    Args:
+        lengths: the sequence lengths N.
+        mechanisms: names from :data:`MECHANISMS` (default: all).
+        batch, heads, head_dim: B, H, D of q, k, v (MoH: x of width H * D).
+        device, dtype: where and in what precision everything runs.
+        repeats, warmup: passed to :func:`attnbook.profiling.compare` (medians of ``repeats`` alternating runs).
+        backward: also time forward+backward.
+        memory: also measure peak memory (one extra call each).
+        max_matrix_bytes: mechanisms that materialise B H N N scores are skipped (recorded as skipped) when
+            that matrix would exceed this many bytes.
+        compile: wrap every mechanism in ``torch.compile`` (compilation happens in the warmup calls).
+        progress: a progress line on stderr.
+
+    Returns:
+        ``{"config": {...}, "records": [...]}`` with one record per (mechanism, N): ``mechanism``, ``N``,
+        ``causal``, ``forward_s``, ``forward_samples_s``, ``forward_backward_s``,
+        ``forward_backward_samples_s``, ``forward_peak_bytes``, ``forward_backward_peak_bytes`` (None when not
+        measured) and ``skipped`` (None, or why it was not run). Times are medians in seconds.
+    """
+    names = list(MECHANISMS) if mechanisms is None else list(mechanisms)
+    unknown = [n for n in names if n not in MECHANISMS]
+    if unknown:
+        raise ValueError(f"run_benchmark: unknown mechanisms {unknown}; choose from {list(MECHANISMS)}")
+    lengths = [int(n) for n in lengths]
+    if not lengths or min(lengths) < 1:
+        raise ValueError(f"run_benchmark: lengths must be positive ints, got {lengths}")
+    for label, value in (("batch", batch), ("heads", heads), ("head_dim", head_dim)):
+        if value < 1:
+            raise ValueError(f"run_benchmark: {label} must be >= 1, got {value}")
+    device = torch.device(device)
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    per_n = 1 + int(backward) + int(memory) * (1 + int(backward))
+    bar = _Progress(len(lengths) * per_n, progress)
+    records = []
+    try:
+        for N in lengths:
+            active, skipped = {}, {}
+            for name in names:
+                mech = MECHANISMS[name]
+                matrix = batch * heads * N * N * itemsize
+                if mech.quadratic_memory and matrix > max_matrix_bytes:
+                    skipped[name] = f"B*H*N*N scores would take {matrix / 2**30:.1f} GiB > max_matrix_bytes"
+                    continue
+                inputs, fn = mech.setup(batch, heads, N, head_dim, device, dtype)
+                active[name] = (inputs, torch.compile(fn) if compile else fn)
+            fwd = {n: _inference(fn, inputs) for n, (inputs, fn) in active.items()}
+            steps = {}
+            if backward:
+                for n, (inputs, fn) in active.items():
+                    leaves = [x.detach().requires_grad_() for x in inputs]
+                    with torch.no_grad():
+                        shape = fn(*inputs).shape
+                    g = torch.Generator(device="cpu").manual_seed(N + 1)
+                    upstream = torch.randn(shape, generator=g).to(device=device, dtype=dtype)
+                    steps[n] = _training_step(fn, leaves, upstream)
+            rec = {n: {"mechanism": n, "N": N, "causal": MECHANISMS[n].causal, "forward_s": None,
+                       "forward_samples_s": None, "forward_backward_s": None, "forward_backward_samples_s": None,
+                       "forward_peak_bytes": None, "forward_backward_peak_bytes": None, "skipped": None}
+                   for n in names}
+            for n, why in skipped.items():
+                rec[n]["skipped"] = why
+            if fwd:
+                for n, t in compare(fwd, repeats=repeats, warmup=warmup, device=device).items():
+                    rec[n]["forward_s"], rec[n]["forward_samples_s"] = t.median, list(t.samples)
+            bar.step(f"N={N} forward")
+            if backward:
+                if steps:
+                    for n, t in compare(steps, repeats=repeats, warmup=warmup, device=device).items():
+                        rec[n]["forward_backward_s"], rec[n]["forward_backward_samples_s"] = t.median, list(t.samples)
+                bar.step(f"N={N} forward+backward")
+            if memory:
+                for n, f in fwd.items():
+                    rec[n]["forward_peak_bytes"] = peak_memory(f, device)
+                bar.step(f"N={N} forward memory")
+                if backward:
+                    for n, f in steps.items():
+                        rec[n]["forward_backward_peak_bytes"] = peak_memory(f, device)
+                    bar.step(f"N={N} forward+backward memory")
+            records.extend(rec[n] for n in names)
+            del active, fwd, steps
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+    finally:
+        bar.close()
+    config = {
+        "lengths": lengths, "batch": batch, "heads": heads, "head_dim": head_dim, "device": str(device),
+        "dtype": str(dtype).removeprefix("torch."), "repeats": repeats, "warmup": warmup, "compile": compile,
+        "max_matrix_bytes": max_matrix_bytes,
+        "mechanisms": {n: MECHANISMS[n].description for n in names},
+        "forward": "inference: torch.no_grad()",
+        "forward_backward": "forward, then torch.autograd.grad of the output w.r.t. every input "
+                            "against a fixed random upstream gradient",
+        "memory": "attnbook.profiling.peak_memory: extra bytes above the inputs",
+    }
+    return {"config": config, "records": records}
+
+
+def series(result: dict, metric: str = "forward_s") -> tuple[list[int], dict[str, list[float]]]:
+    """``(lengths, {mechanism: values})`` of one metric, NaN where a mechanism was skipped; for plotting."""
+    lengths = list(result["config"]["lengths"])
+    out: dict[str, list[float]] = {}
+    for r in result["records"]:
+        if metric not in r:
+            raise ValueError(f"series: no metric {metric!r} in the records; have {sorted(r)}")
+        out.setdefault(r["mechanism"], [math.nan] * len(lengths))
+        value = r[metric]
+        out[r["mechanism"]][lengths.index(r["N"])] = math.nan if value is None else float(value)
+    return lengths, out
+
+
+def loglog_slope(ns: Sequence[float], ys: Sequence[float]) -> float:
+    """Least-squares slope p of log y against log N (y ~ N^p), ignoring NaN points; needs two points."""
+    pts = [(math.log(n), math.log(y)) for n, y in zip(ns, ys, strict=True) if y == y and y > 0]
+    if len(pts) < 2:
+        raise ValueError(f"loglog_slope: need at least two positive points, got N={list(ns)}, y={list(ys)}")
+    mx = sum(x for x, _ in pts) / len(pts)
+    my = sum(y for _, y in pts) / len(pts)
+    sxx = sum((x - mx) ** 2 for x, _ in pts)
+    if sxx == 0:
+        raise ValueError(f"loglog_slope: all N are equal: {list(ns)}")
+    return sum((x - mx) * (y - my) for x, y in pts) / sxx
+
+
+def copy_bandwidth(device: torch.device | str = "cpu", nbytes: int = 2**28, repeats: int = 9) -> float:
+    """Measured copy bandwidth in bytes/s: a ``nbytes`` buffer copied into another (read + write counted).
+
+    The memory floor of a mechanism is the time to read its inputs and write its output once at this speed.
+    """
+    device = torch.device(device)
+    src = torch.empty(nbytes, dtype=torch.uint8, device=device).fill_(1)
+    dst = torch.empty_like(src)
+    t = compare({"copy": lambda: dst.copy_(src)}, repeats=repeats, warmup=2, device=device)["copy"]
+    return 2 * nbytes / t.median
+
+
+def memory_floor_seconds(B: int, H: int, N: int, D: int, dtype: torch.dtype, bandwidth: float) -> float:
+    """Time to read q, k, v (B, H, N, D) and write the output (B, H, N, D) once at ``bandwidth`` bytes/s."""
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    return 4 * B * H * N * D * itemsize / bandwidth

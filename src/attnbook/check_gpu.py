@@ -1,0 +1,439 @@
+"""Verify every mechanism on a GPU and measure it at full size: ``python -m attnbook.check_gpu``.
+
+What it does, in order, writing the JSON report after every section (a run cut short keeps what it had):
+
+1. **accuracy**: every mechanism in float32, bfloat16 and float16 on the device against its float64 oracle in
+   :mod:`attnbook.reference` computed on the CPU -- the output and the gradient of every input under a random
+   upstream gradient -- eagerly and under ``torch.compile``. Tolerances per dtype in :data:`TOLERANCES`.
+2. **sync**: the forward of every mechanism must not synchronise host and device: on CUDA under
+   ``torch.cuda.set_sync_debug_mode("error")``, on any device by watching for the operators that need the
+   host to read device memory (``.item()``, ``bool(tensor)``, ``nonzero``, ...).
+3. **targets** (issue 7; B=4, H=16, D=64, bfloat16 on an H100/H200 class GPU): non-causal linear and flow
+   attention at N = 65,536 at least 10x faster than SDPA and within 3x of the memory floor (q, k, v read and
+   the output written once at the card's measured copy bandwidth), eager and compiled; causal linear attention
+   at N = 16,384 faster than SDPA's causal kernel.
+4. **benchmark**: :func:`attnbook.bench.run_benchmark` at full size.
+
+Without CUDA it exits with a message; ``--device cpu --tiny`` runs the same logic at tiny sizes (for tests).
+The exit status is 1 when an accuracy or sync check failed (targets are reported, not enforced), else 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from . import reference
+from .bench import copy_bandwidth, environment, memory_floor_seconds, run_benchmark
+from .flow import flow_attention
+from .linear import linear_attention
+from .mobile import mobile_attention  # noqa: F401  (looked up in globals() by the cases)
+from .moh import MoHAttention  # noqa: F401
+from .profiling import compare
+from .softmax import softmax_attention
+
+__all__ = ["TOLERANCES", "CASES", "check_accuracy", "check_sync", "check_targets", "run", "main"]
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+ALL_DTYPES = tuple(DTYPES.values())
+
+# Per dtype, for outputs and gradients alike. An element passes when |x - ref| <= atol * rms(ref) + rtol |ref|:
+# atol is relative to the root-mean-square of the reference tensor, so the same numbers judge outputs of
+# size 1 and gradients of size 1e-3. The half types allow a few units of their rounding (2^-8 for bfloat16,
+# 2^-11 for float16) accumulated through the kernels; float32 allows for summation order on the device.
+TOLERANCES: dict[torch.dtype, dict[str, float]] = {
+    torch.float32: dict(rtol=1e-3, atol=1e-4),
+    torch.bfloat16: dict(rtol=5e-2, atol=5e-2),
+    torch.float16: dict(rtol=1e-2, atol=1e-2),
+}
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """Problem sizes of one run of the check."""
+
+    accuracy: tuple[int, int, int, int]  # B, H, N, D of the accuracy checks (N not a multiple of 64)
+    target_shape: tuple[int, int, int]  # B, H, D of the targets and the benchmark
+    n_long: int  # non-causal target length
+    n_causal: int  # causal target length
+    lengths: tuple[int, ...]  # benchmark lengths
+    repeats: int
+
+
+FULL = Sizes(accuracy=(2, 4, 300, 64), target_shape=(4, 16, 64), n_long=65_536, n_causal=16_384,
+             lengths=(1024, 4096, 16_384, 65_536), repeats=5)
+TINY = Sizes(accuracy=(1, 2, 37, 16), target_shape=(1, 2, 16), n_long=256, n_causal=128,
+             lengths=(32, 64), repeats=2)
+
+
+# -- the mechanisms and their oracles -----------------------------------------------------------------------
+# Each case builds (fast, ref, inputs): fast(*inputs_on_device) in the dtype, ref(*inputs_float64_cpu). The
+# functions are looked up in this module's globals at call time, so a test can replace one and see it fail.
+
+
+def _qkv_case(fast_name: str, ref_fn: Callable, **kwargs):
+    def make(B, H, N, D, device, dtype, g):
+        inputs = [torch.randn(B, H, N, D, generator=g) for _ in range(3)]
+
+        def fast(q, k, v):
+            return globals()[fast_name](q, k, v, **kwargs)
+
+        def ref(q, k, v):
+            return ref_fn(q, k, v, **kwargs)
+
+        return fast, ref, inputs
+
+    return make
+
+
+def _moh_case(B, H, N, D, device, dtype, g):
+    shared, routed = max(1, H // 4), max(1, H // 2)
+    layer = globals()["MoHAttention"](H * D, H, qkv_bias=True, shared_head=shared, routed_head=routed).eval()
+    with torch.no_grad():
+        for p in layer.parameters():  # weights exactly representable in the dtype, so both sides see them
+            p.copy_(p.to(dtype).to(p.dtype))
+    params = {n: p.detach().to(torch.float64) for n, p in layer.named_parameters()}
+    fast_layer = layer.to(device=device, dtype=dtype)
+
+    def ref(x):
+        return reference.moh_attention(
+            x, num_heads=H, shared_head=shared, routed_head=routed, qkv_weight=params["qkv.weight"],
+            qkv_bias=params["qkv.bias"], proj_weight=params["proj.weight"], proj_bias=params["proj.bias"],
+            wg=params.get("wg.weight"), wg_0=params.get("wg_0.weight"), wg_1=params.get("wg_1.weight"))[0]
+
+    return fast_layer, ref, [torch.randn(B, N, H * D, generator=g)]
+
+
+CASES: dict[str, Callable] = {
+    "softmax": _qkv_case("softmax_attention", reference.softmax_attention),
+    "softmax_causal": _qkv_case("softmax_attention", reference.softmax_attention, causal=True),
+    "linear": _qkv_case("linear_attention", reference.linear_attention),
+    "linear_causal": _qkv_case("linear_attention", reference.linear_attention, causal=True),
+    "flow": _qkv_case("flow_attention", reference.flow_attention),
+    "flow_causal": _qkv_case("flow_attention", reference.flow_attention, causal=True),
+    "mobile": _qkv_case("mobile_attention", reference.mobile_attention),
+    "moh": _moh_case,
+}
+
+
+def _error(x: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype) -> dict:
+    """How far x is from ref, in units of the dtype's tolerance (``worst`` <= 1 passes)."""
+    tol = TOLERANCES[dtype]
+    x, ref = x.detach().to("cpu", torch.float64), ref.detach().to(torch.float64)
+    if x.shape != ref.shape:
+        return {"worst": math.inf, "max_abs": math.inf, "rel_rms": math.inf, "finite": False,
+                "note": f"shape {tuple(x.shape)} != reference {tuple(ref.shape)}"}
+    diff = (x - ref).abs()
+    rms = ref.pow(2).mean().sqrt().item() if ref.numel() else 0.0
+    allowed = tol["atol"] * rms + tol["rtol"] * ref.abs()
+    finite = bool(torch.isfinite(x).all())
+    worst = (diff / allowed.clamp_min(torch.finfo(torch.float64).tiny)).max().item() if x.numel() else 0.0
+    return {"worst": worst if finite else math.inf, "max_abs": diff.max().item() if x.numel() else 0.0,
+            "rel_rms": (diff.pow(2).mean().sqrt().item() / rms) if rms else 0.0, "finite": finite}
+
+
+def _check_one(name: str, dtype: torch.dtype, device: torch.device, sizes: tuple[int, int, int, int],
+               compiled: str | None, seed: int) -> dict:
+    B, H, N, D = sizes
+    g = torch.Generator().manual_seed(seed)
+    record = {"mechanism": name, "dtype": str(dtype).removeprefix("torch."),
+              "compile": f"compiled:{compiled}" if compiled else "eager",
+              "shape": [B, H, N, D]}
+    try:
+        fast, ref, inputs = CASES[name](B, H, N, D, device, dtype, g)
+        rounded = [x.to(dtype) for x in inputs]  # both sides see the same (rounded) numbers
+        ref_in = [x.to(torch.float64).requires_grad_() for x in rounded]
+        fast_in = [x.to(device).requires_grad_() for x in rounded]
+        if compiled:
+            fast = torch.compile(fast, backend=compiled, dynamic=False)
+        out = fast(*fast_in)
+        expected = ref(*ref_in)
+        upstream = torch.randn(expected.shape, generator=g, dtype=torch.float64)
+        grads = torch.autograd.grad(out, fast_in, upstream.to(device=device, dtype=out.dtype))
+        ref_grads = torch.autograd.grad(expected, ref_in, upstream)
+        record["output_dtype_ok"] = out.dtype == dtype
+        record["output"] = _error(out, expected, dtype)
+        record["grads"] = [_error(a, b, dtype) for a, b in zip(grads, ref_grads, strict=True)]
+        worst = max([record["output"]["worst"]] + [e["worst"] for e in record["grads"]])
+        record["worst"] = worst
+        record["passed"] = bool(worst <= 1.0 and record["output_dtype_ok"])
+    except Exception as exc:  # a crash is a failure of that case, reported, not the end of the run
+        record["error"] = f"{type(exc).__name__}: {exc}"[:2000]
+        record["passed"] = False
+    return record
+
+
+def _fresh_compiler() -> None:
+    """Forget earlier compilations and allow enough recompilations that nothing falls back to eager."""
+    torch._dynamo.reset()
+    for knob in ("cache_size_limit", "recompile_limit", "accumulated_cache_size_limit",
+                 "accumulated_recompile_limit"):
+        if hasattr(torch._dynamo.config, knob):
+            setattr(torch._dynamo.config, knob, 256)
+
+
+def check_accuracy(device: torch.device | str, *, dtypes=ALL_DTYPES, mechanisms=None,
+                   sizes=FULL.accuracy, compile_backend: str | None = "inductor", log=print) -> list[dict]:
+    """One record per (mechanism, dtype, eager/compiled): errors in units of the tolerance, ``passed``."""
+    device = torch.device(device)
+    names = list(CASES) if mechanisms is None else list(mechanisms)
+    modes = [None] + ([compile_backend] if compile_backend else [])
+    records = []
+    for mode in modes:
+        if mode:
+            _fresh_compiler()
+        for dtype in dtypes:
+            for i, name in enumerate(names):
+                r = _check_one(name, dtype, device, sizes, mode, seed=1000 + i)
+                records.append(r)
+                verdict = "ok" if r["passed"] else "FAILED"
+                detail = r.get("error") or f"worst {r['worst']:.3g} of tolerance"
+                log(f"  accuracy {name:15s} {r['dtype']:9s} {r['compile']:17s} {verdict:6s} {detail}")
+    return records
+
+
+# -- host-device synchronisation ----------------------------------------------------------------------------
+
+# Operators whose result size or value the host must read from device memory.
+SYNC_OPS = {"_local_scalar_dense", "is_nonzero", "nonzero", "nonzero_static", "masked_select", "unique",
+            "_unique", "_unique2", "unique_consecutive", "unique_dim", "equal", "allclose", "item"}
+
+
+class SyncDetector(TorchDispatchMode):
+    """Records every operator that makes the host wait for the device (``.item()``, ``if t.any():``, ...)."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        op = func.overloadpacket.__name__
+        if op in SYNC_OPS or (op == "repeat_interleave" and "output_size" not in (kwargs or {})):
+            self.seen.append(op)
+        return func(*args, **(kwargs or {}))
+
+
+def check_sync(device: torch.device | str, *, mechanisms=None, sizes=FULL.accuracy,
+               dtype: torch.dtype = torch.bfloat16, log=print) -> list[dict]:
+    """Run every forward under :class:`SyncDetector` (and, on CUDA, ``set_sync_debug_mode("error")``)."""
+    device = torch.device(device)
+    names = list(CASES) if mechanisms is None else list(mechanisms)
+    B, H, N, D = sizes
+    records = []
+    for i, name in enumerate(names):
+        rec = {"mechanism": name, "dtype": str(dtype).removeprefix("torch.")}
+        try:
+            fast, _, inputs = CASES[name](B, H, N, D, device, dtype, torch.Generator().manual_seed(i))
+            inputs = [x.to(device=device, dtype=dtype) for x in inputs]
+            with torch.no_grad():
+                fast(*inputs)  # warm up (lazy initialisation may synchronise once)
+                detector = SyncDetector()
+                with detector:
+                    fast(*inputs)
+                rec["sync_ops"] = detector.seen
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
+                    torch.cuda.set_sync_debug_mode("error")
+                    try:
+                        fast(*inputs)
+                        rec["cuda_sync_debug"] = "no sync"
+                    except RuntimeError as exc:
+                        rec["cuda_sync_debug"] = f"synchronised: {exc}"[:1000]
+                    finally:
+                        torch.cuda.set_sync_debug_mode(0)
+                else:
+                    rec["cuda_sync_debug"] = "not applicable on " + device.type
+            rec["passed"] = not rec["sync_ops"] and not rec["cuda_sync_debug"].startswith("synchronised")
+        except Exception as exc:
+            rec["error"] = f"{type(exc).__name__}: {exc}"[:2000]
+            rec["passed"] = False
+        log(f"  sync     {name:15s} {'ok' if rec['passed'] else 'FAILED'} {rec.get('sync_ops', rec.get('error'))}")
+        records.append(rec)
+    return records
+
+
+# -- the performance targets --------------------------------------------------------------------------------
+
+
+def check_targets(device: torch.device | str, *, B: int, H: int, D: int, n_long: int, n_causal: int,
+                  dtype: torch.dtype = torch.bfloat16, repeats: int = 5, compile_backend: str | None = "inductor",
+                  log=print) -> dict:
+    """The issue's targets: speed-up over SDPA, distance to the memory floor, causal linear vs causal SDPA."""
+    device = torch.device(device)
+    g = torch.Generator().manual_seed(7)
+
+    def qkv(n):
+        return [torch.randn(B, H, n, D, generator=g).to(device=device, dtype=dtype) for _ in range(3)]
+
+    def forward(fn, inputs):
+        def call():
+            with torch.no_grad():
+                return fn(*inputs)
+        return call
+
+    if compile_backend:
+        _fresh_compiler()
+    bandwidth = copy_bandwidth(device, nbytes=2**30 if device.type == "cuda" else 2**26)
+    log(f"  targets  copy bandwidth {bandwidth / 1e9:.1f} GB/s")
+
+    def compiled(fn):
+        return torch.compile(fn, backend=compile_backend, dynamic=False) if compile_backend else None
+
+    # Non-causal at n_long.
+    x = qkv(n_long)
+    fns = {"sdpa": forward(softmax_attention, x)}
+    for name, fn in (("linear", linear_attention), ("flow", flow_attention)):
+        fns[f"{name}_eager"] = forward(fn, x)
+        c = compiled(fn)
+        if c is not None:
+            fns[f"{name}_compiled"] = forward(c, x)
+    timing = compare(fns, repeats=repeats, warmup=2, device=device)
+    floor = memory_floor_seconds(B, H, n_long, D, dtype, bandwidth)
+    sdpa = timing["sdpa"].median
+    long = {"N": n_long, "memory_floor_s": floor, "sdpa_s": sdpa, "impls": {}}
+    for impl, t in timing.items():
+        long["impls"][impl] = {"median_s": t.median, "samples_s": list(t.samples),
+                               "speedup_vs_sdpa": sdpa / t.median, "times_memory_floor": t.median / floor}
+    for name in ("linear", "flow"):
+        impls = {k: v for k, v in long["impls"].items() if k.startswith(name + "_")}
+        best = min(impls, key=lambda k: impls[k]["median_s"])
+        long[name] = {"best": best, "speedup_vs_sdpa": impls[best]["speedup_vs_sdpa"],
+                      "times_memory_floor": impls[best]["times_memory_floor"],
+                      "met_10x_sdpa": impls[best]["speedup_vs_sdpa"] >= 10,
+                      "met_3x_floor": impls[best]["times_memory_floor"] <= 3}
+        log(f"  targets  {name} N={n_long}: best {best} {impls[best]['median_s'] * 1e3:.3f} ms, "
+            f"{impls[best]['speedup_vs_sdpa']:.1f}x faster than SDPA ({sdpa * 1e3:.3f} ms), "
+            f"{impls[best]['times_memory_floor']:.2f}x the memory floor ({floor * 1e3:.3f} ms)")
+    del x, fns
+
+    # Causal at n_causal.
+    x = qkv(n_causal)
+    fns = {"sdpa_causal": forward(lambda q, k, v: softmax_attention(q, k, v, causal=True), x),
+           "linear_causal_eager": forward(lambda q, k, v: linear_attention(q, k, v, causal=True), x)}
+    c = compiled(lambda q, k, v: linear_attention(q, k, v, causal=True))
+    if c is not None:
+        fns["linear_causal_compiled"] = forward(c, x)
+    timing = compare(fns, repeats=repeats, warmup=2, device=device)
+    base = timing["sdpa_causal"].median
+    causal = {"N": n_causal, "sdpa_causal_s": base, "impls": {
+        k: {"median_s": t.median, "samples_s": list(t.samples), "speedup_vs_sdpa_causal": base / t.median}
+        for k, t in timing.items()}}
+    best = min((k for k in causal["impls"] if k.startswith("linear")), key=lambda k: causal["impls"][k]["median_s"])
+    causal["best"] = best
+    causal["met_faster_than_sdpa_causal"] = causal["impls"][best]["median_s"] < base
+    log(f"  targets  causal linear N={n_causal}: best {best} {causal['impls'][best]['median_s'] * 1e3:.3f} ms "
+        f"vs SDPA causal {base * 1e3:.3f} ms")
+    return {"shape": {"B": B, "H": H, "D": D}, "dtype": str(dtype).removeprefix("torch."),
+            "copy_bandwidth_bytes_per_s": bandwidth, "non_causal": long, "causal": causal}
+
+
+# -- the whole run ------------------------------------------------------------------------------------------
+
+
+def _write(path: Path, report: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(report, indent=1, default=str) + "\n")
+    tmp.replace(path)
+
+
+def run(device: torch.device | str, out: Path, *, sizes: Sizes = FULL, dtypes=ALL_DTYPES,
+        compile_backend: str | None = "inductor", benchmark: bool = True, targets: bool = True,
+        log=print) -> dict:
+    """Every section in order; the report is rewritten after each. Returns the report."""
+    device = torch.device(device)
+    t0 = time.perf_counter()
+    report = {"kind": "attnbook.check_gpu", "environment": environment(device),
+              "sizes": {"accuracy_BHND": list(sizes.accuracy), "targets_BHD": list(sizes.target_shape),
+                        "n_long": sizes.n_long, "n_causal": sizes.n_causal, "lengths": list(sizes.lengths)},
+              "tolerances": {str(d).removeprefix("torch."): t for d, t in TOLERANCES.items()},
+              "tolerance_rule": "|x - ref| <= atol * rms(ref) + rtol * |ref| elementwise, outputs and gradients",
+              "compile_backend": compile_backend, "sections_done": []}
+    if device.type == "cuda":
+        report["environment"]["gpu_memory_bytes"] = torch.cuda.get_device_properties(device).total_memory
+
+    def section(name, fn):
+        log(f"[check_gpu] {name} ...")
+        s = time.perf_counter()
+        try:
+            report[name] = fn()
+        except Exception as exc:  # keep the other sections
+            report[name] = {"error": f"{type(exc).__name__}: {exc}"[:2000]}
+        report["sections_done"].append(name)
+        report[f"{name}_seconds"] = time.perf_counter() - s
+        _write(out, report)
+
+    section("accuracy", lambda: check_accuracy(device, dtypes=dtypes, sizes=sizes.accuracy,
+                                               compile_backend=compile_backend, log=log))
+    section("sync", lambda: check_sync(device, sizes=sizes.accuracy, log=log))
+    B, H, D = sizes.target_shape
+    if targets:
+        section("targets", lambda: check_targets(device, B=B, H=H, D=D, n_long=sizes.n_long,
+                                                 n_causal=sizes.n_causal, repeats=sizes.repeats,
+                                                 compile_backend=compile_backend, log=log))
+    if benchmark:
+        section("benchmark", lambda: run_benchmark(
+            sizes.lengths, batch=B, heads=H, head_dim=D, device=device, dtype=torch.bfloat16,
+            repeats=sizes.repeats, max_matrix_bytes=8 * 2**30, progress=True))
+    acc, syn = report["accuracy"], report["sync"]
+    report["accuracy_failed"] = [f"{r['mechanism']}/{r['dtype']}/{r['compile']}" for r in acc if not r["passed"]] \
+        if isinstance(acc, list) else ["accuracy section crashed"]
+    report["sync_failed"] = [r["mechanism"] for r in syn if not r["passed"]] if isinstance(syn, list) \
+        else ["sync section crashed"]
+    report["passed"] = not report["accuracy_failed"] and not report["sync_failed"]
+    report["total_seconds"] = time.perf_counter() - t0
+    _write(out, report)
+    return report
+
+
+NO_CUDA = ("attnbook.check_gpu: no CUDA device here (torch.cuda.is_available() is False), so there is nothing to "
+           "verify on a GPU.\nTo exercise the check's logic on the CPU at tiny sizes, run:\n"
+           "    python -m attnbook.check_gpu --device cpu --tiny")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m attnbook.check_gpu", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cuda", help="cuda (default) or cpu (only with --tiny)")
+    parser.add_argument("--tiny", action="store_true", help="tiny sizes: tests the logic, measures nothing")
+    parser.add_argument("--out", default=None, help="report path (default benchmarks/results/gpu_check.json, "
+                        "or gpu_check_tiny_<device>.json with --tiny)")
+    parser.add_argument("--dtypes", default="float32,bfloat16,float16")
+    parser.add_argument("--compile-backend", default="inductor",
+                        help="torch.compile backend for the compiled checks, or 'none' to skip them")
+    parser.add_argument("--no-benchmark", action="store_true", help="skip the full benchmark")
+    parser.add_argument("--no-targets", action="store_true", help="skip the target measurements")
+    args = parser.parse_args(argv)
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        print(NO_CUDA, file=sys.stderr)
+        return 2
+    if device.type != "cuda" and not args.tiny:
+        print(f"attnbook.check_gpu: full sizes on {device.type} would take hours; add --tiny to test the logic",
+              file=sys.stderr)
+        return 2
+    try:
+        dtypes = tuple(DTYPES[d.strip()] for d in args.dtypes.split(",") if d.strip())
+    except KeyError as exc:
+        parser.error(f"--dtypes: unknown dtype {exc}; choose from {list(DTYPES)}")
+    backend = None if args.compile_backend == "none" else args.compile_backend
+    default = f"gpu_check_tiny_{device.type}.json" if args.tiny else "gpu_check.json"
+    out = Path(args.out) if args.out else Path("benchmarks") / "results" / default
+    report = run(device, out, sizes=TINY if args.tiny else FULL, dtypes=dtypes, compile_backend=backend,
+                 benchmark=not args.no_benchmark, targets=not args.no_targets)
+    print(f"[check_gpu] wrote {out}; accuracy failures: {report['accuracy_failed'] or 'none'}; "
+          f"sync failures: {report['sync_failed'] or 'none'}; {report['total_seconds']:.0f} s")
+    return 0 if report["passed"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
