@@ -200,8 +200,8 @@ def test_recurrent_steps_equal_parallel_causal(n, dtype):
     assert ((state.exp_mean >= math.exp(-1) - 1e-6) & (state.exp_mean <= math.e + 1e-6)).all()
 
 
-def test_recurrent_continues_a_parallel_prefix_and_has_gradients():
-    """Generation: run the prompt step by step, continue token by token; gradients flow through the state."""
+def test_recurrent_gradients_match_reference():
+    """Stepping token by token gives the reference's outputs and gradients: they flow through the state."""
     q, k, v = (x.double().requires_grad_() for x in qkv(1, 2, 9, 9, 3, 4))
     state, outs = None, []
     for i in range(9):
@@ -213,6 +213,19 @@ def test_recurrent_continues_a_parallel_prefix_and_has_gradients():
     ref_grads = torch.autograd.grad((reference.flow_attention(q, k, v, causal=True) * w).sum(), (q, k, v))
     for g, r in zip(grads, ref_grads, strict=True):
         torch.testing.assert_close(g, r)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["float16", "bfloat16"])
+def test_recurrent_half_precision_keeps_a_float32_state(dtype):
+    q, k, v = (x.to(dtype) for x in qkv(1, 2, 40, 40, 8, 4))
+    state, outs = None, []
+    for i in range(40):
+        o, state = attnbook.flow_attention_step(q[:, :, i], k[:, :, i], v[:, :, i], state)
+        outs.append(o)
+    assert outs[-1].dtype == dtype
+    assert state.kv.dtype == torch.float32 and state.exp_mean.dtype == torch.float32
+    torch.testing.assert_close(torch.stack(outs, 2).double(), reference.flow_attention(q, k, v, causal=True),
+                               **tol(dtype))
 
 
 def test_causal_never_builds_a_quadratic_tensor():
