@@ -132,9 +132,13 @@ def test_train_router_takes_a_module_after_a_training_forward():
     layer = attnbook.MoHAttention(16, num_heads=4, shared_head=1, routed_head=2).train()
     x = torch.randn(2, 10, 16)
     layer(x).sum().backward()
+    layer.qkv.weight.requires_grad_(False)  # a frozen weight stays frozen in the trained copy
     run = vm.train_router(layer, steps=3, tokens=x)
     assert run.losses.shape == (4,) and run.state.step == 3
     assert run.state.module is not layer
+    flags = {name: p.requires_grad for name, p in run.state.module.named_parameters()}
+    assert flags == {name: p.requires_grad for name, p in layer.named_parameters()}
+    assert not flags["qkv.weight"] and flags["wg.weight"]
 
 
 @pytest.mark.parametrize("call, message", [

@@ -55,7 +55,8 @@ class RoutingState:
     """One routing of ``tokens`` by ``module``, read from its forward pass (CPU float64 copies).
 
     Everything here comes from the :class:`attnbook.HeadRouting` that ``module(tokens, return_routing=True)``
-    returns; nothing about the routing is recomputed by the widget.
+    returns; nothing about the routing is recomputed by the widget. With more than one sequence in
+    ``tokens`` the per-token matrices are those of the first; load and loss are over all tokens.
 
     Attributes:
         module: the :class:`attnbook.MoHAttention` that routed the tokens (in training mode).
@@ -294,6 +295,7 @@ def train_router(
         raise ValueError(f"train_router: need steps >= 0 and lr > 0, got steps={steps}, lr={lr}")
 
     router = _router_parameters(module)
+    trainable = {name: p.requires_grad for name, p in module.named_parameters()}
     for p in module.parameters():
         p.requires_grad_(False)
     for p in router:
@@ -309,8 +311,8 @@ def train_router(
         optimiser.zero_grad()
         loss.backward()
         optimiser.step()
-    for p in module.parameters():
-        p.requires_grad_(True)
+    for name, p in module.named_parameters():
+        p.requires_grad_(trainable[name])
     final = replace(_read_routing(module, tokens, **settings), step=start + steps)
     losses.append(final.loss)
     loads.append(final.load)
