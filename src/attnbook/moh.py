@@ -11,9 +11,12 @@ The first ``h_s = shared_head`` heads are *shared*: every token uses them, weigh
 ``h_s * softmax(W_s x_t)``. The remaining ``E = H - h_s`` heads are *routed*: a router ``W_r`` scores them,
 each token keeps its top ``k = routed_head`` and weights them by ``k * p_i / sum_{j in top-k} p_j``. When
 both kinds exist, a two-stage weighting ``2 * softmax(W_h x_t) = (a_1, a_2)`` scales the shared and the
-routed gates. The factors ``h_s``, ``k`` and 2 make an average active head's gate 1, as in plain
-multi-head attention. A load-balancing loss ``E * sum_i f_i P_i`` (``f_i`` = fraction of tokens that pick
-routed head i, ``P_i`` = its mean router probability) keeps the router from collapsing onto a few heads.
+routed gates. The factors keep gates on the scale of plain multi-head attention (every gate 1): the shared
+gates average 1 over the h_s shared heads, the routed ones 1 over the k chosen heads, and ``a_1 + a_2 = 2``;
+so the mean gate of a token's h_s + k active heads is ``(a_1 h_s + a_2 k) / (h_s + k)``, exactly 1 when
+``h_s = k``, when only one kind of head exists, or when ``a_1 = a_2 = 1`` (e.g. a zero ``wg_0``).
+A load-balancing loss ``E * sum_i f_i P_i`` (``f_i`` = fraction of tokens that pick routed head i, ``P_i`` =
+its mean router probability) keeps the router from collapsing onto a few heads.
 
 Parameter names follow the MoH reference code and timm's ``Attention`` (``qkv``, ``q_norm``, ``k_norm``,
 ``proj``, ``wg`` = W_r, ``wg_0`` = W_h, ``wg_1`` = W_s), so MoH checkpoints and timm ViT attention weights
