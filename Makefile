@@ -8,6 +8,8 @@ TORCH ?= torch==2.13.0
 # Every chapter listed in the table of contents, in order.
 CHAPTERS := $(shell grep -oE 'book/[0-9]+_[A-Za-z0-9_]+' _toc.yml | sed 's/$$/.ipynb/')
 PYTEST_WORKERS ?= 2
+# One thread per pytest worker: two workers with two threads each oversubscribe a 2-core machine.
+PARALLEL := OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 
 ASSETS := _build/site-assets/vendor
 
@@ -54,10 +56,10 @@ lint: venv
 	$(BIN)/nbstripout --verify --keep-id $(wildcard book/*.ipynb)
 
 unit: venv
-	$(BIN)/pytest -q -n $(PYTEST_WORKERS) -m "not browser" tests
+	$(PARALLEL) $(BIN)/pytest -q -n $(PYTEST_WORKERS) -m "not browser" tests
 
 notebooks: venv
-	ATTNBOOK_FAST=1 $(BIN)/pytest -q -n $(PYTEST_WORKERS) --nbmake --nbmake-timeout=600 $(CHAPTERS)
+	$(PARALLEL) ATTNBOOK_FAST=1 $(BIN)/pytest -q -n $(PYTEST_WORKERS) --nbmake --nbmake-timeout=600 $(CHAPTERS)
 
 book-strict: venv assets
 	ATTNBOOK_FAST=1 $(BIN)/jupyter-book build . --all --warningiserror --keep-going
