@@ -79,6 +79,30 @@ def test_key_padding_mask_matches_reference_outputs_and_gradients(causal):
             list(qkv(B, H, N, N, D, Dv)), dtype=dtype)
 
 
+@pytest.mark.parametrize("row_positions", [1, 20, 4096], ids=lambda r: f"rows_of_{r}_positions")
+@pytest.mark.parametrize("fmap", FEATURE_MAP_IDS)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_without_autograd_groups_of_rows_give_the_same_numbers(monkeypatch, causal, fmap, row_positions):
+    """Under no_grad the work runs a few (B H) rows at a time, into one output: same result as with autograd."""
+    from attnbook import linear
+
+    monkeypatch.setattr(linear, "_ROW_POSITIONS", row_positions)
+    phi = feature_map(fmap, 4)
+    B, H, N, D, Dv = 2, 3, 9, 4, 5
+    pad = torch.rand(B, N) > 0.3
+    for dtype in (torch.float64, torch.float32, torch.bfloat16):
+        q, k, v = qkv(B, H, N, N, D, Dv, dtype=dtype)
+        with torch.no_grad():
+            out = attnbook.linear_attention(q, k, v, causal=causal, feature_map=phi, key_padding_mask=pad,
+                                            chunk_size=4)
+        assert out.dtype == dtype and out.shape == (B, H, N, Dv)
+        with_grad = attnbook.linear_attention(q.requires_grad_(), k, v, causal=causal, feature_map=phi,
+                                              key_padding_mask=pad, chunk_size=4)
+        torch.testing.assert_close(out, with_grad.detach(), **tol(dtype))
+        expected = reference.linear_attention(q, k, v, causal=causal, feature_map=phi, key_padding_mask=pad)
+        torch.testing.assert_close(out.double(), expected, **tol(dtype))
+
+
 def fast_transformers_formula(queries, keys, values, eps):
     """The seed's non-causal computation, in its (N, L, H, D) layout, written from its three einsums."""
     Q = torch.nn.functional.elu(queries) + 1
@@ -321,9 +345,12 @@ def test_bad_arguments_raise_value_error():
         attnbook.linear_attention(q, k, v, feature_map=3)
     with pytest.raises(ValueError, match=r"keep the leading dimensions of q \(2, 3, 4, 2\)"):
         attnbook.linear_attention(q, k, v, feature_map=lambda x: x.sum(-1))
+    def wider_keys(x):  # q (..., 4, 2) -> (..., 4, 2), k (..., 5, 2) -> (..., 5, 3)
+        return x if x.shape[-2] == 4 else torch.cat([x, x[..., :1]], -1)
+
     with pytest.raises(ValueError, match=r"q features \(2, 3, 4, 2\) but k features \(2, 3, 5, 3\)"):
-        attnbook.linear_attention(q, k, v, feature_map=lambda x: x if x.shape[-2] == 4 else x.new_ones(2, 3, 5, 3))
-    with pytest.raises(ValueError, match=r"drawn for width D=3, got input of shape \(2, 3, 4, 2\)"):
+        attnbook.linear_attention(q, k, v, feature_map=wider_keys)
+    with pytest.raises(ValueError, match=r"drawn for width D=3, got q \(2, 3, 4, 2\), k \(2, 3, 5, 2\)"):
         attnbook.linear_attention(q, k, v, feature_map=PerformerFeatures(8, 3, seed=0))
     with pytest.raises(ValueError, match=r"key_padding_mask must have shape \(B, M\) = \(2, 5\), got \(2, 4\)"):
         attnbook.linear_attention(q, k, v, key_padding_mask=torch.ones(2, 4, dtype=torch.bool))

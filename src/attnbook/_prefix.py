@@ -46,11 +46,13 @@ def _plan(rows: int, N: int, C: int, D: int, Dv: int) -> tuple[int, int]:
     return 1, min(full, per_block)
 
 
-def _prefix_product(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, C: int, reverse: bool = False):
-    """sum_{j <= i} (q_i . k_j) v_j (``reverse``: over j >= i) for q, k (B, H, N, D), v (B, H, N, Dv).
+def _prefix_product(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, C: int, reverse: bool = False,
+                    out: torch.Tensor | None = None) -> torch.Tensor:
+    """sum_{j <= i} (q_i . k_j) v_j (``reverse``: over j >= i) for q, k (..., N, D), v (..., N, Dv).
 
-    Everything in q's dtype, no autograd (called from the autograd.Function). Chunks are aligned to the start
-    of the sequence (to its end when ``reverse``); the partial chunk that remains is done last.
+    Everything in q's dtype, no autograd (called from the autograd.Function, or under no_grad). Written into
+    ``out`` (contiguous, (..., N, Dv)) when given. Chunks are aligned to the start of the sequence (to its end
+    when ``reverse``); the partial chunk that remains is done last.
     """
     *lead, N, D = q.shape
     Dv = v.shape[-1]
@@ -58,7 +60,8 @@ def _prefix_product(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, C: int, r
     k = k.contiguous().view(-1, N, D)  # (BH, N, D)
     v = v.contiguous().view(-1, N, Dv)  # (BH, N, Dv)
     rows = q.shape[0]
-    out = q.new_empty(rows, N, Dv)  # (BH, N, Dv)
+    result = q.new_empty(rows, N, Dv) if out is None else out  # (BH, N, Dv)
+    out = result.view(rows, N, Dv)
     C = min(C, N)
     full = N // C  # whole chunks
     part = N - full * C  # positions in the partial chunk
@@ -105,7 +108,7 @@ def _prefix_product(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, C: int, r
             scores = torch.bmm(qp, kp.transpose(1, 2))  # (r, part, part)
             scores = scores.triu_() if reverse else scores.tril_()
             op.copy_(torch.bmm(scores, vp).baddbmm_(qp, carry.view(r, D, Dv)))  # (r, part, Dv)
-    return out.view(*lead, N, Dv)
+    return result.view(*lead, N, Dv)
 
 
 class _CausalDotProduct(torch.autograd.Function):

@@ -22,21 +22,30 @@ import torch
 
 from ._checks import _shape, accumulation_dtype, check_key_padding_mask, check_qkv
 from ._module import ProjectedAttention
-from ._prefix import causal_dot_product
+from ._prefix import _prefix_product, causal_dot_product
 from .feature_maps import FeatureMap, PerformerFeatures, resolve_feature_map
 
 __all__ = ["linear_attention", "LinearState", "linear_attention_step", "LinearAttention"]
 
 
-def _features(phi: FeatureMap, x: torch.Tensor, *, name: str, label: str) -> torch.Tensor:
+def _features(phi: FeatureMap, x: torch.Tensor, *, name: str, label: str, lead: tuple = ()) -> torch.Tensor:
+    """phi(x), checked to keep x's leading dimensions. ``lead`` replaces the leading dimensions of x (rows of
+    B H) in messages, so they quote the shapes the caller passed."""
     fx = phi(x)
     if not isinstance(fx, torch.Tensor) or fx.dim() != x.dim() or fx.shape[:-1] != x.shape[:-1]:
         got = _shape(fx) if isinstance(fx, torch.Tensor) else type(fx).__name__
+        shown = _show(x, lead)
+        if isinstance(fx, torch.Tensor) and lead and fx.dim() == x.dim():
+            got = _show(fx, lead)
         raise ValueError(
-            f"{name}: the feature map must keep the leading dimensions of {label} {_shape(x)} "
+            f"{name}: the feature map must keep the leading dimensions of {label} {shown} "
             f"and map only the last one, got {got}"
         )
     return fx
+
+
+def _show(x: torch.Tensor, lead: tuple) -> str:
+    return "(" + ", ".join(str(s) for s in (*lead, *x.shape[-2:])) + ")" if lead else _shape(x)
 
 
 def _check_eps(eps: float, name: str) -> None:
@@ -71,7 +80,8 @@ def linear_attention(
         k: keys (B, H, M, D).
         v: values (B, H, M, Dv).
         causal: query i sees keys j <= i only; needs N == M.
-        feature_map: "elu" (elu(x) + 1, default), "relu", a callable (..., D) -> (..., R), or an
+        feature_map: "elu" (elu(x) + 1, default), "relu", a callable (..., D) -> (..., R) acting on each
+            vector on its own (it may be called on groups of rows, (rows, N, D)), or an
             :class:`attnbook.feature_maps.PerformerFeatures` (FAVOR+ random features approximating softmax).
         key_padding_mask: (B, M) bool, True = real token. Padded keys and values contribute nothing, whatever
             their values (and get zero gradients).
@@ -88,32 +98,69 @@ def linear_attention(
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
         raise ValueError(f"{name}: chunk_size must be a positive int, got {chunk_size!r}")
     phi = resolve_feature_map(feature_map)
+    if isinstance(phi, PerformerFeatures) and phi.dim != D:
+        raise ValueError(f"{name}: the PerformerFeatures were drawn for width D={phi.dim}, got q {_shape(q)}, "
+                         f"k {_shape(k)}")
     dtype, acc = q.dtype, accumulation_dtype(q.dtype)
     q, k, v = q.to(acc), k.to(acc), v.to(acc)
     keep = None
     if key_padding_mask is not None:
         keep = check_key_padding_mask(key_padding_mask, B, M, name=name).to(q.device)[:, None, :, None]
-        # Zero padded keys and values *before* phi: a huge padded key must not become inf * 0 = NaN.
-        k = torch.where(keep, k, 0.0)  # (B, H, M, D)
-        v = torch.where(keep, v, 0.0)  # (B, H, M, Dv)
-    fq = _features(phi, q, name=name, label="q").to(acc)  # (B, H, N, R)
-    fk = _features(phi, k, name=name, label="k").to(acc)  # (B, H, M, R)
-    if fq.shape[-1] != fk.shape[-1]:
-        raise ValueError(f"{name}: the feature map gave q features {_shape(fq)} but k features {_shape(fk)}")
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad or
+                                    any(p.requires_grad for p in getattr(phi, "parameters", list)())):
+        return _attend(q, k, v, keep, phi, causal, eps, chunk_size, name, (B, H)).to(dtype)  # (B, H, N, Dv)
+    # Without autograd, a few rows of (B H) at a time: the features of q and k then never exist for the whole
+    # batch at once, and the per-row temporaries are small enough to be recycled by the allocator.
+    rows = B * H
+    out = q.new_empty(rows, N, Dv)  # (B H, N, Dv)
+    q, k, v = q.reshape(rows, N, D), k.reshape(rows, M, D), v.reshape(rows, M, Dv)
     if keep is not None:
-        fk = torch.where(keep, fk, 0.0)  # (B, H, M, R), phi(0) need not be 0
+        keep = keep.expand(B, H, M, 1).reshape(rows, M, 1)
+    step = max(1, _ROW_POSITIONS // max(N, M))
+    for r0 in range(0, rows, step):
+        r = slice(r0, r0 + step)
+        _attend(q[r], k[r], v[r], None if keep is None else keep[r], phi, causal, eps, chunk_size, name, (B, H),
+                out[r])
+    return out.view(B, H, N, Dv).to(dtype)
+
+
+_ROW_POSITIONS = 4096  # positions per group of rows on the no-autograd path
+
+
+def _attend(q, k, v, keep, phi, causal, eps, chunk_size, name, lead, out=None):
+    """Linear attention on q (..., N, D), k (..., M, D), v (..., M, Dv) in the accumulation dtype.
+
+    ``keep`` (..., M, 1) bool marks real keys. With ``out`` (contiguous (..., N, Dv)) and no autograd, the
+    result is written there and the normalisation happens in place. ``lead`` = (B, H), for messages.
+    """
+    acc = q.dtype
+    if keep is not None:
+        # Zero padded keys and values *before* phi: a huge padded key must not become inf * 0 = NaN.
+        k = torch.where(keep, k, 0.0)  # (..., M, D)
+        v = torch.where(keep, v, 0.0)  # (..., M, Dv)
+    fq = _features(phi, q, name=name, label="q", lead=lead).to(acc)  # (..., N, R)
+    fk = _features(phi, k, name=name, label="k", lead=lead).to(acc)  # (..., M, R)
+    if fq.shape[-1] != fk.shape[-1]:
+        raise ValueError(
+            f"{name}: the feature map gave q features {_show(fq, lead)} but k features {_show(fk, lead)}"
+        )
+    if keep is not None:
+        fk = torch.where(keep, fk, 0.0)  # (..., M, R), phi(0) need not be 0
     if causal:
-        num = causal_dot_product(fq, fk, v, chunk_size)  # (B, H, N, Dv)
-        z = torch.cumsum(fk, dim=-2)  # (B, H, N, R): sum_{j <= i} phi(k_j)
-        den = torch.linalg.vecdot(fq, z).unsqueeze(-1)  # (B, H, N, 1)
+        if out is None:
+            num = causal_dot_product(fq, fk, v, chunk_size)  # (..., N, Dv)
+        else:
+            num = _prefix_product(fq, fk, v, chunk_size, out=out)  # (..., N, Dv), no autograd
+        z = torch.cumsum(fk, dim=-2)  # (..., N, R): sum_{j <= i} phi(k_j)
+        den = torch.linalg.vecdot(fq, z).unsqueeze(-1)  # (..., N, 1)
     else:
-        kv = fk.transpose(-2, -1) @ v  # (B, H, R, Dv)
-        z = fk.sum(dim=-2)  # (B, H, R)
-        num = fq @ kv  # (B, H, N, Dv)
-        den = fq @ z.unsqueeze(-1)  # (B, H, N, 1)
-    if torch.is_grad_enabled() and num.requires_grad:
-        return (num / (den + eps)).to(dtype)  # (B, H, N, Dv)
-    return num.div_(den.add_(eps)).to(dtype)  # (B, H, N, Dv): no autograd, so reuse num's memory
+        kv = fk.transpose(-2, -1) @ v  # (..., R, Dv)
+        z = fk.sum(dim=-2)  # (..., R)
+        num = fq @ kv if out is None else torch.matmul(fq, kv, out=out)  # (..., N, Dv)
+        den = fq @ z.unsqueeze(-1)  # (..., N, 1)
+    if out is None:
+        return num / (den + eps)  # (..., N, Dv)
+    return num.div_(den.add_(eps))  # (..., N, Dv), in place: no autograd here
 
 
 class LinearState(NamedTuple):
