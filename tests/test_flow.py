@@ -264,6 +264,22 @@ def test_float16_long_sequence_stays_finite(causal):
     torch.testing.assert_close(out.float(), ref, **tol(torch.float16))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["float32", "float16"])
+@pytest.mark.parametrize("n, m", [(1024, 1024), (700, 1500), (5000, 3)], ids=["groups", "uneven", "one_row"])
+def test_inference_path_by_row_groups_equals_the_autograd_path(n, m, dtype):
+    """Without autograd the rows run in groups (ROW_POSITIONS positions each), writing into one output."""
+    q, k, v = (x.to(dtype) for x in qkv(2, 3, n, m, 4, 5))
+    with torch.no_grad():
+        out, stats = attnbook.flow_attention(q, k, v, return_flows=True)
+    leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+    ref_out, ref_stats = attnbook.flow_attention(*leaves, return_flows=True)
+    assert out.dtype == dtype and not out.requires_grad
+    close = tol(torch.float16) if dtype == torch.float16 else dict(rtol=1e-5, atol=1e-6)  # one float16 ulp
+    torch.testing.assert_close(out, ref_out.detach(), **close)
+    for x, y in zip(stats, ref_stats, strict=True):
+        torch.testing.assert_close(x, y.detach(), rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_gradcheck_tiny(causal):
     q, k, v = (x.double().requires_grad_() for x in qkv(1, 2, 4, 4 if causal else 5, 3, 2))

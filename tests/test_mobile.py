@@ -109,6 +109,21 @@ def test_half_precision_accumulates_in_float32(dtype):
     torch.testing.assert_close(out.double(), reference.mobile_attention(q, k, v), **tol(dtype))
 
 
+@pytest.mark.parametrize("B, H, n", [(5, 2, 1024), (3, 8, 700), (1, 3, 5000)],
+                         ids=["groups", "uneven", "one"])
+def test_inference_path_by_batch_groups_equals_the_autograd_path(B, H, n):
+    """Without autograd the batch elements run in groups, writing into one output."""
+    q, k, v = qkv(B, H, n, 4, 5)
+    with torch.no_grad():
+        out, stats = attnbook.mobile_attention(q, k, v, return_flows=True)
+    leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+    ref_out, ref_stats = attnbook.mobile_attention(*leaves, return_flows=True)
+    assert not out.requires_grad
+    torch.testing.assert_close(out, ref_out.detach(), rtol=1e-5, atol=1e-6)
+    for x, y in zip(stats, ref_stats, strict=True):
+        torch.testing.assert_close(x, y.detach(), rtol=1e-5, atol=1e-6)
+
+
 def test_gradcheck_tiny():
     q, k, v = (x.double().requires_grad_() for x in qkv(1, 3, 4, 2, 2))
     assert torch.autograd.gradcheck(attnbook.mobile_attention, (q, k, v))

@@ -123,12 +123,13 @@ def _weighted_sum(w: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     return (w.unsqueeze(-2) @ x).squeeze(-2)  # (..., D)
 
 
-def _flow_full(qs, ks, v, eps):
+def _flow_full(qs, ks, v, eps, out=None):
     """Non-causal Flow-Attention on sigmoid features in the accumulation dtype; returns (out, FlowStats).
 
     Ordered to read the (N, D) features as few times as possible: (x + eps) . (y + eps) is x . (y + eps) +
     eps sum(y + eps), so no x + eps is formed, and O and O^ come from one product with ks. Beside the two
-    (N, D) x (D, Dv) products of linear attention this is O(N D) work.
+    (N, D) x (D, Dv) products of linear attention this is O(N D) work. Leading dimensions are free; with
+    ``out`` (no autograd) the result is written there.
     """
     N, M = qs.shape[-2], ks.shape[-2]
     key_total = ks.sum(-2) + eps  # (B, H, D): sum_j k~_j + eps
@@ -145,7 +146,11 @@ def _flow_full(qs, ks, v, eps):
     conserved_incoming = (_rows_dot(qs, key_over_outgoing.unsqueeze(-2)).squeeze(-2)
                           + eps * key_over_outgoing.sum(-1, keepdim=True))  # (B, H, N)
     allocation = torch.sigmoid(conserved_incoming * (N / M))  # (B, H, N)
-    out = (qs @ kv) * (allocation / incoming).unsqueeze(-1)  # (B, H, N, Dv)
+    scale = (allocation / incoming).unsqueeze(-1)  # (B, H, N, 1)
+    if out is None:
+        out = (qs @ kv) * scale  # (B, H, N, Dv)
+    else:
+        torch.matmul(qs, kv, out=out).mul_(scale)  # (B, H, N, Dv), in place: no autograd here
     stats = FlowStats(incoming, outgoing, conserved_incoming, conserved_outgoing, competition, allocation,
                       conserved_outgoing_raw)
     return out, stats
@@ -264,12 +269,47 @@ def flow_attention(
     acc = accumulation_dtype(q.dtype)
     if causal:
         out, stats = _flow_causal(q, k, v, eps, chunk_size, acc, return_flows)
-    else:
+    elif needs_autograd(q, k, v):
         qs = torch.sigmoid(q.to(acc))  # (B, H, N, D)
         ks = torch.sigmoid(k.to(acc))  # (B, H, M, D)
         out, stats = _flow_full(qs, ks, v.to(acc), eps)
         out = out.to(q.dtype)
+    else:
+        out, stats = _flow_full_by_rows(q, k, v, eps, acc, return_flows)
     return (out, stats) if return_flows else out
+
+
+def needs_autograd(*xs: torch.Tensor) -> bool:
+    """True when a graph will be recorded through any of ``xs``."""
+    return torch.is_grad_enabled() and any(x.requires_grad for x in xs)
+
+
+ROW_POSITIONS = 4096  # positions per group of (b, h) rows on the no-autograd path
+
+
+def _flow_full_by_rows(q, k, v, eps, acc, return_flows):
+    """Non-causal Flow-Attention without autograd, a few (b, h) rows at a time (the rows are independent).
+
+    Same numbers as :func:`_flow_full` on the whole batch; the features and temporaries of one group are small
+    enough to stay in cache and be recycled, so the O(N D) passes run at cache speed.
+    """
+    B, H, N, D = q.shape
+    M, Dv = k.shape[-2], v.shape[-1]
+    rows = B * H
+    q, k, v = q.reshape(rows, N, D), k.reshape(rows, M, D), v.reshape(rows, M, Dv)
+    out = q.new_empty(rows, N, Dv, dtype=acc)  # (B H, N, Dv)
+    parts = []
+    step = max(1, ROW_POSITIONS // max(N, M))
+    for r0 in range(0, rows, step):
+        r = slice(r0, r0 + step)
+        qs, ks = torch.sigmoid(q[r].to(acc)), torch.sigmoid(k[r].to(acc))  # (rows', N, D), (rows', M, D)
+        _, stats = _flow_full(qs, ks, v[r].to(acc), eps, out=out[r])
+        if return_flows:
+            parts.append(stats)
+    out = out.view(B, H, N, Dv).to(q.dtype)
+    if not return_flows:
+        return out, None
+    return out, FlowStats(*(torch.cat(p).unflatten(0, (B, H)) for p in zip(*parts, strict=True)))
 
 
 def flow_attention_step(

@@ -28,7 +28,7 @@ import torch
 
 from ._checks import accumulation_dtype, check_qkv
 from ._module import ProjectedAttention
-from .flow import FlowStats, _check_eps
+from .flow import ROW_POSITIONS, FlowStats, _check_eps, needs_autograd
 
 __all__ = ["mobile_attention", "MobileAttention"]
 
@@ -76,6 +76,28 @@ def mobile_attention(
     check_qkv(q, k, v, name="mobile_attention", same_length=True)
     eps = _check_eps(eps, "mobile_attention")
     acc = accumulation_dtype(q.dtype)
+    if needs_autograd(q, k, v):
+        out, stats = _mobile(q, k, v, eps, acc)
+    else:
+        # Without autograd, a few batch elements at a time (they are independent; the heads of one element
+        # are not): the temporaries of a group stay small enough to remain in cache and be recycled.
+        B, H, N, _ = q.shape
+        out = q.new_empty(B, H, N, v.shape[-1], dtype=acc)  # (B, H, N, Dv)
+        parts = []
+        step = max(1, ROW_POSITIONS // (H * N))
+        for b0 in range(0, B, step):
+            b = slice(b0, b0 + step)
+            _, stats = _mobile(q[b], k[b], v[b], eps, acc, out=out[b])
+            if return_flows:
+                parts.append(stats)
+        out = out.to(q.dtype)
+        stats = FlowStats(*(torch.cat(p) for p in zip(*parts, strict=True))) if return_flows else None
+    return (out, stats) if return_flows else out
+
+
+def _mobile(q, k, v, eps, acc, out=None):
+    """Mobile-Attention on q, k (B, H, N, D), v (B, H, N, Dv); returns (out, FlowStats), out written to
+    ``out`` (in the accumulation dtype, no autograd) when given, else in the input dtype."""
     qs = torch.sigmoid(q.to(acc))  # (B, H, N, D)
     ks = torch.sigmoid(k.to(acc))  # (B, H, M, D)
     N, M, D = qs.shape[-2], ks.shape[-2], qs.shape[-1]
@@ -100,9 +122,11 @@ def mobile_attention(
     allocation = torch.sigmoid(conserved_incoming * (N / M))  # (B, H, N)
     competition = torch.softmax(conserved_outgoing, dim=-1) * M  # (B, H, M), over the sequence
     kv = ks.transpose(-2, -1) @ (v.to(acc) * competition.unsqueeze(-1))  # (B, H, D, Dv)
-    out = ((qs @ kv) * (allocation / incoming).unsqueeze(-1)).to(q.dtype)  # (B, H, N, Dv)
-    if not return_flows:
-        return out
+    scale = (allocation / incoming).unsqueeze(-1)  # (B, H, N, 1)
+    if out is None:
+        out = ((qs @ kv) * scale).to(q.dtype)  # (B, H, N, Dv)
+    else:
+        torch.matmul(qs, kv, out=out).mul_(scale)  # (B, H, N, Dv), in place: no autograd here
     stats = (incoming, outgoing, conserved_incoming, conserved_outgoing, competition, allocation,
              conserved_outgoing_raw)
     return out, FlowStats(*(x.contiguous() for x in stats))
