@@ -571,3 +571,18 @@ def test_runs_on_device_without_host_sync_surprises(device):
     assert out.device.type == r.gates.device.type == r.loss.device.type == torch.device(device).type
     moh_load_balancing_loss(m).backward()
 
+
+
+def test_deepcopy_and_pickle_work_after_a_training_forward():
+    """EMA copies (copy.deepcopy) and torch.save must not trip over the graph-attached loss."""
+    import copy
+    import io
+
+    layer = attnbook.MoHAttention(32, num_heads=4, shared_head=1, routed_head=2).train()
+    layer(torch.randn(2, 5, 32))
+    assert layer.load_balancing_loss is not None
+    clone = copy.deepcopy(layer)
+    assert clone.load_balancing_loss is None and layer.load_balancing_loss is not None
+    x = torch.randn(1, 3, 32)
+    torch.testing.assert_close(clone.eval()(x), layer.eval()(x))
+    torch.save(layer, io.BytesIO())

@@ -1,6 +1,6 @@
 """Mixture-of-head attention (MoH): chapter 5.
 
-Jin, Zhu, Yan, Yuan, "MoH: Multi-Head Attention as Mixture-of-Head Attention", arXiv:2410.11842 (2024).
+Jin, Zhu, Yuan, Yan, "MoH: Multi-Head Attention as Mixture-of-Head Attention", arXiv:2410.11842 (2024).
 
 Multi-head attention is a sum over heads, ``concat(head_1..head_H) W_O = sum_h head_h W_O^h``. MoH treats
 the heads as experts and weights each head's output per token with a gate ``g_{t,h}``:
@@ -318,6 +318,14 @@ class MoHAttention(nn.Module):
         out = self.proj_drop(self.proj(heads.reshape(B, N, H * D)))  # (B, N, dim)
         self.load_balancing_loss = routing.loss if self.training and self.routed_head > 0 else None
         return (out, routing) if return_routing else out
+
+    def __getstate__(self):
+        # The last training loss is attached to that forward's autograd graph, which cannot be copied or
+        # pickled; it is not part of the layer's state either. Dropping it keeps copy.deepcopy (EMA
+        # models) and pickling working after a training step.
+        state = self.__dict__.copy()
+        state["load_balancing_loss"] = None
+        return state
 
 
 def moh_load_balancing_loss(model: nn.Module, reduction: str = "mean") -> torch.Tensor:
