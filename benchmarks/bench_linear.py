@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import resource
 import subprocess
 import sys
 import time
@@ -109,9 +108,13 @@ def bench_causal(a):
     return {"shape": dict(B=B, H=H, N=N, D=D, Dv=Dv), "median_ms": res}
 
 
-def _current_rss_kib() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * resource.getpagesize() // 1024
+def _status_kib(field: str) -> int:
+    """VmRSS (resident now) or VmHWM (peak resident) of this process, in KiB, from /proc/self/status."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise RuntimeError(f"no {field} in /proc/self/status")
 
 
 def memory_child(a):
@@ -125,15 +128,17 @@ def memory_child(a):
         o.sum().backward()
     q, k, v = make_inputs(B, H, N, D, Dv, requires_grad=grad)
     up = torch.ones(B, H, N, Dv) if grad else None
-    # baseline: the resident size now (not ru_maxrss, which may still hold the peak of importing torch)
-    base_kib = _current_rss_kib()
+    # Baseline: the resident size once the inputs exist. Peak: VmHWM, the high-water mark of this process's
+    # own memory. (ru_maxrss would do on a fresh interpreter, but Linux carries it over from the parent across
+    # fork + exec, so a child of a big process would report the parent's peak.)
+    base_kib = _status_kib("VmRSS")
     if grad:
         out = attnbook.linear_attention(q, k, v, causal=True)
         out.backward(up)
     else:
         with torch.no_grad():
             out = attnbook.linear_attention(q, k, v, causal=True)
-    peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    peak_kib = _status_kib("VmHWM")
     io_bytes = sum(x.numel() * x.element_size() for x in (q, k, v, out))
     print(json.dumps({"baseline_kib": base_kib, "peak_kib": peak_kib, "extra_bytes": (peak_kib - base_kib) * 1024,
                       "q_k_v_out_bytes": io_bytes}))
@@ -148,8 +153,8 @@ def bench_memory(a):
         r["extra_over_q_k_v_out"] = round(r["extra_bytes"] / r["q_k_v_out_bytes"], 3)
         res[mode] = r
     return {"shape": dict(B=a.B, H=a.H, N=a.n_causal, D=a.D, Dv=a.D), "rss": res,
-            "note": "extra = ru_maxrss after one causal call minus the resident size once the inputs exist "
-                    "(KiB * 1024); forward_backward includes the input gradients"}
+            "note": "extra = peak resident size (VmHWM) after one causal call minus the resident size once the "
+                    "inputs exist, in a fresh process; forward_backward includes the input gradients"}
 
 
 def bench_recurrent(a):
