@@ -280,6 +280,19 @@ def test_inference_path_by_row_groups_equals_the_autograd_path(n, m, dtype):
         torch.testing.assert_close(x, y.detach(), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+def test_causal_inference_path_writes_blocks_like_the_autograd_path(dtype):
+    q, k, v = (x.to(dtype) for x in qkv(2, 3, 75, 75, 4, 5))
+    with torch.no_grad():
+        out, stats = attnbook.flow_attention(q, k, v, causal=True, chunk_size=16, return_flows=True)
+    leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+    ref_out, ref_stats = attnbook.flow_attention(*leaves, causal=True, chunk_size=16, return_flows=True)
+    assert out.dtype == dtype and not out.requires_grad
+    torch.testing.assert_close(out, ref_out.detach(), rtol=0, atol=0)
+    for x, y in zip(stats, ref_stats, strict=True):
+        torch.testing.assert_close(x, y.detach(), rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_gradcheck_tiny(causal):
     q, k, v = (x.double().requires_grad_() for x in qkv(1, 2, 4, 4 if causal else 5, 3, 2))

@@ -49,8 +49,9 @@ __all__ = ["FlowStats", "FlowState", "flow_attention", "flow_attention_step", "F
 class FlowStats(NamedTuple):
     """The flow quantities of Flow-Attention (Wu et al., 2022), named after the paper.
 
-    All are the flows themselves (``incoming`` is I_i, not 1 / I_i), in the accumulation dtype (at least
-    float32), and keep their autograd history.
+    All are the flows themselves (``incoming`` is I_i, not 1 / I_i, which the published code stores as
+    ``sink_incoming``), in the accumulation dtype (at least float32), and keep their autograd history.
+    :func:`attnbook.mobile_attention` returns the same fields with the flow sums taken over the heads.
 
     Fields:
         incoming: I_i, flow into sink (query) i, (B, H, N).
@@ -82,10 +83,11 @@ class FlowState(NamedTuple):
         query_sum: sum_{i<=t} q~_i, (B, H, D).
         key_over_outgoing: sum_{j<=t} k~_j / O_j, (B, H, D).
         query_over_incoming: sum_{i<=t} q~_i / I_i, (B, H, D).
-        exp_mean: (1/t) sum_{j<=t} exp(O^_j), the competition softmax's normaliser kept as a running mean,
-            (B, H). Because O^ is clamped to [-1, 1], exp(O^) lies in [1/e, e], so the mean stays in [1/e, e]
-            for any sequence length: no overflow and no loss of the new term's digits as t grows (which a
-            running *sum* would suffer in float32 once t reaches ~1e6).
+        exp_mean: (1/t) sum_{j<=t} exp(O^_j), the causal competition's normaliser kept as a running mean,
+            (B, H): c_t = exp(O^_t) / exp_mean. Because O^ is clamped to [-1, 1], every exp(O^) lies in
+            [1/e, e], so no running maximum is needed (unlike an online softmax) and the mean stays in
+            [1/e, e] for any sequence length; the parallel form updates it once per block with the same
+            formula, m <- m + sum_j (exp(O^_j) - m) / t.
         kv: sum_{j<=t} k~_j (c_j v_j)^T, (B, H, D, Dv).
     """
 
@@ -214,14 +216,20 @@ def _flow_causal(q, k, v, eps, chunk_size, acc, return_flows):
     C = min(chunk_size, N)
     tril = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
     state = _initial_state(q, B, H, D, v.shape[-1], acc)
+    record = needs_autograd(q, k, v)
     outs, blocks = [], []
+    out = None if record else q.new_empty(B, H, N, v.shape[-1])  # without autograd: written block by block
     for start in range(0, N, C):
         sl = slice(start, start + C)
-        out, stats, state = _causal_block(state, q[..., sl, :], k[..., sl, :], v[..., sl, :], eps, tril)
-        outs.append(out.to(q.dtype))  # (B, H, c, Dv)
+        block, stats, state = _causal_block(state, q[..., sl, :], k[..., sl, :], v[..., sl, :], eps, tril)
+        if record:
+            outs.append(block.to(q.dtype))  # (B, H, c, Dv)
+        else:
+            out[..., sl, :] = block  # (B, H, c, Dv), cast to the input dtype
         if return_flows:
             blocks.append(stats)
-    out = torch.cat(outs, dim=-2)  # (B, H, N, Dv)
+    if record:
+        out = torch.cat(outs, dim=-2)  # (B, H, N, Dv)
     if not return_flows:
         return out, None
     stats = FlowStats(*(torch.cat(parts, dim=-1) for parts in zip(*blocks, strict=True)))  # each (B, H, N)
