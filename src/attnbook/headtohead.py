@@ -129,7 +129,7 @@ class TinyModel(nn.Module):
 
 @dataclass
 class Curve:
-    """Held-out accuracy of one mechanism during training; ``wall_s`` counts training time only."""
+    """Held-out accuracy and loss of one mechanism during training; ``wall_s`` counts training time only."""
 
     mechanism: str
     steps: list[int] = field(default_factory=list)
@@ -161,18 +161,18 @@ def train(mechanism: str, task: RecallTask = RecallTask(), *, steps: int = 200, 
     eval_tokens, eval_target = task.batch(eval_size, torch.Generator().manual_seed(seed + 2), device)
     curve = Curve(mechanism)
 
-    def evaluate(step: int, elapsed: float, loss: float) -> None:
+    def evaluate(step: int, elapsed: float) -> None:
         model.eval()
         with torch.no_grad():
-            acc = (model(eval_tokens).argmax(-1) == eval_target).float().mean().item()
+            logits = model(eval_tokens)  # (eval_size, n_values)
+            curve.accuracy.append((logits.argmax(-1) == eval_target).float().mean().item())
+            curve.loss.append(nn.functional.cross_entropy(logits, eval_target).item())
         model.train()
         curve.steps.append(step)
         curve.wall_s.append(elapsed)
-        curve.accuracy.append(acc)
-        curve.loss.append(loss)
 
-    elapsed, loss = 0.0, float("nan")
-    evaluate(0, 0.0, loss)
+    elapsed = 0.0
+    evaluate(0, 0.0)
     for step in range(1, steps + 1):
         tokens, target = task.batch(batch, data, device)
         t0 = time.perf_counter()
@@ -184,8 +184,7 @@ def train(mechanism: str, task: RecallTask = RecallTask(), *, steps: int = 200, 
             torch.cuda.synchronize(device)
         elapsed += time.perf_counter() - t0
         if step % eval_every == 0 or step == steps:
-            loss = out.item()
-            evaluate(step, elapsed, loss)
+            evaluate(step, elapsed)
     return curve
 
 
