@@ -130,18 +130,21 @@ def test_cpu_needs_tiny(capsys):
 @pytest.fixture(scope="module")
 def tiny_report(tmp_path_factory):
     out = tmp_path_factory.mktemp("report") / "r.json"
-    code = check_gpu.main(["--device", "cpu", "--tiny", "--dtypes", "float32", "--compile-backend", "none",
-                           "--out", str(out)])
+    code = check_gpu.main(["--device", "cpu", "--tiny", "--dtypes", "float32", "--compile-backend", "eager",
+                           "--budget-s", "0", "--out", str(out)])
     return code, json.loads(out.read_text())
 
 
 def test_tiny_run_writes_one_complete_report(tiny_report):
     code, report = tiny_report
     assert code == 0 and report["passed"] is True
-    assert report["sections_done"] == ["accuracy", "sync", "targets", "benchmark"]
+    assert report["sections_done"] == ["accuracy", "sync", "targets", "benchmark", "accuracy_compiled"]
     assert report["environment"]["device"] == "cpu" and report["environment"]["torch"] == torch.__version__
     assert set(report["tolerances"]) == {"float32", "bfloat16", "float16"}
     assert len(report["accuracy"]) == len(check_gpu.CASES) and report["accuracy_failed"] == []
+    # a zero budget: every compiled case is reported as not run, which is not a failure
+    assert all(r["skipped"] == "time budget" for r in report["accuracy_compiled"])
+    assert len(report["accuracy_not_run"]) == len(check_gpu.CASES)
     assert report["sync_failed"] == []
     b = report["benchmark"]
     assert {r["mechanism"] for r in b["records"]} >= set(check_gpu.CASES)

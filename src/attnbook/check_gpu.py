@@ -1,6 +1,7 @@
 """Verify every mechanism on a GPU and measure it at full size: ``python -m attnbook.check_gpu``.
 
-What it does, in order, writing the JSON report after every section (a run cut short keeps what it had):
+What it does, writing the JSON report after every section (a run cut short keeps what it had); the compiled
+half of step 1 runs last, because compiling is the slow part (``--budget-s`` caps it):
 
 1. **accuracy**: every mechanism in float32, bfloat16 and float16 on the device against its float64 oracle in
    :mod:`attnbook.reference` computed on the CPU -- the output and the gradient of every input under a random
@@ -16,6 +17,7 @@ What it does, in order, writing the JSON report after every section (a run cut s
 
 Without CUDA it exits with a message; ``--device cpu --tiny`` runs the same logic at tiny sizes (for tests).
 The exit status is 1 when an accuracy or sync check failed (targets are reported, not enforced), else 0.
+Cases left out by the time budget are listed under ``accuracy_not_run``; they are not failures.
 """
 
 from __future__ import annotations
@@ -181,18 +183,31 @@ def _fresh_compiler() -> None:
             setattr(torch._dynamo.config, knob, 256)
 
 
-def check_accuracy(device: torch.device | str, *, dtypes=ALL_DTYPES, mechanisms=None,
-                   sizes=FULL.accuracy, compile_backend: str | None = "inductor", log=print) -> list[dict]:
-    """One record per (mechanism, dtype, eager/compiled): errors in units of the tolerance, ``passed``."""
+def check_accuracy(device: torch.device | str, *, dtypes=ALL_DTYPES, mechanisms=None, sizes=FULL.accuracy,
+                   compile_backend: str | None = "inductor", eager: bool = True, deadline: float | None = None,
+                   log=print) -> list[dict]:
+    """One record per (mechanism, dtype, eager/compiled): errors in units of the tolerance, ``passed``.
+
+    ``eager`` checks the mechanisms as they are; ``compile_backend`` (unless None) also checks them under
+    ``torch.compile``. Cases not started before ``deadline`` (a ``time.perf_counter()`` value) are recorded
+    with ``passed=None`` and ``skipped="time budget"``.
+    """
     device = torch.device(device)
     names = list(CASES) if mechanisms is None else list(mechanisms)
-    modes = [None] + ([compile_backend] if compile_backend else [])
+    modes = ([None] if eager else []) + ([compile_backend] if compile_backend else [])
     records = []
     for mode in modes:
         if mode:
             _fresh_compiler()
         for dtype in dtypes:
             for i, name in enumerate(names):
+                if deadline is not None and time.perf_counter() > deadline:
+                    r = {"mechanism": name, "dtype": str(dtype).removeprefix("torch."),
+                         "compile": f"compiled:{mode}" if mode else "eager", "passed": None,
+                         "skipped": "time budget"}
+                    records.append(r)
+                    log(f"  accuracy {name:15s} {r['dtype']:9s} {r['compile']:17s} not run (time budget)")
+                    continue
                 r = _check_one(name, dtype, device, sizes, mode, seed=1000 + i)
                 records.append(r)
                 verdict = "ok" if r["passed"] else "FAILED"
@@ -348,16 +363,21 @@ def _write(path: Path, report: dict) -> None:
 
 def run(device: torch.device | str, out: Path, *, sizes: Sizes = FULL, dtypes=ALL_DTYPES,
         compile_backend: str | None = "inductor", benchmark: bool = True, targets: bool = True,
-        log=print) -> dict:
-    """Every section in order; the report is rewritten after each. Returns the report."""
+        budget_s: float | None = None, log=print) -> dict:
+    """Every section, the report rewritten after each; returns the report.
+
+    Order: eager accuracy, sync, targets, benchmark, then the compiled accuracy checks (the slowest part,
+    compilation); with ``budget_s`` the compiled cases not started within the budget are reported as not run.
+    """
     device = torch.device(device)
     t0 = time.perf_counter()
+    deadline = None if budget_s is None else t0 + budget_s
     report = {"kind": "attnbook.check_gpu", "environment": environment(device),
               "sizes": {"accuracy_BHND": list(sizes.accuracy), "targets_BHD": list(sizes.target_shape),
                         "n_long": sizes.n_long, "n_causal": sizes.n_causal, "lengths": list(sizes.lengths)},
               "tolerances": {str(d).removeprefix("torch."): t for d, t in TOLERANCES.items()},
               "tolerance_rule": "|x - ref| <= atol * rms(ref) + rtol * |ref| elementwise, outputs and gradients",
-              "compile_backend": compile_backend, "sections_done": []}
+              "compile_backend": compile_backend, "budget_s": budget_s, "sections_done": []}
     if device.type == "cuda":
         report["environment"]["gpu_memory_bytes"] = torch.cuda.get_device_properties(device).total_memory
 
@@ -373,7 +393,7 @@ def run(device: torch.device | str, out: Path, *, sizes: Sizes = FULL, dtypes=AL
         _write(out, report)
 
     section("accuracy", lambda: check_accuracy(device, dtypes=dtypes, sizes=sizes.accuracy,
-                                               compile_backend=compile_backend, log=log))
+                                               compile_backend=None, log=log))
     section("sync", lambda: check_sync(device, sizes=sizes.accuracy, log=log))
     B, H, D = sizes.target_shape
     if targets:
@@ -384,9 +404,23 @@ def run(device: torch.device | str, out: Path, *, sizes: Sizes = FULL, dtypes=AL
         section("benchmark", lambda: run_benchmark(
             sizes.lengths, batch=B, heads=H, head_dim=D, device=device, dtype=torch.bfloat16,
             repeats=sizes.repeats, max_matrix_bytes=8 * 2**30, progress=True))
-    acc, syn = report["accuracy"], report["sync"]
-    report["accuracy_failed"] = [f"{r['mechanism']}/{r['dtype']}/{r['compile']}" for r in acc if not r["passed"]] \
-        if isinstance(acc, list) else ["accuracy section crashed"]
+    if compile_backend:
+        section("accuracy_compiled", lambda: check_accuracy(
+            device, dtypes=dtypes, sizes=sizes.accuracy, compile_backend=compile_backend, eager=False,
+            deadline=deadline, log=log))
+    checks = report["accuracy"], report.get("accuracy_compiled", [])
+    report["accuracy_failed"], report["accuracy_not_run"] = [], []
+    for part in checks:
+        if not isinstance(part, list):
+            report["accuracy_failed"].append("an accuracy section crashed: " + str(part.get("error")))
+            continue
+        for r in part:
+            label = f"{r['mechanism']}/{r['dtype']}/{r['compile']}"
+            if r["passed"] is None:
+                report["accuracy_not_run"].append(label)
+            elif not r["passed"]:
+                report["accuracy_failed"].append(label)
+    syn = report["sync"]
     report["sync_failed"] = [r["mechanism"] for r in syn if not r["passed"]] if isinstance(syn, list) \
         else ["sync section crashed"]
     report["passed"] = not report["accuracy_failed"] and not report["sync_failed"]
@@ -412,6 +446,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="torch.compile backend for the compiled checks, or 'none' to skip them")
     parser.add_argument("--no-benchmark", action="store_true", help="skip the full benchmark")
     parser.add_argument("--no-targets", action="store_true", help="skip the target measurements")
+    parser.add_argument("--budget-s", type=float, default=None,
+                        help="compiled accuracy cases not started within this many seconds are reported as not run")
     args = parser.parse_args(argv)
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -429,9 +465,10 @@ def main(argv: list[str] | None = None) -> int:
     default = f"gpu_check_tiny_{device.type}.json" if args.tiny else "gpu_check.json"
     out = Path(args.out) if args.out else Path("benchmarks") / "results" / default
     report = run(device, out, sizes=TINY if args.tiny else FULL, dtypes=dtypes, compile_backend=backend,
-                 benchmark=not args.no_benchmark, targets=not args.no_targets)
+                 benchmark=not args.no_benchmark, targets=not args.no_targets, budget_s=args.budget_s)
     print(f"[check_gpu] wrote {out}; accuracy failures: {report['accuracy_failed'] or 'none'}; "
-          f"sync failures: {report['sync_failed'] or 'none'}; {report['total_seconds']:.0f} s")
+          f"not run: {len(report['accuracy_not_run'])}; sync failures: {report['sync_failed'] or 'none'}; "
+          f"{report['total_seconds']:.0f} s")
     return 0 if report["passed"] else 1
 
 
