@@ -460,3 +460,11 @@ class TestModule:
             attnbook.FlowAttention(4, 4, 4, 2, eps=-1e-3)
         with pytest.raises(ValueError, match="d_model=6 is not divisible by n_heads=4"):
             attnbook.FlowAttention(4, 6, 4, 4)
+
+
+def test_row_groups_are_a_cpu_cache_measure_only():
+    from attnbook.flow import rows_per_group
+
+    assert rows_per_group(torch.empty(1), 4096, 32) == 1
+    assert rows_per_group(torch.empty(1), 1000, 32) == 4
+    assert rows_per_group(torch.empty(1, device="meta"), 4096, 32) == 32  # GPUs: all rows in one launch

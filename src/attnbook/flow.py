@@ -292,7 +292,15 @@ def needs_autograd(*xs: torch.Tensor) -> bool:
     return torch.is_grad_enabled() and any(x.requires_grad for x in xs)
 
 
-ROW_POSITIONS = 4096  # positions per group of (b, h) rows on the no-autograd path
+ROW_POSITIONS = 4096  # positions per group of (b, h) rows on the no-autograd CPU path
+
+
+def rows_per_group(x: torch.Tensor, positions_per_row: int, rows: int) -> int:
+    """How many independent rows to process at once without autograd: on the CPU about ROW_POSITIONS
+    positions, so that a group's temporaries stay in cache; on other devices all of them (one launch)."""
+    if x.device.type != "cpu":
+        return rows
+    return max(1, ROW_POSITIONS // positions_per_row)
 
 
 def _flow_full_by_rows(q, k, v, eps, acc, return_flows):
@@ -307,7 +315,7 @@ def _flow_full_by_rows(q, k, v, eps, acc, return_flows):
     q, k, v = q.reshape(rows, N, D), k.reshape(rows, M, D), v.reshape(rows, M, Dv)
     out = q.new_empty(rows, N, Dv, dtype=acc)  # (B H, N, Dv)
     parts = []
-    step = max(1, ROW_POSITIONS // max(N, M))
+    step = rows_per_group(q, max(N, M), rows)
     for r0 in range(0, rows, step):
         r = slice(r0, r0 + step)
         qs, ks = torch.sigmoid(q[r].to(acc)), torch.sigmoid(k[r].to(acc))  # (rows', N, D), (rows', M, D)

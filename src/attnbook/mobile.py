@@ -28,7 +28,7 @@ import torch
 
 from ._checks import accumulation_dtype, check_qkv
 from ._module import ProjectedAttention
-from .flow import ROW_POSITIONS, FlowStats, _check_eps, needs_autograd
+from .flow import FlowStats, _check_eps, needs_autograd, rows_per_group
 
 __all__ = ["mobile_attention", "MobileAttention"]
 
@@ -84,7 +84,7 @@ def mobile_attention(
         B, H, N, _ = q.shape
         out = q.new_empty(B, H, N, v.shape[-1], dtype=acc)  # (B, H, N, Dv)
         parts = []
-        step = max(1, ROW_POSITIONS // (H * N))
+        step = rows_per_group(q, H * N, B)
         for b0 in range(0, B, step):
             b = slice(b0, b0 + step)
             _, stats = _mobile(q[b], k[b], v[b], eps, acc, out=out[b])
