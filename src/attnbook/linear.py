@@ -109,15 +109,14 @@ def linear_attention(
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad or
                                     any(p.requires_grad for p in getattr(phi, "parameters", list)())):
         return _attend(q, k, v, keep, phi, causal, eps, chunk_size, name, (B, H)).to(dtype)  # (B, H, N, Dv)
-    # Without autograd, a few rows of (B H) at a time: the features of q and k then never exist for the whole
-    # batch at once, and the per-row temporaries are small enough to be recycled by the allocator.
+    # Without autograd: groups of rows of (B H), each written into one preallocated output and normalised in
+    # place; for large batches the features of q and k then never exist for the whole batch at once.
     rows = B * H
     out = q.new_empty(rows, N, Dv)  # (B H, N, Dv)
     q, k, v = q.reshape(rows, N, D), k.reshape(rows, M, D), v.reshape(rows, M, Dv)
     if keep is not None:
         keep = keep.expand(B, H, M, 1).reshape(rows, M, 1)
-    budget = _ROW_POSITIONS if q.device.type == "cpu" else _ROW_POSITIONS_ACCELERATOR
-    step = max(1, budget // max(N, M))
+    step = max(1, _ROW_POSITIONS // max(N, M))
     for r0 in range(0, rows, step):
         r = slice(r0, r0 + step)
         _attend(q[r], k[r], v[r], None if keep is None else keep[r], phi, causal, eps, chunk_size, name, (B, H),
@@ -125,8 +124,11 @@ def linear_attention(
     return out.view(B, H, N, Dv).to(dtype)
 
 
-_ROW_POSITIONS = 4096  # positions per group of rows on the no-autograd path (CPU: fits the caches)
-_ROW_POSITIONS_ACCELERATOR = 1 << 20  # a GPU wants big launches; its caching allocator makes reuse cheap
+# Positions per group of rows on the no-autograd path. Groups bound the temporaries (the features of a
+# group) for large batches; they are kept large because every group costs ~10 operations, and on a busy
+# CPU each multi-threaded operation pays a synchronisation (groups of 4096 positions were 1.5x faster on
+# one thread but 5x slower on two contended threads, benchmarks/bench_linear.py).
+_ROW_POSITIONS = 1 << 20
 
 
 def _attend(q, k, v, keep, phi, causal, eps, chunk_size, name, lead, out=None):
