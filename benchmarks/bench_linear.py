@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import subprocess
 import sys
@@ -208,11 +209,12 @@ def main():
         memory_child(a)
         return
     results = {"torch": torch.__version__, "machine": platform.machine(), "threads": torch.get_num_threads(),
-               "float": "float32", "device": "cpu"}
+               "float": "float32", "device": "cpu", "load_average_at_start": os.getloadavg()}
     for section in a.sections:
         print(f"== {section}", flush=True)
         results[section] = globals()[f"bench_{section}"](a)
         print(json.dumps(results[section], indent=1), flush=True)
+    results["load_average_at_end"] = os.getloadavg()
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps(results, indent=1) + "\n")
     print(f"wrote {a.out}")

@@ -87,6 +87,7 @@ def test_without_autograd_groups_of_rows_give_the_same_numbers(monkeypatch, caus
     from attnbook import linear
 
     monkeypatch.setattr(linear, "_ROW_POSITIONS", row_positions)
+    monkeypatch.setattr(linear, "_ROW_POSITIONS_CAUSAL", row_positions)
     phi = feature_map(fmap, 4)
     B, H, N, D, Dv = 2, 3, 9, 4, 5
     pad = torch.rand(B, N) > 0.3

@@ -116,7 +116,7 @@ def linear_attention(
     q, k, v = q.reshape(rows, N, D), k.reshape(rows, M, D), v.reshape(rows, M, Dv)
     if keep is not None:
         keep = keep.expand(B, H, M, 1).reshape(rows, M, 1)
-    step = max(1, _ROW_POSITIONS // max(N, M))
+    step = max(1, (_ROW_POSITIONS_CAUSAL if causal else _ROW_POSITIONS) // max(N, M))
     for r0 in range(0, rows, step):
         r = slice(r0, r0 + step)
         _attend(q[r], k[r], v[r], None if keep is None else keep[r], phi, causal, eps, chunk_size, name, (B, H),
@@ -129,6 +129,9 @@ def linear_attention(
 # CPU each multi-threaded operation pays a synchronisation (groups of 4096 positions were 1.5x faster on
 # one thread but 5x slower on two contended threads, benchmarks/bench_linear.py).
 _ROW_POSITIONS = 1 << 20
+# Causal: the prefix product works in blocks of a few rows anyway, so smaller groups add few operations
+# and keep the features (and their prefix sums) of a group small.
+_ROW_POSITIONS_CAUSAL = 1 << 16
 
 
 def _attend(q, k, v, keep, phi, causal, eps, chunk_size, name, lead, out=None):
