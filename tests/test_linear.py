@@ -311,6 +311,28 @@ def test_weights_are_non_negative_and_rows_sum_to_almost_one(n, m, seed):
     assert (fast >= v.amin(dim=-2, keepdim=True) - 1e-9).all()
 
 
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_a_learnable_feature_map_gets_gradients(causal):
+    """A feature map with parameters is trained through linear_attention even if q, k, v need no gradient."""
+
+    class Scaled(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.scale = torch.nn.Parameter(torch.tensor(0.7, dtype=torch.float64))
+
+        def forward(self, x):
+            return torch.nn.functional.elu(self.scale * x) + 1
+
+    phi = Scaled()
+    q, k, v = qkv(1, 2, 6, 6, 3, 4, dtype=torch.float64)
+    out = attnbook.linear_attention(q, k, v, causal=causal, feature_map=phi, chunk_size=4)
+    (grad,) = torch.autograd.grad(out.sum(), phi.scale)
+    ref = reference.linear_attention(q, k, v, causal=causal, feature_map=phi)
+    (ref_grad,) = torch.autograd.grad(ref.sum(), phi.scale)
+    torch.testing.assert_close(grad, ref_grad)
+    assert grad != 0
+
+
 def test_relu_row_without_features_is_zero_not_nan():
     q = -torch.ones(1, 1, 2, 3)  # relu(q) = 0: nothing to attend with
     k, v = torch.randn(1, 1, 4, 3), torch.randn(1, 1, 4, 2)

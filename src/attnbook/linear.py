@@ -70,10 +70,11 @@ def linear_attention(
 
     with both sums over all keys j, or over j <= i when ``causal``. ``phi`` is applied inside, to q and k.
 
-    Cost: non-causal O(B H (N + M) R Dv) time and O(B H R Dv) memory beside the inputs and the output.
-    Causal, chunked (``chunk_size`` C: exact products inside a chunk, a carried (R, Dv) state between
-    chunks): O(B H N (C + R) Dv) time and O(B H (N (R + Dv) + R Dv)) memory; nothing of size N x N or
-    N x R x Dv. The result does not depend on C (up to rounding).
+    Cost: non-causal O(B H (N + M) R Dv) time and O(B H (N + M) R + B H R Dv) memory beside the inputs and
+    the output. Causal, chunked (``chunk_size`` C: exact products inside a chunk, a carried (R, Dv) state
+    between chunks): O(B H N (C + R) Dv) time and O(B H (N (R + Dv) + R Dv)) memory; nothing of size N x N
+    or N x R x Dv. The result does not depend on C (up to rounding). Without autograd (inference) the work
+    runs in groups of (B H) rows written into one output, so the features exist for one group at a time.
 
     Args:
         q: queries (B, H, N, D).
@@ -106,8 +107,8 @@ def linear_attention(
     keep = None
     if key_padding_mask is not None:
         keep = check_key_padding_mask(key_padding_mask, B, M, name=name).to(q.device)[:, None, :, None]
-    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad or
-                                    any(p.requires_grad for p in getattr(phi, "parameters", list)())):
+    learnable_phi = isinstance(phi, torch.nn.Module) and any(p.requires_grad for p in phi.parameters())
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad or learnable_phi):
         return _attend(q, k, v, keep, phi, causal, eps, chunk_size, name, (B, H)).to(dtype)  # (B, H, N, Dv)
     # Without autograd: groups of rows of (B H), each written into one preallocated output and normalised in
     # place; for large batches the features of q and k then never exist for the whole batch at once.
