@@ -117,3 +117,21 @@ def test_environment_names_device_versions_and_date():
     env = bench.environment("cpu")
     for key in ("device", "device_name", "torch", "attnbook", "python", "date_utc"):
         assert env[key], key
+
+
+def test_bench_all_cli_writes_json_labelled_with_device_versions_and_date(tmp_path):
+    import pathlib
+    import subprocess
+    import sys
+
+    root = pathlib.Path(__file__).resolve().parents[1]
+    out = tmp_path / "r.json"
+    subprocess.run([sys.executable, str(root / "benchmarks" / "bench_all.py"), "--lengths", "8", "16",
+                    "--repeats", "1", "--heads", "2", "--head-dim", "8", "--mechanisms", "softmax", "linear",
+                    "--out", str(out)], check=True, capture_output=True, timeout=300)
+    report = json.loads(out.read_text())
+    env = report["environment"]
+    assert env["device"] == "cpu" and env["device_name"] and env["date_utc"]
+    assert env["torch"] == torch.__version__ and env["attnbook"] and env["python"]
+    assert report["config"]["dtype"] == "float32" and report["config"]["lengths"] == [8, 16]
+    assert {r["mechanism"] for r in report["records"]} == {"softmax", "linear"}
