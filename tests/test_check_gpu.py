@@ -170,3 +170,12 @@ def test_a_failed_check_gives_exit_status_one(monkeypatch, tmp_path):
     report = json.loads(out.read_text())
     assert code == 1 and report["passed"] is False
     assert report["accuracy_failed"] == ["linear/float32/eager", "linear_causal/float32/eager"]
+
+
+def test_on_the_cpu_the_compiled_checks_default_to_the_eager_backend(tmp_path):
+    out = tmp_path / "r.json"
+    code = check_gpu.main(["--device", "cpu", "--tiny", "--dtypes", "float32", "--no-benchmark", "--no-targets",
+                           "--budget-s", "0", "--out", str(out)])
+    report = json.loads(out.read_text())
+    assert code == 0 and report["compile_backend"] == "eager"
+    assert {r["compile"] for r in report["accuracy_compiled"]} == {"compiled:eager"}

@@ -26,6 +26,7 @@ import argparse
 import json
 import math
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -441,11 +442,12 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cuda", help="cuda (default) or cpu (only with --tiny)")
     parser.add_argument("--tiny", action="store_true", help="tiny sizes: tests the logic, measures nothing")
-    parser.add_argument("--out", default=None, help="report path (default benchmarks/results/gpu_check.json, "
-                        "or gpu_check_tiny_<device>.json with --tiny)")
+    parser.add_argument("--out", default=None, help="report path (default benchmarks/results/gpu_check.json; "
+                        "with --tiny, gpu_check_tiny_<device>.json in the temporary directory)")
     parser.add_argument("--dtypes", default="float32,bfloat16,float16")
-    parser.add_argument("--compile-backend", default="inductor",
-                        help="torch.compile backend for the compiled checks, or 'none' to skip them")
+    parser.add_argument("--compile-backend", default=None,
+                        help="torch.compile backend for the compiled checks, or 'none' to skip them (default: "
+                             "inductor on CUDA; eager on the CPU, where inductor would compile C++ for minutes)")
     parser.add_argument("--no-benchmark", action="store_true", help="skip the full benchmark")
     parser.add_argument("--no-targets", action="store_true", help="skip the target measurements")
     parser.add_argument("--budget-s", type=float, default=None,
@@ -463,9 +465,12 @@ def main(argv: list[str] | None = None) -> int:
         dtypes = tuple(DTYPES[d.strip()] for d in args.dtypes.split(",") if d.strip())
     except KeyError as exc:
         parser.error(f"--dtypes: unknown dtype {exc}; choose from {list(DTYPES)}")
-    backend = None if args.compile_backend == "none" else args.compile_backend
-    default = f"gpu_check_tiny_{device.type}.json" if args.tiny else "gpu_check.json"
-    out = Path(args.out) if args.out else Path("benchmarks") / "results" / default
+    backend = args.compile_backend or ("inductor" if device.type == "cuda" else "eager")
+    backend = None if backend == "none" else backend
+    # a tiny run measures nothing worth keeping: by default it goes to the temporary directory
+    default = (Path(tempfile.gettempdir()) / f"gpu_check_tiny_{device.type}.json" if args.tiny
+               else Path("benchmarks") / "results" / "gpu_check.json")
+    out = Path(args.out) if args.out else default
     report = run(device, out, sizes=TINY if args.tiny else FULL, dtypes=dtypes, compile_backend=backend,
                  benchmark=not args.no_benchmark, targets=not args.no_targets, budget_s=args.budget_s)
     print(f"[check_gpu] wrote {out}; accuracy failures: {report['accuracy_failed'] or 'none'}; "
