@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 __all__ = ["Timing", "compare", "peak_memory"]
 
@@ -81,13 +82,20 @@ class _AllocationTracker(TorchDispatchMode):
         self.live -= nbytes
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in out if isinstance(out, (tuple, list)) else (out,):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        # Outputs that share storage with an input (views, in-place ops) allocate nothing new.
+        inputs = {
+            t.untyped_storage().data_ptr()
+            for t in tree_leaves((args, kwargs))
+            if isinstance(t, torch.Tensor) and t.device.type == "cpu"
+        }
+        for t in tree_leaves(out):
             if isinstance(t, torch.Tensor) and t.device.type == "cpu":
                 storage = t.untyped_storage()
                 key = storage.data_ptr()
-                if key in self._seen or storage.nbytes() == 0:
-                    continue  # a view of storage already counted
+                if key in inputs or key in self._seen or storage.nbytes() == 0:
+                    continue
                 self._seen.add(key)
                 self.live += storage.nbytes()
                 self.peak = max(self.peak, self.live)
