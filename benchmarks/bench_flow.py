@@ -15,7 +15,14 @@ The functions named ``published_*`` below are DIRECT PORTS of the published core
 ``Flow_Attention`` / ``Flow_Attention_Causal``, Wu et al. 2022; thuml's ``Mobile_Attention``, Yao et al.
 2024), kept here, in the benchmark only, as the baseline to beat. The package never uses them.
 
+Thread wake-ups: on a 2-core machine shared with other busy processes, OpenMP's default spin-waiting lets
+the idle worker thread compete with the main thread for a core after every parallel region, and mechanisms
+made of many small operations (the causal blocks, the flow bookkeeping) slow down several-fold with 2
+threads; set OMP_WAIT_POLICY=PASSIVE (or --threads 1) there. The JSON records the thread count,
+OMP_WAIT_POLICY and the load average at the start.
+
     python benchmarks/bench_flow.py                        # the target sizes
+    OMP_WAIT_POLICY=PASSIVE python benchmarks/bench_flow.py --out benchmarks/results/flow_passive.json
     python benchmarks/bench_flow.py --threads 1            # one thread (steadier on a shared machine)
     python benchmarks/bench_flow.py --n 1024 --causal-n 2048 --repeats 3 --out /tmp/flow_small.json
 """
@@ -24,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import resource
 import subprocess
@@ -226,6 +234,7 @@ def main() -> None:
         "shape": {"B": B, "H": H, "N": args.n, "causal_N": args.causal_n, "D": D, "Dv": D},
         "dtype": "float32", "device": "cpu", "threads": torch.get_num_threads(),
         "torch": torch.__version__, "machine": platform.machine(), "processor": platform.processor(),
+        "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY"), "load_average_1_5_15": os.getloadavg(),
     }
 
     if "memory" not in args.skip:  # first, while this process is still small
