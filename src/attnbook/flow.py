@@ -254,7 +254,9 @@ def flow_attention(
 
     Cost: O(B H (N + M) D Dv) time and O(B H (N + M) (D + Dv)) memory; causal: O(B H N (chunk_size + D) Dv)
     time, O(B H chunk_size (chunk_size + D + Dv)) memory beside the output, never an N x N or N x D x Dv
-    tensor.
+    tensor. Without autograd (inference) the CPU path works through a few (b, h) rows at a time so that the
+    O(N D) bookkeeping stays in cache, and the causal path writes its blocks straight into the output; the
+    numbers are the same as with autograd.
 
     Args:
         q: queries (sinks), (B, H, N, D).
