@@ -53,7 +53,7 @@ class FlowStats(NamedTuple):
     ``sink_incoming``), in the accumulation dtype (at least float32), and keep their autograd history.
     :func:`attnbook.mobile_attention` returns the same fields with the flow sums taken over the heads.
 
-    Fields:
+    Attributes:
         incoming: I_i, flow into sink (query) i, (B, H, N).
         outgoing: O_j, flow out of source (key) j, (B, H, M).
         conserved_incoming: I^_i, incoming flow when every source emits one unit, (B, H, N).
@@ -77,7 +77,9 @@ class FlowStats(NamedTuple):
 class FlowState(NamedTuple):
     """Prefix quantities of causal Flow-Attention after ``t`` tokens, for :func:`flow_attention_step`.
 
-    Fields (accumulation dtype, at least float32):
+    All tensors are in the accumulation dtype (at least float32).
+
+    Attributes:
         t: number of tokens seen (a Python int).
         key_sum: sum_{j<=t} k~_j, (B, H, D).
         query_sum: sum_{i<=t} q~_i, (B, H, D).
