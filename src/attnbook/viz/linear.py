@@ -9,10 +9,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 import matplotlib.pyplot as plt
-import numpy as np
 import torch
 
-from .plots import attention_heatmap
+from .plots import attention_heatmap, scaling_plot
 
 __all__ = ["row_entropy", "relative_error", "attention_maps_figure", "feature_error_plot"]
 
@@ -77,19 +76,5 @@ def feature_error_plot(num_features: Sequence[int], errors: Mapping[str, Sequenc
             raise ValueError(
                 f"feature_error_plot: series {name!r} has {len(ys)} values for {len(num_features)} feature counts"
             )
-    if ax is None:
-        _, ax = plt.subplots(figsize=(5, 3.6))
-    r = np.asarray(num_features, dtype=float)
-    for name, ys in errors.items():
-        ax.plot(r, ys, marker="o", label=name)
-    y0 = float(next(iter(errors.values()))[0])
-    ax.plot(r, y0 * (r / r[0]) ** -0.5, ls="--", color="grey", lw=0.8, label="∝ R^(-1/2)")
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ax.set_xlabel("number of random features R")
-    ax.set_ylabel(ylabel)
-    if title:
-        ax.set_title(title)
-    ax.legend(fontsize=8)
-    ax.grid(True, which="both", alpha=0.3)
-    return ax
+    return scaling_plot(num_features, errors, ylabel=ylabel, ax=ax, title=title, reference_slopes=[-0.5],
+                        xlabel="number of random features R", variable="R")

@@ -43,11 +43,13 @@ def scaling_plot(
     ylabel: str,
     ax=None,
     title: str | None = None,
-    reference_slopes: Sequence[int] = (),
+    reference_slopes: Sequence[float] = (),
+    xlabel: str = "sequence length N",
+    variable: str = "N",
 ):
-    """Log-log plot of cost against sequence length N, one line per series.
+    """Log-log plot of a cost against a size (by default the sequence length N), one line per series.
 
-    ``reference_slopes`` adds dashed guide lines N^p through the first point of the first series.
+    ``reference_slopes`` adds dashed guide lines ``variable``^p through the first point of the first series.
     """
     if ax is None:
         _, ax = plt.subplots(figsize=(5, 3.6))
@@ -59,10 +61,10 @@ def scaling_plot(
         y0 = next(iter(series.values()))[0]
         n = np.asarray(ns, dtype=float)
         for p in reference_slopes:
-            ax.plot(n, y0 * (n / n[0]) ** p, ls="--", color="grey", lw=0.8, label=f"∝ N^{p}")
+            ax.plot(n, y0 * (n / n[0]) ** p, ls="--", color="grey", lw=0.8, label=f"∝ {variable}^{p:g}")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
-    ax.set_xlabel("sequence length N")
+    ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     if title:
         ax.set_title(title)
