@@ -1,6 +1,6 @@
 """attnbook: attention mechanisms derived step by step, verified against float64 references.
 
-Tensor legend (used in every docstring, einsum string and shape comment):
+Tensor legend (used in every docstring, einsum string and shape comment)::
 
     B  batch size              H  number of heads
     N  number of queries       M  number of keys (when it differs from N)
