@@ -49,7 +49,8 @@ def scaling_plot(
 ):
     """Log-log plot of a cost against a size (by default the sequence length N), one line per series.
 
-    ``reference_slopes`` adds dashed guide lines ``variable``^p through the first point of the first series.
+    ``reference_slopes`` adds a dashed guide line proportional to ``variable ** p`` for each slope p, through
+    the first point of the first series.
     """
     if ax is None:
         _, ax = plt.subplots(figsize=(5, 3.6))
