@@ -27,6 +27,18 @@ FLOAT_DTYPES = [
 ]
 
 
+# Shapes that every (q, k, v) mechanism must reject with a ValueError naming them (attnbook._checks.check_qkv):
+# id -> ((q shape, k shape, v shape), regex the message must match).
+BAD_QKV_SHAPES = {
+    "rank": (((2, 3, 4), (2, 3, 4, 5), (2, 3, 4, 5)), r"q must have 4 dimensions .* \(2, 3, 4\)"),
+    "batch": (((2, 3, 4, 5), (1, 3, 4, 5), (1, 3, 4, 5)), r"batch sizes B differ"),
+    "heads": (((2, 3, 4, 5), (2, 2, 4, 5), (2, 2, 4, 5)), r"head counts H differ"),
+    "width": (((2, 3, 4, 5), (2, 3, 4, 6), (2, 3, 4, 5)), r"feature size D: q \(2, 3, 4, 5\), k \(2, 3, 4, 6\)"),
+    "key_length": (((2, 3, 4, 5), (2, 3, 4, 5), (2, 3, 6, 5)), r"key length M"),
+    "empty": (((2, 3, 0, 5), (2, 3, 4, 5), (2, 3, 4, 5)), r"N must be at least 1"),
+}
+
+
 def assert_matches_reference(fast_fn, ref_fn, inputs: list[torch.Tensor], *, dtype: torch.dtype) -> None:
     """Outputs and every input gradient of ``fast_fn`` (run in ``dtype``) against ``ref_fn`` in float64.
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from support import DEVICES, FLOAT_DTYPES, assert_matches_reference, tol
+from support import BAD_QKV_SHAPES, DEVICES, FLOAT_DTYPES, assert_matches_reference, tol
 
 import attnbook
 from attnbook import reference
@@ -340,18 +340,7 @@ def test_relu_row_without_features_is_zero_not_nan():
     assert torch.equal(out, torch.zeros_like(out))
 
 
-@pytest.mark.parametrize(
-    "shapes, message",
-    [
-        (((2, 3, 4), (2, 3, 4, 5), (2, 3, 4, 5)), r"q must have 4 dimensions .* \(2, 3, 4\)"),
-        (((2, 3, 4, 5), (1, 3, 4, 5), (1, 3, 4, 5)), r"batch sizes B differ"),
-        (((2, 3, 4, 5), (2, 2, 4, 5), (2, 2, 4, 5)), r"head counts H differ"),
-        (((2, 3, 4, 5), (2, 3, 4, 6), (2, 3, 4, 5)), r"feature size D: q \(2, 3, 4, 5\), k \(2, 3, 4, 6\)"),
-        (((2, 3, 4, 5), (2, 3, 4, 5), (2, 3, 6, 5)), r"key length M"),
-        (((2, 3, 0, 5), (2, 3, 4, 5), (2, 3, 4, 5)), r"N must be at least 1"),
-    ],
-    ids=["rank", "batch", "heads", "width", "key_length", "empty"],
-)
+@pytest.mark.parametrize("shapes, message", BAD_QKV_SHAPES.values(), ids=BAD_QKV_SHAPES.keys())
 def test_bad_shapes_raise_value_error_naming_them(shapes, message):
     q, k, v = (torch.randn(*s) for s in shapes)
     with pytest.raises(ValueError, match=message):
