@@ -22,8 +22,7 @@ import torch
 
 from attnbook.bench import MECHANISMS, environment, run_benchmark, series
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
-          "float64": torch.float64}
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
 
 
 def main() -> None:
@@ -39,8 +38,9 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--no-backward", action="store_true")
     parser.add_argument("--no-memory", action="store_true")
-    parser.add_argument("--max-matrix-gib", type=float, default=2.0,
-                        help="skip mechanisms whose B*H*N*N scores would exceed this")
+    parser.add_argument(
+        "--max-matrix-gib", type=float, default=2.0, help="skip mechanisms whose B*H*N*N scores would exceed this"
+    )
     parser.add_argument("--compile", action="store_true", help="torch.compile every mechanism")
     parser.add_argument("--threads", type=int, default=0, help="torch.set_num_threads; 0 keeps the default")
     parser.add_argument("--out", default=None)
@@ -50,17 +50,33 @@ def main() -> None:
     device = torch.device(args.device)
     torch.manual_seed(0)
     result = run_benchmark(
-        args.lengths, mechanisms=args.mechanisms, batch=args.batch, heads=args.heads, head_dim=args.head_dim,
-        device=device, dtype=DTYPES[args.dtype], repeats=args.repeats, warmup=args.warmup,
-        backward=not args.no_backward, memory=not args.no_memory, max_matrix_bytes=args.max_matrix_gib * 2**30,
-        compile=args.compile)
+        args.lengths,
+        mechanisms=args.mechanisms,
+        batch=args.batch,
+        heads=args.heads,
+        head_dim=args.head_dim,
+        device=device,
+        dtype=DTYPES[args.dtype],
+        repeats=args.repeats,
+        warmup=args.warmup,
+        backward=not args.no_backward,
+        memory=not args.no_memory,
+        max_matrix_bytes=args.max_matrix_gib * 2**30,
+        compile=args.compile,
+    )
     report = {"benchmark": "attnbook.bench.run_benchmark", "environment": environment(device), **result}
 
     c = result["config"]
-    print(f"{report['environment']['device_name']} ({device}), {c['dtype']}, B={c['batch']} H={c['heads']} "
-          f"D={c['head_dim']}, medians of {c['repeats']} alternating runs, threads={torch.get_num_threads()}")
-    for metric, unit, scale in (("forward_s", "ms", 1e3), ("forward_backward_s", "ms", 1e3),
-                                ("forward_peak_bytes", "MiB", 2**-20), ("forward_backward_peak_bytes", "MiB", 2**-20)):
+    print(
+        f"{report['environment']['device_name']} ({device}), {c['dtype']}, B={c['batch']} H={c['heads']} "
+        f"D={c['head_dim']}, medians of {c['repeats']} alternating runs, threads={torch.get_num_threads()}"
+    )
+    for metric, unit, scale in (
+        ("forward_s", "ms", 1e3),
+        ("forward_backward_s", "ms", 1e3),
+        ("forward_peak_bytes", "MiB", 2**-20),
+        ("forward_backward_peak_bytes", "MiB", 2**-20),
+    ):
         ns, table = series(result, metric)
         if all(v != v for vs in table.values() for v in vs):
             continue

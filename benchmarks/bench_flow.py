@@ -53,10 +53,12 @@ def published_flow_attention(queries, keys, values, eps=1e-6):
     queries, keys = torch.sigmoid(queries), torch.sigmoid(keys)
     sink_incoming = 1.0 / torch.einsum("nhld,nhd->nhl", queries + eps, keys.sum(dim=2) + eps)
     source_outgoing = 1.0 / torch.einsum("nhld,nhd->nhl", keys + eps, queries.sum(dim=2) + eps)
-    conserved_sink = torch.einsum("nhld,nhd->nhl", queries + eps,
-                                  (keys * source_outgoing[:, :, :, None]).sum(dim=2) + eps)
-    conserved_source = torch.einsum("nhld,nhd->nhl", keys + eps,
-                                    (queries * sink_incoming[:, :, :, None]).sum(dim=2) + eps)
+    conserved_sink = torch.einsum(
+        "nhld,nhd->nhl", queries + eps, (keys * source_outgoing[:, :, :, None]).sum(dim=2) + eps
+    )
+    conserved_source = torch.einsum(
+        "nhld,nhd->nhl", keys + eps, (queries * sink_incoming[:, :, :, None]).sum(dim=2) + eps
+    )
     conserved_source = torch.clamp(conserved_source, min=-1.0, max=1.0)
     sink_allocation = torch.sigmoid(conserved_sink * (float(queries.shape[2]) / float(keys.shape[2])))
     source_competition = torch.softmax(conserved_source, dim=-1) * float(keys.shape[2])
@@ -69,14 +71,18 @@ def published_mobile_attention(queries, keys, values, eps=1e-6):
     """DIRECT PORT of the published ``Mobile_Attention`` core (after the projections)."""
     H = queries.shape[1]
     queries, keys = torch.sigmoid(queries), torch.sigmoid(keys)
-    sink_incoming = 1.0 / torch.sum(
-        (queries + eps) * (keys.sum(dim=1, keepdim=True).repeat(1, H, 1, 1) + eps), dim=-1)
+    sink_incoming = 1.0 / torch.sum((queries + eps) * (keys.sum(dim=1, keepdim=True).repeat(1, H, 1, 1) + eps), dim=-1)
     source_outgoing = 1.0 / torch.sum(
-        (keys + eps) * (queries.sum(dim=1, keepdim=True).repeat(1, H, 1, 1) + eps), dim=-1)
-    conserved_sink = torch.sum((queries + eps) * (
-        (keys * source_outgoing[:, :, :, None]).sum(dim=1, keepdim=True).repeat(1, H, 1, 1) + eps), dim=-1)
-    conserved_source = torch.sum((keys + eps) * (
-        (queries * sink_incoming[:, :, :, None]).sum(dim=1, keepdim=True).repeat(1, H, 1, 1) + eps), dim=-1)
+        (keys + eps) * (queries.sum(dim=1, keepdim=True).repeat(1, H, 1, 1) + eps), dim=-1
+    )
+    conserved_sink = torch.sum(
+        (queries + eps) * ((keys * source_outgoing[:, :, :, None]).sum(dim=1, keepdim=True).repeat(1, H, 1, 1) + eps),
+        dim=-1,
+    )
+    conserved_source = torch.sum(
+        (keys + eps) * ((queries * sink_incoming[:, :, :, None]).sum(dim=1, keepdim=True).repeat(1, H, 1, 1) + eps),
+        dim=-1,
+    )
     conserved_source = torch.clamp(conserved_source, min=-1.0, max=1.0)
     sink_allocation = torch.sigmoid(conserved_sink * (float(queries.shape[2]) / float(keys.shape[2])))
     source_competition = torch.softmax(conserved_source, dim=-1) * float(keys.shape[2])
@@ -93,10 +99,14 @@ def published_causal_flow_attention(queries, keys, values, eps=1e-6):
     normal = (torch.arange(queries.shape[2]).float() + 1.0).to(queries.device)[None, None, :]
     sink_incoming = sink_incoming * normal
     source_outgoing = source_outgoing * normal
-    conserved_sink = torch.einsum("nhld,nhld->nhl", queries + eps,
-                                  (keys * source_outgoing[:, :, :, None]).cumsum(dim=2) + eps) / normal
-    conserved_source = torch.einsum("nhld,nhld->nhl", keys + eps,
-                                    (queries * sink_incoming[:, :, :, None]).cumsum(dim=2) + eps) / normal
+    conserved_sink = (
+        torch.einsum("nhld,nhld->nhl", queries + eps, (keys * source_outgoing[:, :, :, None]).cumsum(dim=2) + eps)
+        / normal
+    )
+    conserved_source = (
+        torch.einsum("nhld,nhld->nhl", keys + eps, (queries * sink_incoming[:, :, :, None]).cumsum(dim=2) + eps)
+        / normal
+    )
     conserved_source = torch.clamp(conserved_source, min=-1.0, max=1.0)
     sink_allocation = torch.sigmoid(conserved_sink)
     conserved_source = torch.exp(conserved_source)
@@ -186,9 +196,24 @@ def memory_child(kind: str, B: int, H: int, N: int, D: int, chunk_size: int) -> 
 
 
 def measure_memory(kind: str, B: int, H: int, N: int, D: int, chunk_size: int, threads: int) -> dict:
-    cmd = [sys.executable, __file__, "--memory-child", kind, "--batch", str(B), "--heads", str(H),
-           "--causal-n", str(N), "--dim", str(D), "--chunk-size", str(chunk_size),
-           "--threads", str(threads)]
+    cmd = [
+        sys.executable,
+        __file__,
+        "--memory-child",
+        kind,
+        "--batch",
+        str(B),
+        "--heads",
+        str(H),
+        "--causal-n",
+        str(N),
+        "--dim",
+        str(D),
+        "--chunk-size",
+        str(chunk_size),
+        "--threads",
+        str(threads),
+    ]
     res = subprocess.run(cmd, capture_output=True, text=True, check=True)
     r = json.loads(res.stdout.strip().splitlines()[-1])
     r["ratio_to_qkv_out"] = r["extra_peak_bytes"] / r["qkv_out_bytes"]
@@ -203,14 +228,17 @@ def _ms(timings, name) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--heads", type=int, default=8)
     parser.add_argument("--n", type=int, default=4096, help="sequence length of the non-causal comparison")
     parser.add_argument("--causal-n", type=int, default=8192, help="sequence length of the causal comparison")
-    parser.add_argument("--published-causal-n", type=int, default=1024,
-                        help="length for the published causal port, which builds (B, H, N, D, Dv); 0 skips")
+    parser.add_argument(
+        "--published-causal-n",
+        type=int,
+        default=1024,
+        help="length for the published causal port, which builds (B, H, N, D, Dv); 0 skips",
+    )
     parser.add_argument("--dim", type=int, default=64, help="D = Dv")
     parser.add_argument("--chunk-size", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=9)
@@ -232,20 +260,29 @@ def main() -> None:
     torch.manual_seed(0)
     result = {
         "shape": {"B": B, "H": H, "N": args.n, "causal_N": args.causal_n, "D": D, "Dv": D},
-        "dtype": "float32", "device": "cpu", "threads": torch.get_num_threads(),
-        "torch": torch.__version__, "machine": platform.machine(), "processor": platform.processor(),
-        "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY"), "load_average_1_5_15": os.getloadavg(),
+        "dtype": "float32",
+        "device": "cpu",
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "machine": platform.machine(),
+        "processor": platform.processor(),
+        "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY"),
+        "load_average_1_5_15": os.getloadavg(),
     }
 
     if "memory" not in args.skip:  # first, while this process is still small
         threads = torch.get_num_threads()
-        mem = {kind: measure_memory(kind, B, H, args.causal_n, D, args.chunk_size, threads)
-               for kind in ("flow_causal", "linear", "flow", "mobile")}
+        mem = {
+            kind: measure_memory(kind, B, H, args.causal_n, D, args.chunk_size, threads)
+            for kind in ("flow_causal", "linear", "flow", "mobile")
+        }
         result["memory_inference_fresh_process"] = {"N": args.causal_n, **mem}
         print(f"peak memory growth of one forward (inference mode, fresh process), N={args.causal_n}:")
         for kind, r in mem.items():
-            print(f"  {kind:14s} {r['extra_peak_bytes'] / 2**20:8.1f} MiB = {r['ratio_to_qkv_out']:.2f}x "
-                  f"the bytes of q, k, v and out ({r['qkv_out_bytes'] / 2**20:.0f} MiB)")
+            print(
+                f"  {kind:14s} {r['extra_peak_bytes'] / 2**20:8.1f} MiB = {r['ratio_to_qkv_out']:.2f}x "
+                f"the bytes of q, k, v and out ({r['qkv_out_bytes'] / 2**20:.0f} MiB)"
+            )
 
     if "noncausal" not in args.skip:
         q, k, v = (torch.randn(B, H, args.n, D) for _ in range(3))
@@ -258,20 +295,20 @@ def main() -> None:
             "two_matmuls q(k^T v)": lambda: q @ (k.transpose(-2, -1) @ v),
         }
         with torch.inference_mode():
-            torch.testing.assert_close(fns["flow_attention"](), fns["published_flow (port)"](),
-                                       rtol=1e-4, atol=1e-5)
-            torch.testing.assert_close(fns["mobile_attention"](), fns["published_mobile (port)"](),
-                                       rtol=1e-4, atol=1e-5)
+            torch.testing.assert_close(fns["flow_attention"](), fns["published_flow (port)"](), rtol=1e-4, atol=1e-5)
+            torch.testing.assert_close(
+                fns["mobile_attention"](), fns["published_mobile (port)"](), rtol=1e-4, atol=1e-5
+            )
             t = compare(fns, repeats=args.repeats, warmup=args.warmup)
         lin = _ms(t, "linear_attention")
         nc = {name: {"median_ms": _ms(t, name), "ratio_to_linear": _ms(t, name) / lin} for name in fns}
-        nc["published_flow (port)"]["ratio_to_ours"] = (
-            _ms(t, "published_flow (port)") / _ms(t, "flow_attention"))
-        nc["published_mobile (port)"]["ratio_to_ours"] = (
-            _ms(t, "published_mobile (port)") / _ms(t, "mobile_attention"))
+        nc["published_flow (port)"]["ratio_to_ours"] = _ms(t, "published_flow (port)") / _ms(t, "flow_attention")
+        nc["published_mobile (port)"]["ratio_to_ours"] = _ms(t, "published_mobile (port)") / _ms(t, "mobile_attention")
         result["noncausal_forward"] = nc
-        print(f"non-causal forward, B={B} H={H} N={args.n} D=Dv={D}, {torch.get_num_threads()} thread(s), "
-              f"median of {args.repeats}:")
+        print(
+            f"non-causal forward, B={B} H={H} N={args.n} D=Dv={D}, {torch.get_num_threads()} thread(s), "
+            f"median of {args.repeats}:"
+        )
         for name, r in nc.items():
             extra = f"  published/ours {r['ratio_to_ours']:.2f}x" if "ratio_to_ours" in r else ""
             print(f"  {name:26s} {r['median_ms']:9.1f} ms  {r['ratio_to_linear']:5.2f}x linear{extra}")
@@ -283,14 +320,20 @@ def main() -> None:
             def train(fn):
                 return lambda: torch.autograd.grad(fn(*leaves), leaves, g)
 
-            tb = compare({"linear_attention": train(attnbook.linear_attention),
-                          "flow_attention": train(attnbook.flow_attention),
-                          "mobile_attention": train(attnbook.mobile_attention),
-                          "published_flow (port)": train(published_flow_attention)},
-                         repeats=max(3, args.repeats // 2), warmup=args.warmup)
+            tb = compare(
+                {
+                    "linear_attention": train(attnbook.linear_attention),
+                    "flow_attention": train(attnbook.flow_attention),
+                    "mobile_attention": train(attnbook.mobile_attention),
+                    "published_flow (port)": train(published_flow_attention),
+                },
+                repeats=max(3, args.repeats // 2),
+                warmup=args.warmup,
+            )
             lin = _ms(tb, "linear_attention")
             result["noncausal_forward_backward"] = {
-                name: {"median_ms": _ms(tb, name), "ratio_to_linear": _ms(tb, name) / lin} for name in tb}
+                name: {"median_ms": _ms(tb, name), "ratio_to_linear": _ms(tb, name) / lin} for name in tb
+            }
             print("non-causal forward + backward:")
             for name in tb:
                 print(f"  {name:26s} {_ms(tb, name):9.1f} ms  {_ms(tb, name) / lin:5.2f}x linear")
@@ -299,39 +342,42 @@ def main() -> None:
         N = args.causal_n
         q, k, v = (torch.randn(B, H, N, D) for _ in range(3))
         fns = {
-            "flow_attention causal (chunked)": lambda: attnbook.flow_attention(q, k, v, causal=True,
-                                                                               chunk_size=args.chunk_size),
-            "linear_attention causal": lambda: attnbook.linear_attention(q, k, v, causal=True,
-                                                                         chunk_size=args.chunk_size),
+            "flow_attention causal (chunked)": lambda: attnbook.flow_attention(
+                q, k, v, causal=True, chunk_size=args.chunk_size
+            ),
+            "linear_attention causal": lambda: attnbook.linear_attention(
+                q, k, v, causal=True, chunk_size=args.chunk_size
+            ),
             "dense masked form": lambda: dense_masked_causal_flow(q, k, v),
         }
         with torch.inference_mode():
             small = [x[:1, :2, :300] for x in (q, k, v)]
-            torch.testing.assert_close(dense_masked_causal_flow(*small),
-                                       attnbook.flow_attention(*small, causal=True), rtol=1e-4, atol=1e-5)
+            torch.testing.assert_close(
+                dense_masked_causal_flow(*small), attnbook.flow_attention(*small, causal=True), rtol=1e-4, atol=1e-5
+            )
             t = compare(fns, repeats=args.causal_repeats, warmup=args.warmup)
         ours = _ms(t, "flow_attention causal (chunked)")
-        causal = {name: {"median_ms": _ms(t, name), "ratio_to_flow_causal": _ms(t, name) / ours}
-                  for name in fns}
+        causal = {name: {"median_ms": _ms(t, name), "ratio_to_flow_causal": _ms(t, name) / ours} for name in fns}
         result["causal_forward"] = causal
-        print(f"causal forward, B={B} H={H} N={N} D=Dv={D}, chunk {args.chunk_size}, median of "
-              f"{args.causal_repeats}:")
+        print(f"causal forward, B={B} H={H} N={N} D=Dv={D}, chunk {args.chunk_size}, median of {args.causal_repeats}:")
         for name, r in causal.items():
             print(f"  {name:32s} {r['median_ms']:9.1f} ms  {r['ratio_to_flow_causal']:6.2f}x ours")
 
         Np = args.published_causal_n
         if Np:
             qp, kp, vp = (x[..., :Np, :].contiguous() for x in (q, k, v))
-            fns = {"flow_attention causal (chunked)":
-                   lambda: attnbook.flow_attention(qp, kp, vp, causal=True),
-                   "published_causal (port)": lambda: published_causal_flow_attention(qp, kp, vp)}
+            fns = {
+                "flow_attention causal (chunked)": lambda: attnbook.flow_attention(qp, kp, vp, causal=True),
+                "published_causal (port)": lambda: published_causal_flow_attention(qp, kp, vp),
+            }
             with torch.inference_mode():
                 torch.testing.assert_close(*(f() for f in fns.values()), rtol=1e-4, atol=1e-5)
                 t = compare(fns, repeats=args.causal_repeats, warmup=args.warmup)
             ours = _ms(t, "flow_attention causal (chunked)")
             result["causal_forward_published"] = {
                 "N": Np,
-                **{name: {"median_ms": _ms(t, name), "ratio_to_ours": _ms(t, name) / ours} for name in fns}}
+                **{name: {"median_ms": _ms(t, name), "ratio_to_ours": _ms(t, name) / ours} for name in fns},
+            }
             print(f"causal forward at N={Np} against the published causal code:")
             for name in fns:
                 print(f"  {name:32s} {_ms(t, name):9.1f} ms  {_ms(t, name) / ours:6.2f}x ours")

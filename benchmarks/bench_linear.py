@@ -70,13 +70,18 @@ def bench_non_causal(a):
         return fq @ kv  # (B, H, N, Dv)
 
     with torch.no_grad():
-        torch.testing.assert_close(attnbook.linear_attention(q, k, v), seed_port(q_s, k_s, v_s).transpose(1, 2),
-                                   rtol=1e-4, atol=1e-5)
-        t = compare({
-            "linear_attention": lambda: attnbook.linear_attention(q, k, v),
-            "two_products": two_products,
-            "seed_einsum_port": lambda: seed_port(q_s, k_s, v_s),
-        }, repeats=a.repeats, warmup=1)
+        torch.testing.assert_close(
+            attnbook.linear_attention(q, k, v), seed_port(q_s, k_s, v_s).transpose(1, 2), rtol=1e-4, atol=1e-5
+        )
+        t = compare(
+            {
+                "linear_attention": lambda: attnbook.linear_attention(q, k, v),
+                "two_products": two_products,
+                "seed_einsum_port": lambda: seed_port(q_s, k_s, v_s),
+            },
+            repeats=a.repeats,
+            warmup=1,
+        )
     res = {name: ms(x) for name, x in t.items()}
     res["ratio_linear_attention_to_two_products"] = round(t["linear_attention"].median / t["two_products"].median, 2)
     res["ratio_seed_port_to_two_products"] = round(t["seed_einsum_port"].median / t["two_products"].median, 2)
@@ -96,8 +101,9 @@ def bench_causal(a):
         if not a.skip_quadratic:
             res["speedup_vs_masked_n_by_n"] = round(t["masked_n_by_n"].median / t["linear_attention_causal"].median, 1)
             out = attnbook.linear_attention(q, k, v, causal=True)
-            torch.testing.assert_close(out[:1, :1], masked_quadratic(q[:1, :1], k[:1, :1], v[:1, :1]),
-                                       rtol=1e-3, atol=1e-4)
+            torch.testing.assert_close(
+                out[:1, :1], masked_quadratic(q[:1, :1], k[:1, :1], v[:1, :1]), rtol=1e-3, atol=1e-4
+            )
     qg, kg, vg = make_inputs(B, H, N, D, Dv, requires_grad=True)
     up = torch.randn(B, H, N, Dv)
 
@@ -141,21 +147,44 @@ def memory_child(a):
             out = attnbook.linear_attention(q, k, v, causal=True)
     peak_kib = _status_kib("VmHWM")
     io_bytes = sum(x.numel() * x.element_size() for x in (q, k, v, out))
-    print(json.dumps({"baseline_kib": base_kib, "peak_kib": peak_kib, "extra_bytes": (peak_kib - base_kib) * 1024,
-                      "q_k_v_out_bytes": io_bytes}))
+    print(
+        json.dumps(
+            {
+                "baseline_kib": base_kib,
+                "peak_kib": peak_kib,
+                "extra_bytes": (peak_kib - base_kib) * 1024,
+                "q_k_v_out_bytes": io_bytes,
+            }
+        )
+    )
 
 
 def bench_memory(a):
     res = {}
     for mode in ("inference", "forward_backward"):
-        cmd = [sys.executable, __file__, "--memory-child", mode, "--B", str(a.B), "--H", str(a.H),
-               "--n-causal", str(a.n_causal), "--D", str(a.D)]
+        cmd = [
+            sys.executable,
+            __file__,
+            "--memory-child",
+            mode,
+            "--B",
+            str(a.B),
+            "--H",
+            str(a.H),
+            "--n-causal",
+            str(a.n_causal),
+            "--D",
+            str(a.D),
+        ]
         r = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1])
         r["extra_over_q_k_v_out"] = round(r["extra_bytes"] / r["q_k_v_out_bytes"], 3)
         res[mode] = r
-    return {"shape": dict(B=a.B, H=a.H, N=a.n_causal, D=a.D, Dv=a.D), "rss": res,
-            "note": "extra = peak resident size (VmHWM) after one causal call minus the resident size once the "
-                    "inputs exist, in a fresh process; forward_backward includes the input gradients"}
+    return {
+        "shape": dict(B=a.B, H=a.H, N=a.n_causal, D=a.D, Dv=a.D),
+        "rss": res,
+        "note": "extra = peak resident size (VmHWM) after one causal call minus the resident size once the "
+        "inputs exist, in a fresh process; forward_backward includes the input gradients",
+    }
 
 
 def bench_recurrent(a):
@@ -171,15 +200,22 @@ def bench_recurrent(a):
                 states[t + 1] = state
         walk_s = time.perf_counter() - t0
         qt, kt, vt = q[:, :, -1].clone(), k[:, :, -1].clone(), v[:, :, -1].clone()
-        t = compare({
-            f"step_at_t={a.early_position}": lambda: attnbook.linear_attention_step(
-                qt, kt, vt, states[a.early_position]),
-            f"step_at_t={a.late_position}": lambda: attnbook.linear_attention_step(
-                qt, kt, vt, states[a.late_position]),
-        }, repeats=a.repeats_step, warmup=5)
+        t = compare(
+            {
+                f"step_at_t={a.early_position}": lambda: attnbook.linear_attention_step(
+                    qt, kt, vt, states[a.early_position]
+                ),
+                f"step_at_t={a.late_position}": lambda: attnbook.linear_attention_step(
+                    qt, kt, vt, states[a.late_position]
+                ),
+            },
+            repeats=a.repeats_step,
+            warmup=5,
+        )
     res = {name: round(x.median * 1e6, 1) for name, x in t.items()}
-    res["ratio_late_to_early"] = round(t[f"step_at_t={a.late_position}"].median
-                                       / t[f"step_at_t={a.early_position}"].median, 3)
+    res["ratio_late_to_early"] = round(
+        t[f"step_at_t={a.late_position}"].median / t[f"step_at_t={a.early_position}"].median, 3
+    )
     res["mean_step_over_whole_walk"] = round(walk_s / T * 1e6, 1)
     return {"shape": dict(B=B, H=H, D=D, Dv=Dv), "median_us": res}
 
@@ -198,8 +234,12 @@ def main():
     p.add_argument("--repeats-step", type=int, default=200)
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's choice)")
     p.add_argument("--skip-quadratic", action="store_true", help="do not time the masked N x N form")
-    p.add_argument("--sections", nargs="+", default=["non_causal", "causal", "memory", "recurrent"],
-                   choices=["non_causal", "causal", "memory", "recurrent"])
+    p.add_argument(
+        "--sections",
+        nargs="+",
+        default=["non_causal", "causal", "memory", "recurrent"],
+        choices=["non_causal", "causal", "memory", "recurrent"],
+    )
     p.add_argument("--out", type=Path, default=RESULTS / "linear.json")
     p.add_argument("--memory-child", choices=["inference", "forward_backward"], help=argparse.SUPPRESS)
     a = p.parse_args()
@@ -208,8 +248,14 @@ def main():
     if a.memory_child:
         memory_child(a)
         return
-    results = {"torch": torch.__version__, "machine": platform.machine(), "threads": torch.get_num_threads(),
-               "float": "float32", "device": "cpu", "load_average_at_start": os.getloadavg()}
+    results = {
+        "torch": torch.__version__,
+        "machine": platform.machine(),
+        "threads": torch.get_num_threads(),
+        "float": "float32",
+        "device": "cpu",
+        "load_average_at_start": os.getloadavg(),
+    }
     for section in a.sections:
         print(f"== {section}", flush=True)
         results[section] = globals()[f"bench_{section}"](a)

@@ -38,8 +38,11 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=0, help="torch.set_num_threads; 0 keeps the default")
-    parser.add_argument("--train", action="store_true",
-                        help="time forward + backward in training mode (MoH adds its load-balancing loss)")
+    parser.add_argument(
+        "--train",
+        action="store_true",
+        help="time forward + backward in training mode (MoH adds its load-balancing loss)",
+    )
     parser.add_argument("--out", default=None, help="JSON path (default benchmarks/results/moh[_train].json)")
     args = parser.parse_args()
     if args.out is None:
@@ -59,6 +62,7 @@ def main() -> None:
         layers[name].to(device).train(args.train)
 
     if args.train:
+
         def step_softmax():
             baseline(x, x, x).sum().backward()
 
@@ -78,8 +82,10 @@ def main() -> None:
 
     base = timings["softmax"].median
     what = "training step (forward + backward)" if args.train else "forward (eval, inference_mode)"
-    print(f"{what}: B={B} N={N} dim={C} heads={H} device={device} threads={torch.get_num_threads()} "
-          f"repeats={args.repeats} (medians, alternating)")
+    print(
+        f"{what}: B={B} N={N} dim={C} heads={H} device={device} threads={torch.get_num_threads()} "
+        f"repeats={args.repeats} (medians, alternating)"
+    )
     results = {}
     for name, t in timings.items():
         ratio = t.median / base
@@ -87,19 +93,35 @@ def main() -> None:
         results[name] = {"median_s": t.median, "ratio_to_softmax": ratio, "samples_s": list(t.samples)}
     worst = max(results[n]["ratio_to_softmax"] for n in ("moh_s2_k4", "moh_s0_k4"))
     if not args.train:
-        print(f"target: MoH forward <= 1.25x softmax -> worst routed config x{worst:.3f}: "
-              f"{'met' if worst <= 1.25 else 'NOT met'}")
+        print(
+            f"target: MoH forward <= 1.25x softmax -> worst routed config x{worst:.3f}: "
+            f"{'met' if worst <= 1.25 else 'NOT met'}"
+        )
 
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({
-        "benchmark": f"MoHAttention vs SoftmaxAttention, {what}",
-        "shape": {"B": B, "N": N, "dim": C, "heads": H},
-        "configs": {n: {"shared_head": H if s is None else s, "routed_head": r} for n, (s, r) in CONFIGS.items()},
-        "device": str(device), "threads": torch.get_num_threads(), "torch": torch.__version__,
-        "machine": platform.machine(), "repeats": args.repeats, "warmup": args.warmup,
-        "results": results, "worst_routed_ratio": worst, "target_ratio": 1.25,
-    }, indent=2) + "\n")
+    out.write_text(
+        json.dumps(
+            {
+                "benchmark": f"MoHAttention vs SoftmaxAttention, {what}",
+                "shape": {"B": B, "N": N, "dim": C, "heads": H},
+                "configs": {
+                    n: {"shared_head": H if s is None else s, "routed_head": r} for n, (s, r) in CONFIGS.items()
+                },
+                "device": str(device),
+                "threads": torch.get_num_threads(),
+                "torch": torch.__version__,
+                "machine": platform.machine(),
+                "repeats": args.repeats,
+                "warmup": args.warmup,
+                "results": results,
+                "worst_routed_ratio": worst,
+                "target_ratio": 1.25,
+            },
+            indent=2,
+        )
+        + "\n"
+    )
     print(f"wrote {out}")
 
 

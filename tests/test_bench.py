@@ -50,8 +50,9 @@ def test_backward_and_memory_can_be_left_out():
 
 
 def test_the_quadratic_mechanism_is_skipped_above_the_matrix_cap():
-    r = bench.run_benchmark([8, 64], mechanisms=["softmax_literal", "linear"], max_matrix_bytes=2 * 8 * 8 * 4,
-                            progress=False, **TINY)
+    r = bench.run_benchmark(
+        [8, 64], mechanisms=["softmax_literal", "linear"], max_matrix_bytes=2 * 8 * 8 * 4, progress=False, **TINY
+    )
     by = {(x["mechanism"], x["N"]): x for x in r["records"]}
     assert by[("softmax_literal", 8)]["skipped"] is None
     assert "max_matrix_bytes" in by[("softmax_literal", 64)]["skipped"]
@@ -61,8 +62,7 @@ def test_the_quadratic_mechanism_is_skipped_above_the_matrix_cap():
 
 def test_memory_reflects_the_n_by_n_matrix_of_the_literal_form():
     """Peak memory is counted, not timed, so it is exact: the literal form's grows ~N^2, linear's ~N."""
-    r = bench.run_benchmark([64, 256], mechanisms=["softmax_literal", "linear"], backward=False,
-                            progress=False, **TINY)
+    r = bench.run_benchmark([64, 256], mechanisms=["softmax_literal", "linear"], backward=False, progress=False, **TINY)
     ns, mem = bench.series(r, "forward_peak_bytes")
     assert bench.loglog_slope(ns, mem["softmax_literal"]) > 1.7
     assert bench.loglog_slope(ns, mem["linear"]) < 1.2
@@ -84,8 +84,10 @@ def test_unknown_mechanism_or_bad_lengths_raise_value_error():
 
 
 def test_series_fills_skipped_points_with_nan():
-    result = {"config": {"lengths": [8, 16]}, "records": [
-        {"mechanism": "a", "N": 8, "forward_s": 1.0}, {"mechanism": "a", "N": 16, "forward_s": None}]}
+    result = {
+        "config": {"lengths": [8, 16]},
+        "records": [{"mechanism": "a", "N": 8, "forward_s": 1.0}, {"mechanism": "a", "N": 16, "forward_s": None}],
+    }
     ns, s = bench.series(result, "forward_s")
     assert ns == [8, 16] and s["a"][0] == 1.0 and math.isnan(s["a"][1])
     with pytest.raises(ValueError, match="no metric"):
@@ -126,9 +128,29 @@ def test_bench_all_cli_writes_json_labelled_with_device_versions_and_date(tmp_pa
 
     root = pathlib.Path(__file__).resolve().parents[1]
     out = tmp_path / "r.json"
-    subprocess.run([sys.executable, str(root / "benchmarks" / "bench_all.py"), "--lengths", "8", "16",
-                    "--repeats", "1", "--heads", "2", "--head-dim", "8", "--mechanisms", "softmax", "linear",
-                    "--out", str(out)], check=True, capture_output=True, timeout=300)
+    subprocess.run(
+        [
+            sys.executable,
+            str(root / "benchmarks" / "bench_all.py"),
+            "--lengths",
+            "8",
+            "16",
+            "--repeats",
+            "1",
+            "--heads",
+            "2",
+            "--head-dim",
+            "8",
+            "--mechanisms",
+            "softmax",
+            "linear",
+            "--out",
+            str(out),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     report = json.loads(out.read_text())
     env = report["environment"]
     assert env["device"] == "cpu" and env["device_name"] and env["date_utc"]

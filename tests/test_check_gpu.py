@@ -20,8 +20,16 @@ def test_tolerance_table_covers_every_dtype_with_both_tolerances():
 
 
 def test_every_mechanism_has_an_accuracy_case():
-    assert set(check_gpu.CASES) == {"softmax", "softmax_causal", "linear", "linear_causal", "flow", "flow_causal",
-                                    "mobile", "moh"}
+    assert set(check_gpu.CASES) == {
+        "softmax",
+        "softmax_causal",
+        "linear",
+        "linear_causal",
+        "flow",
+        "flow_causal",
+        "mobile",
+        "moh",
+    }
 
 
 @pytest.mark.parametrize("dtype", list(check_gpu.DTYPES.values()), ids=str)
@@ -35,8 +43,9 @@ def test_every_mechanism_passes_in_every_dtype(dtype):
 
 
 def test_compiled_path_is_checked_and_labelled():
-    records = check_gpu.check_accuracy("cpu", dtypes=[torch.float32], mechanisms=["linear"], sizes=TINY,
-                                       compile_backend="eager", **quiet)
+    records = check_gpu.check_accuracy(
+        "cpu", dtypes=[torch.float32], mechanisms=["linear"], sizes=TINY, compile_backend="eager", **quiet
+    )
     assert [r["compile"] for r in records] == ["eager", "compiled:eager"]
     assert all(r["passed"] for r in records), records
 
@@ -50,12 +59,16 @@ def _off_by(factor):
     return wrong
 
 
-@pytest.mark.parametrize("dtype,factor", [(torch.float32, 1.01), (torch.bfloat16, 1.15), (torch.float16, 1.03)],
-                         ids=["float32-1pct", "bfloat16-15pct", "float16-3pct"])
+@pytest.mark.parametrize(
+    "dtype,factor",
+    [(torch.float32, 1.01), (torch.bfloat16, 1.15), (torch.float16, 1.03)],
+    ids=["float32-1pct", "bfloat16-15pct", "float16-3pct"],
+)
 def test_an_implementation_off_by_a_little_is_marked_failed(monkeypatch, dtype, factor):
     monkeypatch.setattr(check_gpu, "linear_attention", _off_by(factor))
-    records = check_gpu.check_accuracy("cpu", dtypes=[dtype], mechanisms=["linear", "flow"], sizes=TINY,
-                                       compile_backend=None, **quiet)
+    records = check_gpu.check_accuracy(
+        "cpu", dtypes=[dtype], mechanisms=["linear", "flow"], sizes=TINY, compile_backend=None, **quiet
+    )
     by = {r["mechanism"]: r for r in records}
     assert not by["linear"]["passed"] and by["linear"]["worst"] > 1
     assert by["flow"]["passed"]  # the others are unaffected
@@ -74,8 +87,9 @@ def test_a_wrong_gradient_alone_is_caught(monkeypatch):
             return g * 1.05
 
     monkeypatch.setattr(check_gpu, "linear_attention", lambda q, k, v, **kw: real(ScaleGrad.apply(q), k, v, **kw))
-    (r,) = check_gpu.check_accuracy("cpu", dtypes=[torch.float32], mechanisms=["linear"], sizes=TINY,
-                                    compile_backend=None, **quiet)
+    (r,) = check_gpu.check_accuracy(
+        "cpu", dtypes=[torch.float32], mechanisms=["linear"], sizes=TINY, compile_backend=None, **quiet
+    )
     assert r["output"]["worst"] <= 1 and r["grads"][0]["worst"] > 1 and not r["passed"]
 
 
@@ -86,8 +100,14 @@ def test_nan_or_a_crash_is_a_failure_not_the_end_of_the_run(monkeypatch):
         raise RuntimeError("kernel exploded")
 
     monkeypatch.setattr(check_gpu, "mobile_attention", boom)
-    records = check_gpu.check_accuracy("cpu", dtypes=[torch.float32], mechanisms=["flow", "mobile", "linear"],
-                                       sizes=TINY, compile_backend=None, **quiet)
+    records = check_gpu.check_accuracy(
+        "cpu",
+        dtypes=[torch.float32],
+        mechanisms=["flow", "mobile", "linear"],
+        sizes=TINY,
+        compile_backend=None,
+        **quiet,
+    )
     by = {r["mechanism"]: r for r in records}
     assert not by["flow"]["passed"] and not by["flow"]["output"]["finite"]
     assert not by["mobile"]["passed"] and "kernel exploded" in by["mobile"]["error"]
@@ -130,8 +150,21 @@ def test_cpu_needs_tiny(capsys):
 @pytest.fixture(scope="module")
 def tiny_report(tmp_path_factory):
     out = tmp_path_factory.mktemp("report") / "r.json"
-    code = check_gpu.main(["--device", "cpu", "--tiny", "--dtypes", "float32", "--compile-backend", "eager",
-                           "--budget-s", "0", "--out", str(out)])
+    code = check_gpu.main(
+        [
+            "--device",
+            "cpu",
+            "--tiny",
+            "--dtypes",
+            "float32",
+            "--compile-backend",
+            "eager",
+            "--budget-s",
+            "0",
+            "--out",
+            str(out),
+        ]
+    )
     return code, json.loads(out.read_text())
 
 
@@ -165,8 +198,21 @@ def test_tiny_report_has_every_target_figure(tiny_report):
 def test_a_failed_check_gives_exit_status_one(monkeypatch, tmp_path):
     monkeypatch.setattr(check_gpu, "linear_attention", _off_by(1.5))
     out = tmp_path / "r.json"
-    code = check_gpu.main(["--device", "cpu", "--tiny", "--dtypes", "float32", "--compile-backend", "none",
-                           "--no-benchmark", "--no-targets", "--out", str(out)])
+    code = check_gpu.main(
+        [
+            "--device",
+            "cpu",
+            "--tiny",
+            "--dtypes",
+            "float32",
+            "--compile-backend",
+            "none",
+            "--no-benchmark",
+            "--no-targets",
+            "--out",
+            str(out),
+        ]
+    )
     report = json.loads(out.read_text())
     assert code == 1 and report["passed"] is False
     assert report["accuracy_failed"] == ["linear/float32/eager", "linear_causal/float32/eager"]
@@ -174,8 +220,21 @@ def test_a_failed_check_gives_exit_status_one(monkeypatch, tmp_path):
 
 def test_on_the_cpu_the_compiled_checks_default_to_the_eager_backend(tmp_path):
     out = tmp_path / "r.json"
-    code = check_gpu.main(["--device", "cpu", "--tiny", "--dtypes", "float32", "--no-benchmark", "--no-targets",
-                           "--budget-s", "0", "--out", str(out)])
+    code = check_gpu.main(
+        [
+            "--device",
+            "cpu",
+            "--tiny",
+            "--dtypes",
+            "float32",
+            "--no-benchmark",
+            "--no-targets",
+            "--budget-s",
+            "0",
+            "--out",
+            str(out),
+        ]
+    )
     report = json.loads(out.read_text())
     assert code == 0 and report["compile_backend"] == "eager"
     assert {r["compile"] for r in report["accuracy_compiled"]} == {"compiled:eager"}

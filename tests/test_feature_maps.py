@@ -52,7 +52,7 @@ class TestPerformer:
         w = phi.projection.double()  # (R, D)
         assert w.shape == (20, 8)
         for start in range(0, 20, 8):
-            block = w[start:start + 8]
+            block = w[start : start + 8]
             gram = block @ block.T
             off_diagonal = gram - torch.diag(torch.diagonal(gram))
             assert off_diagonal.abs().max() < 1e-5, "rows of a block must be orthogonal"
@@ -107,8 +107,9 @@ class TestPerformer:
         exact = reference.softmax_attention(q, k, v)
         errors = []
         for R in (16, 256, 4096):
-            out = attnbook.linear_attention(q.double(), k.double(), v.double(),
-                                            feature_map=PerformerFeatures(R, D, seed=0))
+            out = attnbook.linear_attention(
+                q.double(), k.double(), v.double(), feature_map=PerformerFeatures(R, D, seed=0)
+            )
             errors.append((out - exact).abs().max().item())
         assert errors[0] > errors[1] > errors[2], errors
         assert errors[2] < 0.05, errors
@@ -120,8 +121,9 @@ class TestPerformer:
         x = (torch.randn(4, 64) * 4).to(torch.float16)
         out = attnbook.linear_attention(x[None, None], x[None, None], x[None, None], feature_map=phi)
         assert out.dtype == torch.float16 and torch.isfinite(out).all()
-        torch.testing.assert_close(out.float(), attnbook.linear_attention(
-            *(x.float()[None, None],) * 3, feature_map=phi), **tol(torch.float16))
+        torch.testing.assert_close(
+            out.float(), attnbook.linear_attention(*(x.float()[None, None],) * 3, feature_map=phi), **tol(torch.float16)
+        )
 
     @pytest.mark.parametrize(
         "kwargs, message",

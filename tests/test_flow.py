@@ -83,9 +83,7 @@ def test_statistics_follow_their_definitions():
     torch.testing.assert_close(s.allocation, torch.sigmoid(s.conserved_incoming * 6 / 9))
     assert ((s.allocation > 0) & (s.allocation < 1)).all()
     # with return_flows=False the output is the same tensor value
-    torch.testing.assert_close(
-        attnbook.flow_attention(q, k, v), attnbook.flow_attention(q, k, v, return_flows=True)[0]
-    )
+    torch.testing.assert_close(attnbook.flow_attention(q, k, v), attnbook.flow_attention(q, k, v, return_flows=True)[0])
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -105,12 +103,8 @@ def test_conservation_is_exact_without_eps(n, m, d, scale, seed):
     g = torch.Generator().manual_seed(seed)
     q, k, v = (scale * torch.randn(1, 2, x, d, generator=g, dtype=torch.float64) for x in (n, m, m))
     _, s = attnbook.flow_attention(q, k, v, eps=0.0, return_flows=True)
-    torch.testing.assert_close(
-        s.conserved_outgoing_raw.sum(-1), torch.full((1, 2), float(n), dtype=torch.float64)
-    )
-    torch.testing.assert_close(
-        s.conserved_incoming.sum(-1), torch.full((1, 2), float(m), dtype=torch.float64)
-    )
+    torch.testing.assert_close(s.conserved_outgoing_raw.sum(-1), torch.full((1, 2), float(n), dtype=torch.float64))
+    torch.testing.assert_close(s.conserved_incoming.sum(-1), torch.full((1, 2), float(m), dtype=torch.float64))
 
 
 @pytest.mark.parametrize("eps", [1e-6, 1e-2, 0.5], ids=lambda e: f"eps{e}")
@@ -127,12 +121,8 @@ def test_conservation_deviation_with_eps_is_exactly_the_eps_terms(eps):
     _, s = attnbook.flow_attention(q, k, v, eps=eps, return_flows=True)
     qs, ks = torch.sigmoid(q), torch.sigmoid(k)
     K1, Q1 = ks.sum((-2, -1)), qs.sum((-2, -1))  # (B, H): K . 1 and Q . 1
-    dev_out = eps * (((M - 1) * qs.sum(-1) - K1[..., None] - D * eps) / s.incoming).sum(-1) + eps * (
-        K1 + M * D * eps
-    )
-    dev_in = eps * (((N - 1) * ks.sum(-1) - Q1[..., None] - D * eps) / s.outgoing).sum(-1) + eps * (
-        Q1 + N * D * eps
-    )
+    dev_out = eps * (((M - 1) * qs.sum(-1) - K1[..., None] - D * eps) / s.incoming).sum(-1) + eps * (K1 + M * D * eps)
+    dev_in = eps * (((N - 1) * ks.sum(-1) - Q1[..., None] - D * eps) / s.outgoing).sum(-1) + eps * (Q1 + N * D * eps)
     torch.testing.assert_close(s.conserved_outgoing_raw.sum(-1) - N, dev_out, rtol=1e-9, atol=1e-12)
     torch.testing.assert_close(s.conserved_incoming.sum(-1) - M, dev_in, rtol=1e-9, atol=1e-12)
     if eps == 1e-6:
@@ -224,8 +214,9 @@ def test_recurrent_half_precision_keeps_a_float32_state(dtype):
         outs.append(o)
     assert outs[-1].dtype == dtype
     assert state.kv.dtype == torch.float32 and state.exp_mean.dtype == torch.float32
-    torch.testing.assert_close(torch.stack(outs, 2).double(), reference.flow_attention(q, k, v, causal=True),
-                               **tol(dtype))
+    torch.testing.assert_close(
+        torch.stack(outs, 2).double(), reference.flow_attention(q, k, v, causal=True), **tol(dtype)
+    )
 
 
 def test_causal_never_builds_a_quadratic_tensor():
@@ -352,9 +343,7 @@ def test_bad_input_raises_value_error_naming_it(kwargs, shapes, message):
 def test_bad_step_input_raises_value_error():
     q, k, v = torch.randn(2, 3, 4), torch.randn(2, 3, 4), torch.randn(2, 3, 5)
     _, state = attnbook.flow_attention_step(q, k, v)
-    with pytest.raises(
-        ValueError, match=r"q_t must be a floating point \(B, H, D\) tensor, got \(2, 3, 1, 4\)"
-    ):
+    with pytest.raises(ValueError, match=r"q_t must be a floating point \(B, H, D\) tensor, got \(2, 3, 1, 4\)"):
         attnbook.flow_attention_step(q[:, :, None], k, v, state)
     with pytest.raises(ValueError, match=r"equal shape"):
         attnbook.flow_attention_step(q, k[..., :3], v, state)
@@ -390,12 +379,8 @@ class PublishedFlowAttention(nn.Module):
         if not self.causal:
             sink_incoming = 1.0 / torch.einsum("nhld,nhd->nhl", q + e, k.sum(dim=2) + e)
             source_outgoing = 1.0 / torch.einsum("nhld,nhd->nhl", k + e, q.sum(dim=2) + e)
-            conserved_sink = torch.einsum(
-                "nhld,nhd->nhl", q + e, (k * source_outgoing[..., None]).sum(dim=2) + e
-            )
-            conserved_source = torch.einsum(
-                "nhld,nhd->nhl", k + e, (q * sink_incoming[..., None]).sum(dim=2) + e
-            )
+            conserved_sink = torch.einsum("nhld,nhd->nhl", q + e, (k * source_outgoing[..., None]).sum(dim=2) + e)
+            conserved_source = torch.einsum("nhld,nhd->nhl", k + e, (q * sink_incoming[..., None]).sum(dim=2) + e)
             conserved_source = torch.clamp(conserved_source, min=-1.0, max=1.0)
             sink_allocation = torch.sigmoid(conserved_sink * (float(L) / float(S)))
             source_competition = torch.softmax(conserved_source, dim=-1) * float(S)
@@ -406,12 +391,10 @@ class PublishedFlowAttention(nn.Module):
             sink_incoming = normal / torch.einsum("nhld,nhld->nhl", q + e, k.cumsum(dim=2) + e)
             source_outgoing = normal / torch.einsum("nhld,nhld->nhl", k + e, q.cumsum(dim=2) + e)
             conserved_sink = (
-                torch.einsum("nhld,nhld->nhl", q + e, (k * source_outgoing[..., None]).cumsum(dim=2) + e)
-                / normal
+                torch.einsum("nhld,nhld->nhl", q + e, (k * source_outgoing[..., None]).cumsum(dim=2) + e) / normal
             )
             conserved_source = (
-                torch.einsum("nhld,nhld->nhl", k + e, (q * sink_incoming[..., None]).cumsum(dim=2) + e)
-                / normal
+                torch.einsum("nhld,nhld->nhl", k + e, (q * sink_incoming[..., None]).cumsum(dim=2) + e) / normal
             )
             conserved_source = torch.exp(torch.clamp(conserved_source, min=-1.0, max=1.0))
             sink_allocation = torch.sigmoid(conserved_sink)
@@ -427,9 +410,7 @@ class TestModule:
     def test_parameter_names_and_shapes_match_the_published_module(self):
         ours = attnbook.FlowAttention(12, 16, 10, 4)
         theirs = PublishedFlowAttention(12, 16, 10, 4)
-        assert {n: p.shape for n, p in ours.named_parameters()} == {
-            n: p.shape for n, p in theirs.named_parameters()
-        }
+        assert {n: p.shape for n, p in ours.named_parameters()} == {n: p.shape for n, p in theirs.named_parameters()}
         assert ours.dropout.p == 0.05 and ours.eps == 1e-6 and not ours.causal
 
     @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])

@@ -42,8 +42,9 @@ def test_impossible_tasks_raise_value_error():
 
 @pytest.mark.parametrize("mechanism", h2h.MECHANISMS)
 def test_every_mechanism_plugs_into_the_model_and_gets_gradients(mechanism):
-    model = h2h.TinyModel(mechanism, vocab=TASK.vocab, length=TASK.length, n_out=TASK.n_values, d_model=16,
-                          n_heads=4, n_layers=1)
+    model = h2h.TinyModel(
+        mechanism, vocab=TASK.vocab, length=TASK.length, n_out=TASK.n_values, d_model=16, n_heads=4, n_layers=1
+    )
     tokens, target = TASK.batch(3, torch.Generator().manual_seed(0))
     logits = model(tokens)
     assert logits.shape == (3, TASK.n_values)
@@ -62,8 +63,15 @@ def test_bad_mechanism_or_tokens_raise_value_error():
 
 
 def test_training_curve_is_complete_and_learning_happens():
-    curve = h2h.train("softmax", h2h.RecallTask(n_pairs=4, n_keys=8, n_values=4), steps=120, eval_every=40,
-                      d_model=32, n_layers=1, lr=1e-2)
+    curve = h2h.train(
+        "softmax",
+        h2h.RecallTask(n_pairs=4, n_keys=8, n_values=4),
+        steps=120,
+        eval_every=40,
+        d_model=32,
+        n_layers=1,
+        lr=1e-2,
+    )
     assert curve.steps == [0, 40, 80, 120]
     assert curve.wall_s[0] == 0 and all(b > a for a, b in zip(curve.wall_s, curve.wall_s[1:], strict=False))
     assert len(curve.accuracy) == len(curve.loss) == 4
@@ -78,8 +86,10 @@ def test_same_seed_same_curve():
 
 
 def test_plot_curves_draws_one_line_per_mechanism_and_chance():
-    curves = [h2h.Curve("a", [0, 1], [0.0, 1.0], [0.1, 0.5], [1.0, 0.5]), h2h.Curve("b", [0, 1], [0.0, 2.0],
-                                                                                      [0.1, 0.3], [1.0, 0.7])]
+    curves = [
+        h2h.Curve("a", [0, 1], [0.0, 1.0], [0.1, 0.5], [1.0, 0.5]),
+        h2h.Curve("b", [0, 1], [0.0, 2.0], [0.1, 0.3], [1.0, 0.7]),
+    ]
     ax = h2h.plot_curves(curves, chance=0.25)
     assert len(ax.lines) == 3
     assert [t.get_text() for t in ax.get_legend().get_texts()] == ["a", "b", "chance"]

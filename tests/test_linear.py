@@ -21,8 +21,11 @@ SQUARE = {name: s for name, s in SHAPES.items() if s[2] == s[3]}
 
 
 def qkv(B, H, N, M, D, Dv, device="cpu", dtype=torch.float32):
-    return (torch.randn(B, H, N, D, device=device, dtype=dtype), torch.randn(B, H, M, D, device=device, dtype=dtype),
-            torch.randn(B, H, M, Dv, device=device, dtype=dtype))
+    return (
+        torch.randn(B, H, N, D, device=device, dtype=dtype),
+        torch.randn(B, H, M, D, device=device, dtype=dtype),
+        torch.randn(B, H, M, Dv, device=device, dtype=dtype),
+    )
 
 
 def feature_map(name, D):
@@ -48,7 +51,9 @@ def test_non_causal_matches_reference_outputs_and_gradients(shape, fmap, dtype, 
     assert_matches_reference(
         lambda q, k, v: attnbook.linear_attention(q, k, v, feature_map=phi),
         lambda q, k, v: reference.linear_attention(q, k, v, feature_map=phi),
-        list(qkv(*shape, device=device)), dtype=dtype)
+        list(qkv(*shape, device=device)),
+        dtype=dtype,
+    )
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -63,7 +68,9 @@ def test_causal_matches_reference_outputs_and_gradients(shape, fmap, chunk_size,
     assert_matches_reference(
         lambda q, k, v: attnbook.linear_attention(q, k, v, causal=True, feature_map=phi, chunk_size=chunk_size),
         lambda q, k, v: reference.linear_attention(q, k, v, causal=True, feature_map=phi),
-        list(qkv(*shape, device=device)), dtype=dtype)
+        list(qkv(*shape, device=device)),
+        dtype=dtype,
+    )
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
@@ -76,7 +83,9 @@ def test_key_padding_mask_matches_reference_outputs_and_gradients(causal):
         assert_matches_reference(
             lambda q, k, v: attnbook.linear_attention(q, k, v, causal=causal, key_padding_mask=pad, chunk_size=4),
             lambda q, k, v: reference.linear_attention(q, k, v, causal=causal, key_padding_mask=pad),
-            list(qkv(B, H, N, N, D, Dv)), dtype=dtype)
+            list(qkv(B, H, N, N, D, Dv)),
+            dtype=dtype,
+        )
 
 
 @pytest.mark.parametrize("row_positions", [1, 20, 4096], ids=lambda r: f"rows_of_{r}_positions")
@@ -94,11 +103,11 @@ def test_without_autograd_groups_of_rows_give_the_same_numbers(monkeypatch, caus
     for dtype in (torch.float64, torch.float32, torch.bfloat16):
         q, k, v = qkv(B, H, N, N, D, Dv, dtype=dtype)
         with torch.no_grad():
-            out = attnbook.linear_attention(q, k, v, causal=causal, feature_map=phi, key_padding_mask=pad,
-                                            chunk_size=4)
+            out = attnbook.linear_attention(q, k, v, causal=causal, feature_map=phi, key_padding_mask=pad, chunk_size=4)
         assert out.dtype == dtype and out.shape == (B, H, N, Dv)
-        with_grad = attnbook.linear_attention(q.requires_grad_(), k, v, causal=causal, feature_map=phi,
-                                              key_padding_mask=pad, chunk_size=4)
+        with_grad = attnbook.linear_attention(
+            q.requires_grad_(), k, v, causal=causal, feature_map=phi, key_padding_mask=pad, chunk_size=4
+        )
         torch.testing.assert_close(out, with_grad.detach(), **tol(dtype))
         expected = reference.linear_attention(q, k, v, causal=causal, feature_map=phi, key_padding_mask=pad)
         torch.testing.assert_close(out.double(), expected, **tol(dtype))
@@ -133,17 +142,24 @@ def test_chunked_equals_one_chunk_equals_recurrent_equals_loop(N, fmap):
     one_chunk = attnbook.linear_attention(q, k, v, causal=True, feature_map=phi, chunk_size=N)
     for c in (1, 5, 16, 64, 1000):
         torch.testing.assert_close(
-            attnbook.linear_attention(q, k, v, causal=True, feature_map=phi, chunk_size=c), one_chunk,
-            **tol(torch.float64), msg=lambda m, c=c: f"chunk_size={c}: {m}")
+            attnbook.linear_attention(q, k, v, causal=True, feature_map=phi, chunk_size=c),
+            one_chunk,
+            **tol(torch.float64),
+            msg=lambda m, c=c: f"chunk_size={c}: {m}",
+        )
     state, outs = None, []
     for t in range(N):
         out_t, state = attnbook.linear_attention_step(q[:, :, t], k[:, :, t], v[:, :, t], state, feature_map=phi)
         outs.append(out_t)
     torch.testing.assert_close(torch.stack(outs, dim=2), one_chunk, **tol(torch.float64))
-    torch.testing.assert_close(reference.linear_attention_loop(q, k, v, feature_map=phi),
-                               reference.linear_attention(q, k, v, causal=True, feature_map=phi), **tol(torch.float64))
-    torch.testing.assert_close(one_chunk, reference.linear_attention_loop(q, k, v, feature_map=phi),
-                               **tol(torch.float64))
+    torch.testing.assert_close(
+        reference.linear_attention_loop(q, k, v, feature_map=phi),
+        reference.linear_attention(q, k, v, causal=True, feature_map=phi),
+        **tol(torch.float64),
+    )
+    torch.testing.assert_close(
+        one_chunk, reference.linear_attention_loop(q, k, v, feature_map=phi), **tol(torch.float64)
+    )
 
 
 def test_recurrent_state_is_the_sum_of_outer_products_in_float32():
@@ -178,12 +194,17 @@ def test_gradcheck_tiny():
     phi = PerformerFeatures(4, 3, seed=0)
     assert torch.autograd.gradcheck(lambda q, k, v: attnbook.linear_attention(q, k, v), (q, k, v))
     assert torch.autograd.gradcheck(
-        lambda q, k, v: attnbook.linear_attention(q, k, v, key_padding_mask=pad, feature_map=phi), (q, k, v))
+        lambda q, k, v: attnbook.linear_attention(q, k, v, key_padding_mask=pad, feature_map=phi), (q, k, v)
+    )
     assert torch.autograd.gradcheck(
-        lambda q, k, v: attnbook.linear_attention(q, k, v, causal=True, chunk_size=2), (q, k, v))
+        lambda q, k, v: attnbook.linear_attention(q, k, v, causal=True, chunk_size=2), (q, k, v)
+    )
     assert torch.autograd.gradcheck(
-        lambda q, k, v: attnbook.linear_attention(q, k, v, causal=True, feature_map=phi, key_padding_mask=pad,
-                                                  chunk_size=3), (q, k, v))
+        lambda q, k, v: attnbook.linear_attention(
+            q, k, v, causal=True, feature_map=phi, key_padding_mask=pad, chunk_size=3
+        ),
+        (q, k, v),
+    )
     step = attnbook.linear_attention_step
     assert torch.autograd.gradcheck(lambda q, k, v: step(q[:, :, 0], k[:, :, 0], v[:, :, 0])[0], (q, k, v))
 
@@ -211,8 +232,9 @@ def test_padded_keys_set_to_1e9_change_nothing(causal, fmap):
         assert (g.transpose(1, 2)[~pad] == 0).all(), "padded keys and values must get zero gradient"
     # ... and masking equals dropping the padded keys (non-causal: batch 0 has 7 real keys)
     if not causal:
-        torch.testing.assert_close(out[:1], attnbook.linear_attention(q[:1], k[:1, :, :7], v[:1, :, :7],
-                                                                      feature_map=phi), **tol(torch.float32))
+        torch.testing.assert_close(
+            out[:1], attnbook.linear_attention(q[:1], k[:1, :, :7], v[:1, :, :7], feature_map=phi), **tol(torch.float32)
+        )
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["float16", "bfloat16"])
@@ -274,12 +296,12 @@ def test_causal_output_ignores_the_future(n, cut, chunk, seed):
     g = torch.Generator().manual_seed(seed)
     q, k, v = (torch.randn(1, 2, n, 3, generator=g, dtype=torch.float64) for _ in range(3))
     k2, v2 = k.clone(), v.clone()
-    k2[..., cut + 1:, :] += 5.0
-    v2[..., cut + 1:, :] -= 3.0
+    k2[..., cut + 1 :, :] += 5.0
+    v2[..., cut + 1 :, :] -= 3.0
     a = attnbook.linear_attention(q, k, v, causal=True, chunk_size=chunk)
     b = attnbook.linear_attention(q, k2, v2, causal=True, chunk_size=chunk)
     torch.testing.assert_close(a[..., : cut + 1, :], b[..., : cut + 1, :])
-    assert not torch.allclose(a[..., cut + 1:, :], b[..., cut + 1:, :])  # the future does matter later on
+    assert not torch.allclose(a[..., cut + 1 :, :], b[..., cut + 1 :, :])  # the future does matter later on
 
 
 @settings(max_examples=20, deadline=None)
@@ -357,6 +379,7 @@ def test_bad_arguments_raise_value_error():
         attnbook.linear_attention(q, k, v, feature_map=3)
     with pytest.raises(ValueError, match=r"keep the leading dimensions of q \(2, 3, 4, 2\)"):
         attnbook.linear_attention(q, k, v, feature_map=lambda x: x.sum(-1))
+
     def wider_keys(x):  # q (..., 4, 2) -> (..., 4, 2), k (..., 5, 2) -> (..., 5, 3)
         return x if x.shape[-2] == 4 else torch.cat([x, x[..., :1]], -1)
 
@@ -398,10 +421,14 @@ class TestModule:
         assert isinstance(m, attnbook.ProjectedAttention)
         shapes = {n: tuple(p.shape) for n, p in m.named_parameters()}
         assert shapes == {
-            "query_projection.weight": (16, 12), "query_projection.bias": (16,),
-            "key_projection.weight": (16, 12), "key_projection.bias": (16,),
-            "value_projection.weight": (16, 12), "value_projection.bias": (16,),
-            "out_projection.weight": (10, 16), "out_projection.bias": (10,),
+            "query_projection.weight": (16, 12),
+            "query_projection.bias": (16,),
+            "key_projection.weight": (16, 12),
+            "key_projection.bias": (16,),
+            "value_projection.weight": (16, 12),
+            "value_projection.bias": (16,),
+            "out_projection.weight": (10, 16),
+            "out_projection.bias": (10,),
         }
         state = attnbook.LinearAttention(12, 16, 10, 4, feature_map=PerformerFeatures(8, 4, seed=0)).state_dict()
         assert tuple(state["feature_map.projection"].shape) == (8, 4)  # the draw is saved with the model
@@ -421,8 +448,11 @@ class TestModule:
             q = m.query_projection(x)[..., sl]
             k = m.key_projection(y)[..., sl]
             v = m.value_projection(y)[..., sl]
-            heads.append(reference.linear_attention(q[:, None], k[:, None], v[:, None], causal=causal,
-                                                    feature_map=phi, key_padding_mask=pad)[:, 0])
+            heads.append(
+                reference.linear_attention(
+                    q[:, None], k[:, None], v[:, None], causal=causal, feature_map=phi, key_padding_mask=pad
+                )[:, 0]
+            )
         expected = m.out_projection(torch.cat(heads, dim=-1))
         torch.testing.assert_close(m(x, y, y, key_padding_mask=pad), expected)
 
@@ -430,8 +460,9 @@ class TestModule:
         m = attnbook.LinearAttention(6, 8, 5, 2)
         assert m(torch.randn(2, 3, 6), torch.randn(2, 9, 6), torch.randn(2, 9, 6)).shape == (2, 3, 5)
         with pytest.raises(ValueError, match="N == M"):
-            attnbook.LinearAttention(6, 8, 5, 2, causal=True)(torch.randn(2, 3, 6), torch.randn(2, 9, 6),
-                                                               torch.randn(2, 9, 6))
+            attnbook.LinearAttention(6, 8, 5, 2, causal=True)(
+                torch.randn(2, 3, 6), torch.randn(2, 9, 6), torch.randn(2, 9, 6)
+            )
 
     @pytest.mark.parametrize(
         "kwargs, message",

@@ -90,12 +90,8 @@ def test_head_conservation_deviation_with_eps_is_exactly_the_eps_terms(eps):
     _, s = attnbook.mobile_attention(q, k, v, eps=eps, return_flows=True)
     qs, ks = torch.sigmoid(q), torch.sigmoid(k)
     K1, Q1 = ks.sum((1, -1)), qs.sum((1, -1))  # (B, N)
-    dev_out = eps * (((H - 1) * qs.sum(-1) - K1[:, None] - D * eps) / s.incoming).sum(1) + eps * (
-        K1 + H * D * eps
-    )
-    dev_in = eps * (((H - 1) * ks.sum(-1) - Q1[:, None] - D * eps) / s.outgoing).sum(1) + eps * (
-        Q1 + H * D * eps
-    )
+    dev_out = eps * (((H - 1) * qs.sum(-1) - K1[:, None] - D * eps) / s.incoming).sum(1) + eps * (K1 + H * D * eps)
+    dev_in = eps * (((H - 1) * ks.sum(-1) - Q1[:, None] - D * eps) / s.outgoing).sum(1) + eps * (Q1 + H * D * eps)
     torch.testing.assert_close(s.conserved_outgoing_raw.sum(1) - H, dev_out, rtol=1e-9, atol=1e-12)
     torch.testing.assert_close(s.conserved_incoming.sum(1) - H, dev_in, rtol=1e-9, atol=1e-12)
     assert (dev_out.abs() > 0).all()
@@ -109,8 +105,7 @@ def test_half_precision_accumulates_in_float32(dtype):
     torch.testing.assert_close(out.double(), reference.mobile_attention(q, k, v), **tol(dtype))
 
 
-@pytest.mark.parametrize("B, H, n", [(5, 2, 1024), (3, 8, 700), (1, 3, 5000)],
-                         ids=["groups", "uneven", "one"])
+@pytest.mark.parametrize("B, H, n", [(5, 2, 1024), (3, 8, 700), (1, 3, 5000)], ids=["groups", "uneven", "one"])
 def test_inference_path_by_batch_groups_equals_the_autograd_path(B, H, n, monkeypatch):
     """Without autograd the batch elements run in groups, writing into one output."""
     monkeypatch.setattr(attnbook.flow, "ROW_POSITIONS", 4096)  # groups of 2, 1 and 1 batch elements
@@ -135,9 +130,7 @@ def test_equivariant_to_permuting_heads_and_positions():
     out = attnbook.mobile_attention(q, k, v)
     ph, pn = torch.randperm(4), torch.randperm(6)
     torch.testing.assert_close(attnbook.mobile_attention(q[:, ph], k[:, ph], v[:, ph]), out[:, ph])
-    torch.testing.assert_close(
-        attnbook.mobile_attention(q[:, :, pn], k[:, :, pn], v[:, :, pn]), out[:, :, pn]
-    )
+    torch.testing.assert_close(attnbook.mobile_attention(q[:, :, pn], k[:, :, pn], v[:, :, pn]), out[:, :, pn])
 
 
 @pytest.mark.parametrize(
@@ -176,9 +169,7 @@ class PublishedMobileAttention(nn.Module):
         k = torch.sigmoid(self.key_projection(keys).view(B, S, H, -1).transpose(1, 2))
         v = self.value_projection(values).view(B, S, H, -1).transpose(1, 2)
         sink_incoming = 1.0 / torch.sum((q + e) * (k.sum(dim=1, keepdim=True).repeat(1, H, 1, 1) + e), dim=-1)
-        source_outgoing = 1.0 / torch.sum(
-            (k + e) * (q.sum(dim=1, keepdim=True).repeat(1, H, 1, 1) + e), dim=-1
-        )
+        source_outgoing = 1.0 / torch.sum((k + e) * (q.sum(dim=1, keepdim=True).repeat(1, H, 1, 1) + e), dim=-1)
         conserved_sink = torch.sum(
             (q + e) * ((k * source_outgoing[..., None]).sum(dim=1, keepdim=True).repeat(1, H, 1, 1) + e),
             dim=-1,
@@ -199,9 +190,7 @@ class TestModule:
     def test_parameter_names_and_shapes_match_the_published_module(self):
         ours = attnbook.MobileAttention(12, 16, 10, 4)
         theirs = PublishedMobileAttention(12, 16, 10, 4)
-        assert {n: p.shape for n, p in ours.named_parameters()} == {
-            n: p.shape for n, p in theirs.named_parameters()
-        }
+        assert {n: p.shape for n, p in ours.named_parameters()} == {n: p.shape for n, p in theirs.named_parameters()}
         assert ours.dropout.p == 0.05 and ours.eps == 1e-6
 
     @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
@@ -217,9 +206,7 @@ class TestModule:
         m = attnbook.MobileAttention(4, 4, 4, 2)
         with pytest.raises(ValueError, match=r"same length \(L == S\).*\(1, 3, 4\).*\(1, 5, 4\)"):
             m(torch.randn(1, 3, 4), torch.randn(1, 5, 4), torch.randn(1, 5, 4))
-        with pytest.raises(
-            ValueError, match=r"L == S"
-        ):  # length-1 queries would broadcast in the published code
+        with pytest.raises(ValueError, match=r"L == S"):  # length-1 queries would broadcast in the published code
             m(torch.randn(1, 1, 4), torch.randn(1, 5, 4), torch.randn(1, 5, 4))
 
     def test_dropout_is_active_in_training_only(self):

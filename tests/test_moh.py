@@ -22,8 +22,20 @@ from attnbook import HeadRouting, MoHAttention, moh_load_balancing_loss, referen
 
 
 class ReferenceCodeMoH(nn.Module):
-    def __init__(self, dim, num_heads=8, qkv_bias=False, qk_norm=False, attn_drop=0.0, proj_drop=0.0,
-                 norm_layer=nn.LayerNorm, shared_head=0, routed_head=0, head_dim=None, fused=True):
+    def __init__(
+        self,
+        dim,
+        num_heads=8,
+        qkv_bias=False,
+        qk_norm=False,
+        attn_drop=0.0,
+        proj_drop=0.0,
+        norm_layer=nn.LayerNorm,
+        shared_head=0,
+        routed_head=0,
+        head_dim=None,
+        fused=True,
+    ):
         super().__init__()
         self.num_heads = num_heads
         self.head_dim = dim // num_heads if head_dim is None else head_dim
@@ -68,8 +80,10 @@ class ReferenceCodeMoH(nn.Module):
         if self.routed_head > 0 and self.shared_head > 0:
             shared = F.softmax(self.wg_1(flat), dim=1).reshape(B, N, -1) * self.shared_head
             w0 = F.softmax(self.wg_0(flat), dim=1).reshape(B, N, 2) * 2
-            gates = torch.cat([torch.einsum("bn,bne->bne", w0[:, :, 0], shared),
-                               torch.einsum("bn,bne->bne", w0[:, :, 1], routed)], dim=2)
+            gates = torch.cat(
+                [torch.einsum("bn,bne->bne", w0[:, :, 0], shared), torch.einsum("bn,bne->bne", w0[:, :, 1], routed)],
+                dim=2,
+            )
         elif self.routed_head > 0:
             gates = routed
         else:
@@ -165,30 +179,47 @@ def test_invalid_head_counts_raise_and_say_why(counts):
         MoHAttention(10, H, shared_head=s, routed_head=k, head_dim=2)
 
 
-@pytest.mark.parametrize("kwargs,match", [
-    (dict(shared_head=-1, routed_head=2), "shared_head must be an int >= 0"),
-    (dict(shared_head=0, routed_head=-2), "routed_head must be an int >= 0"),
-    (dict(shared_head=1.0, routed_head=2), "shared_head must be an int"),
-    (dict(shared_head=True, routed_head=2), "shared_head must be an int"),
-    (dict(num_heads=0, shared_head=0, routed_head=1), "num_heads must be an int >= 1"),
-    (dict(routed_head=2, head_dim=0), "head_dim must be an int >= 1"),
-    (dict(dim=3, num_heads=4, routed_head=2), r"head_dim = dim // num_heads = 3 // 4 = 0"),
-    (dict(routed_head=2, attn_drop=1.0), r"attn_drop must be in \[0, 1\)"),
-    (dict(routed_head=2, proj_drop=-0.1), r"proj_drop must be in \[0, 1\)"),
-], ids=["neg-shared", "neg-routed", "float-count", "bool-count", "zero-heads", "zero-head-dim",
-        "dim-lt-heads", "attn-drop", "proj-drop"])
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        (dict(shared_head=-1, routed_head=2), "shared_head must be an int >= 0"),
+        (dict(shared_head=0, routed_head=-2), "routed_head must be an int >= 0"),
+        (dict(shared_head=1.0, routed_head=2), "shared_head must be an int"),
+        (dict(shared_head=True, routed_head=2), "shared_head must be an int"),
+        (dict(num_heads=0, shared_head=0, routed_head=1), "num_heads must be an int >= 1"),
+        (dict(routed_head=2, head_dim=0), "head_dim must be an int >= 1"),
+        (dict(dim=3, num_heads=4, routed_head=2), r"head_dim = dim // num_heads = 3 // 4 = 0"),
+        (dict(routed_head=2, attn_drop=1.0), r"attn_drop must be in \[0, 1\)"),
+        (dict(routed_head=2, proj_drop=-0.1), r"proj_drop must be in \[0, 1\)"),
+    ],
+    ids=[
+        "neg-shared",
+        "neg-routed",
+        "float-count",
+        "bool-count",
+        "zero-heads",
+        "zero-head-dim",
+        "dim-lt-heads",
+        "attn-drop",
+        "proj-drop",
+    ],
+)
 def test_invalid_arguments_raise(kwargs, match):
     args = dict(dim=8, num_heads=4) | kwargs
     with pytest.raises(ValueError, match=match):
         MoHAttention(**args)
 
 
-@pytest.mark.parametrize("x,match", [
-    (torch.randn(2, 5), r"expected x of shape \(B, N, dim=8\), got \(2, 5\)"),
-    (torch.randn(2, 5, 7), r"got \(2, 5, 7\)"),
-    (torch.ones(2, 5, 8, dtype=torch.long), "floating point"),
-    (torch.randn(2, 0, 8), r"at least one token .* got \(2, 0, 8\)"),
-], ids=["2d", "wrong-width", "integer", "no-tokens"])
+@pytest.mark.parametrize(
+    "x,match",
+    [
+        (torch.randn(2, 5), r"expected x of shape \(B, N, dim=8\), got \(2, 5\)"),
+        (torch.randn(2, 5, 7), r"got \(2, 5, 7\)"),
+        (torch.ones(2, 5, 8, dtype=torch.long), "floating point"),
+        (torch.randn(2, 0, 8), r"at least one token .* got \(2, 0, 8\)"),
+    ],
+    ids=["2d", "wrong-width", "integer", "no-tokens"],
+)
 def test_bad_input_raises(x, match):
     m = MoHAttention(8, 4, shared_head=1, routed_head=2)
     with pytest.raises(ValueError, match=match):
@@ -208,9 +239,12 @@ OPTIONS = {
 
 
 # Every configuration the reference supports with H <= 4 in the plain setting; the options on H = 4 only.
-REFERENCE_CASES = [pytest.param(c, o, id=f"{cid(c)}-{name}")
-                   for name, o in OPTIONS.items() for c in REFERENCE_SUPPORTED
-                   if c[0] == 4 or (name == "plain" and c[0] < 4)]
+REFERENCE_CASES = [
+    pytest.param(c, o, id=f"{cid(c)}-{name}")
+    for name, o in OPTIONS.items()
+    for c in REFERENCE_SUPPORTED
+    if c[0] == 4 or (name == "plain" and c[0] < 4)
+]
 
 
 @pytest.mark.parametrize("fused", [True, False], ids=["fused", "manual"])
@@ -259,25 +293,31 @@ def test_state_dict_keys_and_shapes_match_the_reference_code_for_every_valid_con
         ref = ReferenceCodeMoH(12, H, shared_head=s, routed_head=k, head_dim=3, qk_norm=True, qkv_bias=True)
         ours = MoHAttention(12, H, shared_head=s, routed_head=k, head_dim=3, qk_norm=True, qkv_bias=True)
         assert {n: p.shape for n, p in ours.state_dict().items()} == {
-            n: p.shape for n, p in ref.state_dict().items()}, (H, s, k)
+            n: p.shape for n, p in ref.state_dict().items()
+        }, (H, s, k)
 
 
 def test_timm_attention_weights_load_and_give_plain_attention():
     """A timm ``Attention`` state dict (qkv, q_norm, k_norm, proj) loads; with wg_1 = 0 it is that layer."""
     dim, H = 16, 4
     timm_like = {
-        "qkv.weight": torch.randn(3 * dim, dim), "qkv.bias": torch.randn(3 * dim),
-        "q_norm.weight": torch.rand(dim // H) + 0.5, "q_norm.bias": torch.randn(dim // H),
-        "k_norm.weight": torch.rand(dim // H) + 0.5, "k_norm.bias": torch.randn(dim // H),
-        "proj.weight": torch.randn(dim, dim), "proj.bias": torch.randn(dim),
+        "qkv.weight": torch.randn(3 * dim, dim),
+        "qkv.bias": torch.randn(3 * dim),
+        "q_norm.weight": torch.rand(dim // H) + 0.5,
+        "q_norm.bias": torch.randn(dim // H),
+        "k_norm.weight": torch.rand(dim // H) + 0.5,
+        "k_norm.bias": torch.randn(dim // H),
+        "proj.weight": torch.randn(dim, dim),
+        "proj.bias": torch.randn(dim),
     }
     m = MoHAttention(dim, H, qkv_bias=True, qk_norm=True, shared_head=H).eval()
     result = m.load_state_dict(timm_like, strict=False)
     assert result.unexpected_keys == [] and result.missing_keys == ["wg_1.weight"]
     nn.init.zeros_(m.wg_1.weight)
     x = torch.randn(2, 6, dim)
-    q, k, v = F.linear(x, timm_like["qkv.weight"], timm_like["qkv.bias"]).view(2, 6, 3, H, dim // H).permute(
-        2, 0, 3, 1, 4)
+    q, k, v = (
+        F.linear(x, timm_like["qkv.weight"], timm_like["qkv.bias"]).view(2, 6, 3, H, dim // H).permute(2, 0, 3, 1, 4)
+    )
     q = F.layer_norm(q, (dim // H,), timm_like["q_norm.weight"], timm_like["q_norm.bias"])
     k = F.layer_norm(k, (dim // H,), timm_like["k_norm.weight"], timm_like["k_norm.bias"])
     heads = attnbook.softmax_attention(q, k, v).transpose(1, 2).reshape(2, 6, dim)
@@ -292,17 +332,27 @@ def test_timm_attention_weights_load_and_give_plain_attention():
 
 def literal(m: MoHAttention, x, params: dict):
     """reference.moh_attention with the parameters of ``m`` replaced by ``params``."""
+
     def norm(which):
         if f"{which}.weight" not in params:
             return None
         return lambda t: F.layer_norm(t, (m.head_dim,), params[f"{which}.weight"], params[f"{which}.bias"])
 
     return reference.moh_attention(
-        x, num_heads=m.num_heads, shared_head=m.shared_head, routed_head=m.routed_head,
-        qkv_weight=params["qkv.weight"], qkv_bias=params.get("qkv.bias"),
-        proj_weight=params["proj.weight"], proj_bias=params.get("proj.bias"),
-        wg=params.get("wg.weight"), wg_0=params.get("wg_0.weight"), wg_1=params.get("wg_1.weight"),
-        q_norm=norm("q_norm"), k_norm=norm("k_norm"))
+        x,
+        num_heads=m.num_heads,
+        shared_head=m.shared_head,
+        routed_head=m.routed_head,
+        qkv_weight=params["qkv.weight"],
+        qkv_bias=params.get("qkv.bias"),
+        proj_weight=params["proj.weight"],
+        proj_bias=params.get("proj.bias"),
+        wg=params.get("wg.weight"),
+        wg_0=params.get("wg_0.weight"),
+        wg_1=params.get("wg_1.weight"),
+        q_norm=norm("q_norm"),
+        k_norm=norm("k_norm"),
+    )
 
 
 def flat_out_gates_loss(out, gates, loss):
@@ -386,8 +436,12 @@ def test_all_shared_with_zero_router_is_plain_multi_head_attention(H):
     wq, wk, wv = m.qkv.weight.chunk(3)
     bq, bk, bv = m.qkv.bias.chunk(3)
     with torch.no_grad():
-        for lin, w, b in ((sa.query_projection, wq, bq), (sa.key_projection, wk, bk),
-                          (sa.value_projection, wv, bv), (sa.out_projection, m.proj.weight, m.proj.bias)):
+        for lin, w, b in (
+            (sa.query_projection, wq, bq),
+            (sa.key_projection, wk, bk),
+            (sa.value_projection, wv, bv),
+            (sa.out_projection, m.proj.weight, m.proj.bias),
+        ):
             lin.weight.copy_(w)
             lin.bias.copy_(b)
     torch.testing.assert_close(out, sa(x, x, x), **tol(torch.float32))
@@ -416,7 +470,10 @@ def test_zero_router_gives_unit_gates_on_active_heads_and_loss_k(counts):
 
 @settings(max_examples=40, deadline=None)
 @given(
-    H=st.integers(1, 8), data=st.data(), N=st.integers(1, 9), seed=st.integers(0, 2**16),
+    H=st.integers(1, 8),
+    data=st.data(),
+    N=st.integers(1, 9),
+    seed=st.integers(0, 2**16),
     temperature=st.sampled_from([0.1, 1.0, 10.0]),
 )
 def test_gate_sums_follow_the_paper(H, data, N, seed, temperature):
@@ -485,8 +542,10 @@ class Block(nn.Module):
 
 
 def test_helper_gathers_losses_from_nested_models_mean_and_sum():
-    model = nn.Sequential(Block(8, shared_head=2, routed_head=2),
-                          nn.Sequential(Block(8, shared_head=0, routed_head=1), Block(8, shared_head=4)))
+    model = nn.Sequential(
+        Block(8, shared_head=2, routed_head=2),
+        nn.Sequential(Block(8, shared_head=0, routed_head=1), Block(8, shared_head=4)),
+    )
     model(torch.randn(2, 6, 8)).sum()
     layers = [m for m in model.modules() if isinstance(m, MoHAttention) and m.routed_head]
     assert len(layers) == 2
@@ -570,7 +629,6 @@ def test_runs_on_device_without_host_sync_surprises(device):
     out, r = m(torch.randn(2, 5, 16, device=device), return_routing=True)
     assert out.device.type == r.gates.device.type == r.loss.device.type == torch.device(device).type
     moh_load_balancing_loss(m).backward()
-
 
 
 def test_deepcopy_and_pickle_work_after_a_training_forward():

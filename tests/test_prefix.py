@@ -16,8 +16,11 @@ def masked_product(q, k, v):
 
 
 def inputs(N, D=5, Dv=3, dtype=torch.float64, B=2, H=3):
-    return torch.randn(B, H, N, D, dtype=dtype), torch.randn(B, H, N, D, dtype=dtype), torch.randn(B, H, N, Dv,
-                                                                                                  dtype=dtype)
+    return (
+        torch.randn(B, H, N, D, dtype=dtype),
+        torch.randn(B, H, N, D, dtype=dtype),
+        torch.randn(B, H, N, Dv, dtype=dtype),
+    )
 
 
 @pytest.mark.parametrize("chunk_size", [1, 3, 8, 64, 200], ids=lambda c: f"chunk{c}")
@@ -63,8 +66,11 @@ def test_only_requested_gradients_and_partial_requires_grad():
     torch.testing.assert_close(dv, expected, **tol(torch.float64))
 
 
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64],
-                         ids=["float16", "bfloat16", "float32", "float64"])
+@pytest.mark.parametrize(
+    "dtype",
+    [torch.float16, torch.bfloat16, torch.float32, torch.float64],
+    ids=["float16", "bfloat16", "float32", "float64"],
+)
 def test_returns_the_accumulation_dtype(dtype):
     q, k, v = inputs(5, dtype=dtype)
     out = causal_dot_product(q, k, v, 2)

@@ -21,8 +21,11 @@ SHAPES = {  # (B, H, N, M, D, Dv)
 
 
 def qkv(B, H, N, M, D, Dv, device="cpu"):
-    return (torch.randn(B, H, N, D, device=device), torch.randn(B, H, M, D, device=device),
-            torch.randn(B, H, M, Dv, device=device))
+    return (
+        torch.randn(B, H, N, D, device=device),
+        torch.randn(B, H, M, D, device=device),
+        torch.randn(B, H, M, Dv, device=device),
+    )
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -34,7 +37,9 @@ def test_matches_reference_outputs_and_gradients(shape, causal, dtype, device):
     assert_matches_reference(
         lambda q, k, v: attnbook.softmax_attention(q, k, v, causal=causal),
         lambda q, k, v: reference.softmax_attention(q, k, v, causal=causal),
-        inputs, dtype=dtype)
+        inputs,
+        dtype=dtype,
+    )
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -49,7 +54,9 @@ def test_mask_with_fully_masked_rows_matches_reference(causal, dtype, device):
     assert_matches_reference(
         lambda q, k, v: attnbook.softmax_attention(q, k, v, causal=causal, mask=mask),
         lambda q, k, v: reference.softmax_attention(q, k, v, causal=causal, mask=mask),
-        inputs, dtype=dtype)
+        inputs,
+        dtype=dtype,
+    )
 
 
 def test_fully_masked_rows_are_zero_with_zero_gradient_never_nan():
@@ -84,11 +91,15 @@ def test_custom_scale():
     q, k, v = qkv(1, 2, 5, 5, 4, 4)
     torch.testing.assert_close(
         attnbook.softmax_attention(q, k, v, scale=0.3).double(),
-        reference.softmax_attention(q, k, v, scale=0.3), **tol(torch.float32))
+        reference.softmax_attention(q, k, v, scale=0.3),
+        **tol(torch.float32),
+    )
     # scale s on q.k is the default scale on (s * sqrt(D)) q
     torch.testing.assert_close(
         attnbook.softmax_attention(q, k, v, scale=0.3),
-        attnbook.softmax_attention(q * 0.3 * math.sqrt(4), k, v), **tol(torch.float32))
+        attnbook.softmax_attention(q * 0.3 * math.sqrt(4), k, v),
+        **tol(torch.float32),
+    )
 
 
 def test_gradcheck_tiny():
@@ -118,8 +129,8 @@ def test_causal_output_ignores_the_future(n, cut, seed):
     g = torch.Generator().manual_seed(seed)
     q, k, v = (torch.randn(1, 2, n, 3, generator=g) for _ in range(3))
     k2, v2 = k.clone(), v.clone()
-    k2[..., cut + 1:, :] += 5.0
-    v2[..., cut + 1:, :] -= 3.0
+    k2[..., cut + 1 :, :] += 5.0
+    v2[..., cut + 1 :, :] -= 3.0
     a = attnbook.softmax_attention(q, k, v, causal=True)
     b = attnbook.softmax_attention(q, k2, v2, causal=True)
     torch.testing.assert_close(a[..., : cut + 1, :], b[..., : cut + 1, :])
@@ -128,8 +139,9 @@ def test_causal_output_ignores_the_future(n, cut, seed):
 def test_permuting_keys_and_values_together_changes_nothing():
     q, k, v = qkv(2, 2, 5, 8, 4, 4)
     perm = torch.randperm(8)
-    torch.testing.assert_close(attnbook.softmax_attention(q, k, v),
-                               attnbook.softmax_attention(q, k[:, :, perm], v[:, :, perm]))
+    torch.testing.assert_close(
+        attnbook.softmax_attention(q, k, v), attnbook.softmax_attention(q, k[:, :, perm], v[:, :, perm])
+    )
 
 
 @pytest.mark.parametrize("shapes, message", BAD_QKV_SHAPES.values(), ids=BAD_QKV_SHAPES.keys())
@@ -156,10 +168,14 @@ class TestModule:
         m = attnbook.SoftmaxAttention(12, 16, 10, 4)
         shapes = {n: tuple(p.shape) for n, p in m.named_parameters()}
         assert shapes == {
-            "query_projection.weight": (16, 12), "query_projection.bias": (16,),
-            "key_projection.weight": (16, 12), "key_projection.bias": (16,),
-            "value_projection.weight": (16, 12), "value_projection.bias": (16,),
-            "out_projection.weight": (10, 16), "out_projection.bias": (10,),
+            "query_projection.weight": (16, 12),
+            "query_projection.bias": (16,),
+            "key_projection.weight": (16, 12),
+            "key_projection.bias": (16,),
+            "value_projection.weight": (16, 12),
+            "value_projection.bias": (16,),
+            "out_projection.weight": (10, 16),
+            "out_projection.bias": (10,),
         }
 
     @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])

@@ -71,10 +71,18 @@ def test_toy_input_magnitude_scales_queries_and_keys_not_values():
     torch.testing.assert_close(v3, v1, **F64)
 
 
-@pytest.mark.parametrize("kwargs", [dict(n_tokens=0), dict(n_tokens=vf.MAX_TOKENS + 1), dict(similarity=1.5),
-                                    dict(similarity=-0.1), dict(magnitude=-1.0), dict(n_heads=0)],
-                         ids=["no_tokens", "too_many_tokens", "similarity_above_1", "similarity_below_0",
-                              "negative_magnitude", "no_heads"])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(n_tokens=0),
+        dict(n_tokens=vf.MAX_TOKENS + 1),
+        dict(similarity=1.5),
+        dict(similarity=-0.1),
+        dict(magnitude=-1.0),
+        dict(n_heads=0),
+    ],
+    ids=["no_tokens", "too_many_tokens", "similarity_above_1", "similarity_below_0", "negative_magnitude", "no_heads"],
+)
 def test_toy_input_rejects_bad_arguments(kwargs):
     with pytest.raises(ValueError):
         vf.make_toy_input(**kwargs)
@@ -208,8 +216,9 @@ def test_state_accepts_a_three_dimensional_input_and_float32():
     q, k, v = (x[0].float() for x in vf.make_toy_input(5, 0.3, 2.0, 2))
     s = vf.compute_flow_state(q, k, v)
     assert s.edges.dtype == torch.float64
-    torch.testing.assert_close(s.output.float(), attnbook.flow_attention(q[None], k[None], v[None])[0],
-                               **tol(torch.float32))
+    torch.testing.assert_close(
+        s.output.float(), attnbook.flow_attention(q[None], k[None], v[None])[0], **tol(torch.float32)
+    )
 
 
 def test_state_rejects_bad_inputs():
@@ -297,20 +306,34 @@ def test_explorer_builds_with_a_rendered_png():
     image = _find(box, "Image")
     assert image.value[:8] == b"\x89PNG\r\n\x1a\n"
     assert "Σ" in _find(box, "HTML").value
-    for name in ("tokens", "similarity", "magnitude", "heads", "seed", "head shown", "competition",
-                 "allocation", "causal", "mode"):
+    for name in (
+        "tokens",
+        "similarity",
+        "magnitude",
+        "heads",
+        "seed",
+        "head shown",
+        "competition",
+        "allocation",
+        "causal",
+        "mode",
+    ):
         assert any(getattr(w, "description", None) == name for w in _walk(box)), name
 
 
-@pytest.mark.parametrize("control, cls_name, new_value", [
-    ("similarity", "FloatSlider", 0.9),
-    ("magnitude", "FloatSlider", 5.0),
-    ("tokens", "IntSlider", 4),
-    ("competition", "Checkbox", False),
-    ("allocation", "Checkbox", False),
-    ("causal", "Checkbox", True),
-    ("mode", "ToggleButtons", True),
-], ids=lambda x: str(x))
+@pytest.mark.parametrize(
+    "control, cls_name, new_value",
+    [
+        ("similarity", "FloatSlider", 0.9),
+        ("magnitude", "FloatSlider", 5.0),
+        ("tokens", "IntSlider", 4),
+        ("competition", "Checkbox", False),
+        ("allocation", "Checkbox", False),
+        ("causal", "Checkbox", True),
+        ("mode", "ToggleButtons", True),
+    ],
+    ids=lambda x: str(x),
+)
 def test_changing_a_control_re_renders(control, cls_name, new_value):
     box = vf.flow_explorer()
     image, summary = _find(box, "Image"), _find(box, "HTML")

@@ -40,14 +40,19 @@ def test_row_entropy_rejects_negative_weights():
 def test_relative_error_values():
     exact = torch.tensor([3.0, 4.0])  # norm 5
     assert relative_error(exact, exact).item() == 0.0
-    torch.testing.assert_close(relative_error(exact + torch.tensor([0.0, 1.0]), exact),
-                               torch.tensor(0.2, dtype=torch.float64))
+    torch.testing.assert_close(
+        relative_error(exact + torch.tensor([0.0, 1.0]), exact), torch.tensor(0.2, dtype=torch.float64)
+    )
 
 
-@pytest.mark.parametrize("approx, exact, message", [
-    (torch.ones(2, 3), torch.ones(3, 2), "shapes differ"),
-    (torch.ones(2), torch.zeros(2), "all zeros"),
-], ids=["shape-mismatch", "zero-exact"])
+@pytest.mark.parametrize(
+    "approx, exact, message",
+    [
+        (torch.ones(2, 3), torch.ones(3, 2), "shapes differ"),
+        (torch.ones(2), torch.zeros(2), "all zeros"),
+    ],
+    ids=["shape-mismatch", "zero-exact"],
+)
 def test_relative_error_rejects_bad_input(approx, exact, message):
     with pytest.raises(ValueError, match=message):
         relative_error(approx, exact)

@@ -41,8 +41,7 @@ def test_shared_heads_always_on_and_exactly_top_k_routed_heads_per_token(config)
     assert (s.gates[:, :S] > 0).all()
     assert torch.equal(s.selected[:, S:].sum(dim=1), torch.full((N_TOKENS,), K))
     assert (s.gates[:, S:][s.selected[:, S:]] > 0).all()
-    assert torch.equal(s.gates[:, S:][~s.selected[:, S:]], torch.zeros(N_TOKENS * (H - S - K),
-                                                                         dtype=torch.float64))
+    assert torch.equal(s.gates[:, S:][~s.selected[:, S:]], torch.zeros(N_TOKENS * (H - S - K), dtype=torch.float64))
 
 
 def test_gate_sums_follow_the_two_stage_weighting():
@@ -50,8 +49,7 @@ def test_gate_sums_follow_the_two_stage_weighting():
     H, S, K = 8, 3, 2
     s = vm.compute_routing(H, S, K, n_tokens=N_TOKENS, dim=16)
     total = s.gates[:, :S].sum(dim=1) / S + s.gates[:, S:].sum(dim=1) / K
-    torch.testing.assert_close(total, torch.full((N_TOKENS,), 2.0, dtype=torch.float64),
-                               rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(total, torch.full((N_TOKENS,), 2.0, dtype=torch.float64), rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize("config", [CONFIGS["default"], CONFIGS["one_shared"]], ids=["default", "one_shared"])
@@ -141,18 +139,31 @@ def test_train_router_takes_a_module_after_a_training_forward():
     assert not flags["qkv.weight"] and flags["wg.weight"]
 
 
-@pytest.mark.parametrize("call, message", [
-    (lambda: vm.train_router(vm.compute_routing(4, 4, 0, n_tokens=8)), "every head is shared"),
-    (lambda: vm.train_router(attnbook.MoHAttention(8, 2, routed_head=1)), r"tokens of shape \(B, N, C\)"),
-    (lambda: vm.train_router(torch.nn.Linear(2, 2)), "expected a RoutingState or an MoHAttention"),
-    (lambda: vm.train_router(vm.compute_routing(n_tokens=8), steps=-1), "steps >= 0"),
-    (lambda: vm.compute_routing(4, 2, 3), r"top_k must be in 1..2"),
-    (lambda: vm.compute_routing(4, 4, 1), "nothing to route"),
-    (lambda: vm.compute_routing(4, 5, 0), "shared must be in 0..n_heads=4"),
-    (lambda: vm.compute_routing(4, 0, 0), r"top_k must be in 1..4"),
-    (lambda: vm.compute_routing(temperature=0.0), "temperature must be positive"),
-], ids=["all_shared", "module_without_tokens", "not_moh", "negative_steps", "top_k_too_big",
-        "top_k_without_routed", "too_many_shared", "top_k_zero", "zero_temperature"])
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda: vm.train_router(vm.compute_routing(4, 4, 0, n_tokens=8)), "every head is shared"),
+        (lambda: vm.train_router(attnbook.MoHAttention(8, 2, routed_head=1)), r"tokens of shape \(B, N, C\)"),
+        (lambda: vm.train_router(torch.nn.Linear(2, 2)), "expected a RoutingState or an MoHAttention"),
+        (lambda: vm.train_router(vm.compute_routing(n_tokens=8), steps=-1), "steps >= 0"),
+        (lambda: vm.compute_routing(4, 2, 3), r"top_k must be in 1..2"),
+        (lambda: vm.compute_routing(4, 4, 1), "nothing to route"),
+        (lambda: vm.compute_routing(4, 5, 0), "shared must be in 0..n_heads=4"),
+        (lambda: vm.compute_routing(4, 0, 0), r"top_k must be in 1..4"),
+        (lambda: vm.compute_routing(temperature=0.0), "temperature must be positive"),
+    ],
+    ids=[
+        "all_shared",
+        "module_without_tokens",
+        "not_moh",
+        "negative_steps",
+        "top_k_too_big",
+        "top_k_without_routed",
+        "too_many_shared",
+        "top_k_zero",
+        "zero_temperature",
+    ],
+)
 def test_bad_arguments_raise(call, message):
     with pytest.raises(ValueError, match=message):
         call()

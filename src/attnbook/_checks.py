@@ -22,9 +22,7 @@ def check_qkv(
         if not isinstance(x, torch.Tensor):
             raise ValueError(f"{name}: {label} must be a torch.Tensor, got {type(x).__name__}")
         if x.dim() != 4:
-            raise ValueError(
-                f"{name}: {label} must have 4 dimensions (B, H, N, D), got shape {_shape(x)}"
-            )
+            raise ValueError(f"{name}: {label} must have 4 dimensions (B, H, N, D), got shape {_shape(x)}")
         if not x.is_floating_point():
             raise ValueError(f"{name}: {label} must be floating point, got dtype {x.dtype}")
     shapes = f"q {_shape(q)}, k {_shape(k)}, v {_shape(v)}"
@@ -56,9 +54,7 @@ def check_bool_mask(mask: torch.Tensor, target: tuple[int, int, int, int], *, na
     if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
         got = mask.dtype if isinstance(mask, torch.Tensor) else type(mask).__name__
         raise ValueError(f"{name}: mask must be a bool tensor (True = may attend), got {got}")
-    problem = (
-        f"{name}: mask of shape {_shape(mask)} does not broadcast to (B, H, N, M) = {tuple(target)}"
-    )
+    problem = f"{name}: mask of shape {_shape(mask)} does not broadcast to (B, H, N, M) = {tuple(target)}"
     if mask.dim() > 4:
         raise ValueError(problem)
     try:

@@ -31,14 +31,11 @@ class ProjectedAttention(nn.Module):
 
     def __init__(self, d_input: int, d_model: int, d_output: int, n_heads: int, drop_out: float = 0.0):
         super().__init__()
-        for label, value in (("d_input", d_input), ("d_model", d_model), ("d_output", d_output),
-                             ("n_heads", n_heads)):
+        for label, value in (("d_input", d_input), ("d_model", d_model), ("d_output", d_output), ("n_heads", n_heads)):
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{type(self).__name__}: {label} must be a positive int, got {value!r}")
         if d_model % n_heads:
-            raise ValueError(
-                f"{type(self).__name__}: d_model={d_model} is not divisible by n_heads={n_heads}"
-            )
+            raise ValueError(f"{type(self).__name__}: d_model={d_model} is not divisible by n_heads={n_heads}")
         if not 0.0 <= drop_out < 1.0:
             raise ValueError(f"{type(self).__name__}: drop_out must be in [0, 1), got {drop_out}")
         self.d_input, self.d_model, self.d_output, self.n_heads = d_input, d_model, d_output, n_heads

@@ -46,8 +46,9 @@ def _plan(rows: int, N: int, C: int, D: int, Dv: int) -> tuple[int, int]:
     return 1, min(full, per_block)
 
 
-def _prefix_product(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, C: int, reverse: bool = False,
-                    out: torch.Tensor | None = None) -> torch.Tensor:
+def _prefix_product(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, C: int, reverse: bool = False, out: torch.Tensor | None = None
+) -> torch.Tensor:
     """sum_{j <= i} (q_i . k_j) v_j (``reverse``: over j >= i) for q, k (..., N, D), v (..., N, Dv).
 
     Everything in q's dtype, no autograd (called from the autograd.Function, or under no_grad). Written into

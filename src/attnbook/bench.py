@@ -95,22 +95,44 @@ def _moh_setup(B, H, N, D, device, dtype):
 MECHANISMS: dict[str, Mechanism] = {
     m.name: m
     for m in [
-        Mechanism("softmax", "softmax attention through torch SDPA (fused kernels where they apply)", False,
-                  _function(softmax_attention)),
-        Mechanism("softmax_causal", "causal softmax attention through torch SDPA (is_causal=True)", True,
-                  _function(softmax_attention, causal=True)),
-        Mechanism("softmax_literal", "softmax(q k^T / sqrt(D)) v with the N x N matrix materialised", False,
-                  lambda B, H, N, D, dev, dt: (_qkv(B, H, N, D, dev, dt), _softmax_literal),
-                  quadratic_memory=True),
+        Mechanism(
+            "softmax",
+            "softmax attention through torch SDPA (fused kernels where they apply)",
+            False,
+            _function(softmax_attention),
+        ),
+        Mechanism(
+            "softmax_causal",
+            "causal softmax attention through torch SDPA (is_causal=True)",
+            True,
+            _function(softmax_attention, causal=True),
+        ),
+        Mechanism(
+            "softmax_literal",
+            "softmax(q k^T / sqrt(D)) v with the N x N matrix materialised",
+            False,
+            lambda B, H, N, D, dev, dt: (_qkv(B, H, N, D, dev, dt), _softmax_literal),
+            quadratic_memory=True,
+        ),
         Mechanism("linear", "attnbook.linear_attention, elu+1 features", False, _function(linear_attention)),
-        Mechanism("linear_causal", "attnbook.linear_attention(causal=True), chunked prefix sums", True,
-                  _function(linear_attention, causal=True)),
+        Mechanism(
+            "linear_causal",
+            "attnbook.linear_attention(causal=True), chunked prefix sums",
+            True,
+            _function(linear_attention, causal=True),
+        ),
         Mechanism("flow", "attnbook.flow_attention", False, _function(flow_attention)),
-        Mechanism("flow_causal", "attnbook.flow_attention(causal=True), chunked", True,
-                  _function(flow_attention, causal=True)),
+        Mechanism(
+            "flow_causal", "attnbook.flow_attention(causal=True), chunked", True, _function(flow_attention, causal=True)
+        ),
         Mechanism("mobile", "attnbook.mobile_attention", False, _function(mobile_attention)),
-        Mechanism("moh", "attnbook.MoHAttention layer (qkv, router, SDPA, proj) on x (B, N, H*D); "
-                  "shared_head=H//4, routed_head=H//2", False, _moh_setup),
+        Mechanism(
+            "moh",
+            "attnbook.MoHAttention layer (qkv, router, SDPA, proj) on x (B, N, H*D); "
+            "shared_head=H//4, routed_head=H//2",
+            False,
+            _moh_setup,
+        ),
     ]
 }
 
@@ -252,10 +274,21 @@ def run_benchmark(
                     g = torch.Generator(device="cpu").manual_seed(N + 1)
                     upstream = torch.randn(shape, generator=g).to(device=device, dtype=dtype)
                     steps[n] = _training_step(fn, leaves, upstream)
-            rec = {n: {"mechanism": n, "N": N, "causal": MECHANISMS[n].causal, "forward_s": None,
-                       "forward_samples_s": None, "forward_backward_s": None, "forward_backward_samples_s": None,
-                       "forward_peak_bytes": None, "forward_backward_peak_bytes": None, "skipped": None}
-                   for n in names}
+            rec = {
+                n: {
+                    "mechanism": n,
+                    "N": N,
+                    "causal": MECHANISMS[n].causal,
+                    "forward_s": None,
+                    "forward_samples_s": None,
+                    "forward_backward_s": None,
+                    "forward_backward_samples_s": None,
+                    "forward_peak_bytes": None,
+                    "forward_backward_peak_bytes": None,
+                    "skipped": None,
+                }
+                for n in names
+            }
             for n, why in skipped.items():
                 rec[n]["skipped"] = why
             if fwd:
@@ -282,13 +315,20 @@ def run_benchmark(
     finally:
         bar.close()
     config = {
-        "lengths": lengths, "batch": batch, "heads": heads, "head_dim": head_dim, "device": str(device),
-        "dtype": str(dtype).removeprefix("torch."), "repeats": repeats, "warmup": warmup, "compile": compile,
+        "lengths": lengths,
+        "batch": batch,
+        "heads": heads,
+        "head_dim": head_dim,
+        "device": str(device),
+        "dtype": str(dtype).removeprefix("torch."),
+        "repeats": repeats,
+        "warmup": warmup,
+        "compile": compile,
         "max_matrix_bytes": max_matrix_bytes,
         "mechanisms": {n: MECHANISMS[n].description for n in names},
         "forward": "inference: torch.no_grad()",
         "forward_backward": "forward, then torch.autograd.grad of the output w.r.t. every input "
-                            "against a fixed random upstream gradient",
+        "against a fixed random upstream gradient",
         "memory": "attnbook.profiling.peak_memory: extra bytes above the inputs",
     }
     return {"config": config, "records": records}

@@ -72,10 +72,15 @@ class Sizes:
     repeats: int
 
 
-FULL = Sizes(accuracy=(2, 4, 300, 64), target_shape=(4, 16, 64), n_long=65_536, n_causal=16_384,
-             lengths=(1024, 4096, 16_384, 65_536), repeats=5)
-TINY = Sizes(accuracy=(1, 2, 37, 16), target_shape=(1, 2, 16), n_long=256, n_causal=128,
-             lengths=(32, 64), repeats=2)
+FULL = Sizes(
+    accuracy=(2, 4, 300, 64),
+    target_shape=(4, 16, 64),
+    n_long=65_536,
+    n_causal=16_384,
+    lengths=(1024, 4096, 16_384, 65_536),
+    repeats=5,
+)
+TINY = Sizes(accuracy=(1, 2, 37, 16), target_shape=(1, 2, 16), n_long=256, n_causal=128, lengths=(32, 64), repeats=2)
 
 
 # -- the mechanisms and their oracles -----------------------------------------------------------------------
@@ -109,9 +114,18 @@ def _moh_case(B, H, N, D, device, dtype, g):
 
     def ref(x):
         return reference.moh_attention(
-            x, num_heads=H, shared_head=shared, routed_head=routed, qkv_weight=params["qkv.weight"],
-            qkv_bias=params["qkv.bias"], proj_weight=params["proj.weight"], proj_bias=params["proj.bias"],
-            wg=params.get("wg.weight"), wg_0=params.get("wg_0.weight"), wg_1=params.get("wg_1.weight"))[0]
+            x,
+            num_heads=H,
+            shared_head=shared,
+            routed_head=routed,
+            qkv_weight=params["qkv.weight"],
+            qkv_bias=params["qkv.bias"],
+            proj_weight=params["proj.weight"],
+            proj_bias=params["proj.bias"],
+            wg=params.get("wg.weight"),
+            wg_0=params.get("wg_0.weight"),
+            wg_1=params.get("wg_1.weight"),
+        )[0]
 
     return fast_layer, ref, [torch.randn(B, N, H * D, generator=g)]
 
@@ -133,24 +147,42 @@ def _error(x: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype) -> dict:
     tol = TOLERANCES[dtype]
     x, ref = x.detach().to("cpu", torch.float64), ref.detach().to(torch.float64)
     if x.shape != ref.shape:
-        return {"worst": math.inf, "max_abs": math.inf, "rel_rms": math.inf, "finite": False,
-                "note": f"shape {tuple(x.shape)} != reference {tuple(ref.shape)}"}
+        return {
+            "worst": math.inf,
+            "max_abs": math.inf,
+            "rel_rms": math.inf,
+            "finite": False,
+            "note": f"shape {tuple(x.shape)} != reference {tuple(ref.shape)}",
+        }
     diff = (x - ref).abs()
     rms = ref.pow(2).mean().sqrt().item() if ref.numel() else 0.0
     allowed = tol["atol"] * rms + tol["rtol"] * ref.abs()
     finite = bool(torch.isfinite(x).all())
     worst = (diff / allowed.clamp_min(torch.finfo(torch.float64).tiny)).max().item() if x.numel() else 0.0
-    return {"worst": worst if finite else math.inf, "max_abs": diff.max().item() if x.numel() else 0.0,
-            "rel_rms": (diff.pow(2).mean().sqrt().item() / rms) if rms else 0.0, "finite": finite}
+    return {
+        "worst": worst if finite else math.inf,
+        "max_abs": diff.max().item() if x.numel() else 0.0,
+        "rel_rms": (diff.pow(2).mean().sqrt().item() / rms) if rms else 0.0,
+        "finite": finite,
+    }
 
 
-def _check_one(name: str, dtype: torch.dtype, device: torch.device, sizes: tuple[int, int, int, int],
-               compiled: str | None, seed: int) -> dict:
+def _check_one(
+    name: str,
+    dtype: torch.dtype,
+    device: torch.device,
+    sizes: tuple[int, int, int, int],
+    compiled: str | None,
+    seed: int,
+) -> dict:
     B, H, N, D = sizes
     g = torch.Generator().manual_seed(seed)
-    record = {"mechanism": name, "dtype": str(dtype).removeprefix("torch."),
-              "compile": f"compiled:{compiled}" if compiled else "eager",
-              "shape": [B, H, N, D]}
+    record = {
+        "mechanism": name,
+        "dtype": str(dtype).removeprefix("torch."),
+        "compile": f"compiled:{compiled}" if compiled else "eager",
+        "shape": [B, H, N, D],
+    }
     try:
         fast, ref, inputs = CASES[name](B, H, N, D, device, dtype, g)
         rounded = [x.to(dtype) for x in inputs]  # both sides see the same (rounded) numbers
@@ -179,15 +211,22 @@ def _check_one(name: str, dtype: torch.dtype, device: torch.device, sizes: tuple
 def _fresh_compiler() -> None:
     """Forget earlier compilations and allow enough recompilations that nothing falls back to eager."""
     torch._dynamo.reset()
-    for knob in ("cache_size_limit", "recompile_limit", "accumulated_cache_size_limit",
-                 "accumulated_recompile_limit"):
+    for knob in ("cache_size_limit", "recompile_limit", "accumulated_cache_size_limit", "accumulated_recompile_limit"):
         if hasattr(torch._dynamo.config, knob):
             setattr(torch._dynamo.config, knob, 256)
 
 
-def check_accuracy(device: torch.device | str, *, dtypes=ALL_DTYPES, mechanisms=None, sizes=FULL.accuracy,
-                   compile_backend: str | None = "inductor", eager: bool = True, deadline: float | None = None,
-                   log=print) -> list[dict]:
+def check_accuracy(
+    device: torch.device | str,
+    *,
+    dtypes=ALL_DTYPES,
+    mechanisms=None,
+    sizes=FULL.accuracy,
+    compile_backend: str | None = "inductor",
+    eager: bool = True,
+    deadline: float | None = None,
+    log=print,
+) -> list[dict]:
     """One record per (mechanism, dtype, eager/compiled): errors in units of the tolerance, ``passed``.
 
     ``eager`` checks the mechanisms as they are; ``compile_backend`` (unless None) also checks them under
@@ -205,9 +244,13 @@ def check_accuracy(device: torch.device | str, *, dtypes=ALL_DTYPES, mechanisms=
         for dtype in sorted(dtypes, key=lambda d: d != torch.bfloat16) if mode else dtypes:
             for i, name in enumerate(names):
                 if deadline is not None and time.perf_counter() > deadline:
-                    r = {"mechanism": name, "dtype": str(dtype).removeprefix("torch."),
-                         "compile": f"compiled:{mode}" if mode else "eager", "passed": None,
-                         "skipped": "time budget"}
+                    r = {
+                        "mechanism": name,
+                        "dtype": str(dtype).removeprefix("torch."),
+                        "compile": f"compiled:{mode}" if mode else "eager",
+                        "passed": None,
+                        "skipped": "time budget",
+                    }
                     records.append(r)
                     log(f"  accuracy {name:15s} {r['dtype']:9s} {r['compile']:17s} not run (time budget)")
                     continue
@@ -222,8 +265,21 @@ def check_accuracy(device: torch.device | str, *, dtypes=ALL_DTYPES, mechanisms=
 # -- host-device synchronisation ----------------------------------------------------------------------------
 
 # Operators whose result size or value the host must read from device memory.
-SYNC_OPS = {"_local_scalar_dense", "is_nonzero", "nonzero", "nonzero_static", "masked_select", "unique",
-            "_unique", "_unique2", "unique_consecutive", "unique_dim", "equal", "allclose", "item"}
+SYNC_OPS = {
+    "_local_scalar_dense",
+    "is_nonzero",
+    "nonzero",
+    "nonzero_static",
+    "masked_select",
+    "unique",
+    "_unique",
+    "_unique2",
+    "unique_consecutive",
+    "unique_dim",
+    "equal",
+    "allclose",
+    "item",
+}
 
 
 class SyncDetector(TorchDispatchMode):
@@ -240,8 +296,9 @@ class SyncDetector(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def check_sync(device: torch.device | str, *, mechanisms=None, sizes=FULL.accuracy,
-               dtype: torch.dtype = torch.bfloat16, log=print) -> list[dict]:
+def check_sync(
+    device: torch.device | str, *, mechanisms=None, sizes=FULL.accuracy, dtype: torch.dtype = torch.bfloat16, log=print
+) -> list[dict]:
     """Run every forward under :class:`SyncDetector` (and, on CUDA, ``set_sync_debug_mode("error")``)."""
     device = torch.device(device)
     names = list(CASES) if mechanisms is None else list(mechanisms)
@@ -282,9 +339,19 @@ def check_sync(device: torch.device | str, *, mechanisms=None, sizes=FULL.accura
 # -- the performance targets --------------------------------------------------------------------------------
 
 
-def check_targets(device: torch.device | str, *, B: int, H: int, D: int, n_long: int, n_causal: int,
-                  dtype: torch.dtype = torch.bfloat16, repeats: int = 5, compile_backend: str | None = "inductor",
-                  log=print) -> dict:
+def check_targets(
+    device: torch.device | str,
+    *,
+    B: int,
+    H: int,
+    D: int,
+    n_long: int,
+    n_causal: int,
+    dtype: torch.dtype = torch.bfloat16,
+    repeats: int = 5,
+    compile_backend: str | None = "inductor",
+    log=print,
+) -> dict:
     """The issue's targets: speed-up over SDPA, distance to the memory floor, causal linear vs causal SDPA."""
     device = torch.device(device)
     g = torch.Generator().manual_seed(7)
@@ -296,6 +363,7 @@ def check_targets(device: torch.device | str, *, B: int, H: int, D: int, n_long:
         def call():
             with torch.no_grad():
                 return fn(*inputs)
+
         return call
 
     if compile_backend:
@@ -319,39 +387,62 @@ def check_targets(device: torch.device | str, *, B: int, H: int, D: int, n_long:
     sdpa = timing["sdpa"].median
     long = {"N": n_long, "memory_floor_s": floor, "sdpa_s": sdpa, "impls": {}}
     for impl, t in timing.items():
-        long["impls"][impl] = {"median_s": t.median, "samples_s": list(t.samples),
-                               "speedup_vs_sdpa": sdpa / t.median, "times_memory_floor": t.median / floor}
+        long["impls"][impl] = {
+            "median_s": t.median,
+            "samples_s": list(t.samples),
+            "speedup_vs_sdpa": sdpa / t.median,
+            "times_memory_floor": t.median / floor,
+        }
     for name in ("linear", "flow"):
         impls = {k: v for k, v in long["impls"].items() if k.startswith(name + "_")}
         best = min(impls, key=lambda k: impls[k]["median_s"])
-        long[name] = {"best": best, "speedup_vs_sdpa": impls[best]["speedup_vs_sdpa"],
-                      "times_memory_floor": impls[best]["times_memory_floor"],
-                      "met_10x_sdpa": impls[best]["speedup_vs_sdpa"] >= 10,
-                      "met_3x_floor": impls[best]["times_memory_floor"] <= 3}
-        log(f"  targets  {name} N={n_long}: best {best} {impls[best]['median_s'] * 1e3:.3f} ms, "
+        long[name] = {
+            "best": best,
+            "speedup_vs_sdpa": impls[best]["speedup_vs_sdpa"],
+            "times_memory_floor": impls[best]["times_memory_floor"],
+            "met_10x_sdpa": impls[best]["speedup_vs_sdpa"] >= 10,
+            "met_3x_floor": impls[best]["times_memory_floor"] <= 3,
+        }
+        log(
+            f"  targets  {name} N={n_long}: best {best} {impls[best]['median_s'] * 1e3:.3f} ms, "
             f"{impls[best]['speedup_vs_sdpa']:.1f}x faster than SDPA ({sdpa * 1e3:.3f} ms), "
-            f"{impls[best]['times_memory_floor']:.2f}x the memory floor ({floor * 1e3:.3f} ms)")
+            f"{impls[best]['times_memory_floor']:.2f}x the memory floor ({floor * 1e3:.3f} ms)"
+        )
     del x, fns
 
     # Causal at n_causal.
     x = qkv(n_causal)
-    fns = {"sdpa_causal": forward(lambda q, k, v: softmax_attention(q, k, v, causal=True), x),
-           "linear_causal_eager": forward(lambda q, k, v: linear_attention(q, k, v, causal=True), x)}
+    fns = {
+        "sdpa_causal": forward(lambda q, k, v: softmax_attention(q, k, v, causal=True), x),
+        "linear_causal_eager": forward(lambda q, k, v: linear_attention(q, k, v, causal=True), x),
+    }
     c = compiled(lambda q, k, v: linear_attention(q, k, v, causal=True))
     if c is not None:
         fns["linear_causal_compiled"] = forward(c, x)
     timing = compare(fns, repeats=repeats, warmup=2, device=device)
     base = timing["sdpa_causal"].median
-    causal = {"N": n_causal, "sdpa_causal_s": base, "impls": {
-        k: {"median_s": t.median, "samples_s": list(t.samples), "speedup_vs_sdpa_causal": base / t.median}
-        for k, t in timing.items()}}
+    causal = {
+        "N": n_causal,
+        "sdpa_causal_s": base,
+        "impls": {
+            k: {"median_s": t.median, "samples_s": list(t.samples), "speedup_vs_sdpa_causal": base / t.median}
+            for k, t in timing.items()
+        },
+    }
     best = min((k for k in causal["impls"] if k.startswith("linear")), key=lambda k: causal["impls"][k]["median_s"])
     causal["best"] = best
     causal["met_faster_than_sdpa_causal"] = causal["impls"][best]["median_s"] < base
-    log(f"  targets  causal linear N={n_causal}: best {best} {causal['impls'][best]['median_s'] * 1e3:.3f} ms "
-        f"vs SDPA causal {base * 1e3:.3f} ms")
-    return {"shape": {"B": B, "H": H, "D": D}, "dtype": str(dtype).removeprefix("torch."),
-            "copy_bandwidth_bytes_per_s": bandwidth, "non_causal": long, "causal": causal}
+    log(
+        f"  targets  causal linear N={n_causal}: best {best} {causal['impls'][best]['median_s'] * 1e3:.3f} ms "
+        f"vs SDPA causal {base * 1e3:.3f} ms"
+    )
+    return {
+        "shape": {"B": B, "H": H, "D": D},
+        "dtype": str(dtype).removeprefix("torch."),
+        "copy_bandwidth_bytes_per_s": bandwidth,
+        "non_causal": long,
+        "causal": causal,
+    }
 
 
 # -- the whole run ------------------------------------------------------------------------------------------
@@ -364,9 +455,18 @@ def _write(path: Path, report: dict) -> None:
     tmp.replace(path)
 
 
-def run(device: torch.device | str, out: Path, *, sizes: Sizes = FULL, dtypes=ALL_DTYPES,
-        compile_backend: str | None = "inductor", benchmark: bool = True, targets: bool = True,
-        budget_s: float | None = None, log=print) -> dict:
+def run(
+    device: torch.device | str,
+    out: Path,
+    *,
+    sizes: Sizes = FULL,
+    dtypes=ALL_DTYPES,
+    compile_backend: str | None = "inductor",
+    benchmark: bool = True,
+    targets: bool = True,
+    budget_s: float | None = None,
+    log=print,
+) -> dict:
     """Every section, the report rewritten after each; returns the report.
 
     Order: eager accuracy, sync, targets, benchmark, then the compiled accuracy checks (the slowest part,
@@ -375,12 +475,22 @@ def run(device: torch.device | str, out: Path, *, sizes: Sizes = FULL, dtypes=AL
     device = torch.device(device)
     t0 = time.perf_counter()
     deadline = None if budget_s is None else t0 + budget_s
-    report = {"kind": "attnbook.check_gpu", "environment": environment(device),
-              "sizes": {"accuracy_BHND": list(sizes.accuracy), "targets_BHD": list(sizes.target_shape),
-                        "n_long": sizes.n_long, "n_causal": sizes.n_causal, "lengths": list(sizes.lengths)},
-              "tolerances": {str(d).removeprefix("torch."): t for d, t in TOLERANCES.items()},
-              "tolerance_rule": "|x - ref| <= atol * rms(ref) + rtol * |ref| elementwise, outputs and gradients",
-              "compile_backend": compile_backend, "budget_s": budget_s, "sections_done": []}
+    report = {
+        "kind": "attnbook.check_gpu",
+        "environment": environment(device),
+        "sizes": {
+            "accuracy_BHND": list(sizes.accuracy),
+            "targets_BHD": list(sizes.target_shape),
+            "n_long": sizes.n_long,
+            "n_causal": sizes.n_causal,
+            "lengths": list(sizes.lengths),
+        },
+        "tolerances": {str(d).removeprefix("torch."): t for d, t in TOLERANCES.items()},
+        "tolerance_rule": "|x - ref| <= atol * rms(ref) + rtol * |ref| elementwise, outputs and gradients",
+        "compile_backend": compile_backend,
+        "budget_s": budget_s,
+        "sections_done": [],
+    }
     if device.type == "cuda":
         report["environment"]["gpu_memory_bytes"] = torch.cuda.get_device_properties(device).total_memory
 
@@ -395,22 +505,54 @@ def run(device: torch.device | str, out: Path, *, sizes: Sizes = FULL, dtypes=AL
         report[f"{name}_seconds"] = time.perf_counter() - s
         _write(out, report)
 
-    section("accuracy", lambda: check_accuracy(device, dtypes=dtypes, sizes=sizes.accuracy,
-                                               compile_backend=None, log=log))
+    section(
+        "accuracy", lambda: check_accuracy(device, dtypes=dtypes, sizes=sizes.accuracy, compile_backend=None, log=log)
+    )
     section("sync", lambda: check_sync(device, sizes=sizes.accuracy, log=log))
     B, H, D = sizes.target_shape
     if targets:
-        section("targets", lambda: check_targets(device, B=B, H=H, D=D, n_long=sizes.n_long,
-                                                 n_causal=sizes.n_causal, repeats=sizes.repeats,
-                                                 compile_backend=compile_backend, log=log))
+        section(
+            "targets",
+            lambda: check_targets(
+                device,
+                B=B,
+                H=H,
+                D=D,
+                n_long=sizes.n_long,
+                n_causal=sizes.n_causal,
+                repeats=sizes.repeats,
+                compile_backend=compile_backend,
+                log=log,
+            ),
+        )
     if benchmark:
-        section("benchmark", lambda: run_benchmark(
-            sizes.lengths, batch=B, heads=H, head_dim=D, device=device, dtype=torch.bfloat16,
-            repeats=sizes.repeats, max_matrix_bytes=8 * 2**30, progress=True))
+        section(
+            "benchmark",
+            lambda: run_benchmark(
+                sizes.lengths,
+                batch=B,
+                heads=H,
+                head_dim=D,
+                device=device,
+                dtype=torch.bfloat16,
+                repeats=sizes.repeats,
+                max_matrix_bytes=8 * 2**30,
+                progress=True,
+            ),
+        )
     if compile_backend:
-        section("accuracy_compiled", lambda: check_accuracy(
-            device, dtypes=dtypes, sizes=sizes.accuracy, compile_backend=compile_backend, eager=False,
-            deadline=deadline, log=log))
+        section(
+            "accuracy_compiled",
+            lambda: check_accuracy(
+                device,
+                dtypes=dtypes,
+                sizes=sizes.accuracy,
+                compile_backend=compile_backend,
+                eager=False,
+                deadline=deadline,
+                log=log,
+            ),
+        )
     checks = report["accuracy"], report.get("accuracy_compiled", [])
     report["accuracy_failed"], report["accuracy_not_run"] = [], []
     for part in checks:
@@ -424,42 +566,59 @@ def run(device: torch.device | str, out: Path, *, sizes: Sizes = FULL, dtypes=AL
             elif not r["passed"]:
                 report["accuracy_failed"].append(label)
     syn = report["sync"]
-    report["sync_failed"] = [r["mechanism"] for r in syn if not r["passed"]] if isinstance(syn, list) \
-        else ["sync section crashed"]
+    report["sync_failed"] = (
+        [r["mechanism"] for r in syn if not r["passed"]] if isinstance(syn, list) else ["sync section crashed"]
+    )
     report["passed"] = not report["accuracy_failed"] and not report["sync_failed"]
     report["total_seconds"] = time.perf_counter() - t0
     _write(out, report)
     return report
 
 
-NO_CUDA = ("attnbook.check_gpu: no CUDA device here (torch.cuda.is_available() is False), so there is nothing to "
-           "verify on a GPU.\nTo exercise the check's logic on the CPU at tiny sizes, run:\n"
-           "    python -m attnbook.check_gpu --device cpu --tiny")
+NO_CUDA = (
+    "attnbook.check_gpu: no CUDA device here (torch.cuda.is_available() is False), so there is nothing to "
+    "verify on a GPU.\nTo exercise the check's logic on the CPU at tiny sizes, run:\n"
+    "    python -m attnbook.check_gpu --device cpu --tiny"
+)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m attnbook.check_gpu", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m attnbook.check_gpu", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--device", default="cuda", help="cuda (default) or cpu (only with --tiny)")
     parser.add_argument("--tiny", action="store_true", help="tiny sizes: tests the logic, measures nothing")
-    parser.add_argument("--out", default=None, help="report path (default benchmarks/results/gpu_check.json; "
-                        "with --tiny, gpu_check_tiny_<device>.json in the temporary directory)")
+    parser.add_argument(
+        "--out",
+        default=None,
+        help="report path (default benchmarks/results/gpu_check.json; "
+        "with --tiny, gpu_check_tiny_<device>.json in the temporary directory)",
+    )
     parser.add_argument("--dtypes", default="float32,bfloat16,float16")
-    parser.add_argument("--compile-backend", default=None,
-                        help="torch.compile backend for the compiled checks, or 'none' to skip them (default: "
-                             "inductor on CUDA; eager on the CPU, where inductor would compile C++ for minutes)")
+    parser.add_argument(
+        "--compile-backend",
+        default=None,
+        help="torch.compile backend for the compiled checks, or 'none' to skip them (default: "
+        "inductor on CUDA; eager on the CPU, where inductor would compile C++ for minutes)",
+    )
     parser.add_argument("--no-benchmark", action="store_true", help="skip the full benchmark")
     parser.add_argument("--no-targets", action="store_true", help="skip the target measurements")
-    parser.add_argument("--budget-s", type=float, default=None,
-                        help="compiled accuracy cases not started within this many seconds are reported as not run")
+    parser.add_argument(
+        "--budget-s",
+        type=float,
+        default=None,
+        help="compiled accuracy cases not started within this many seconds are reported as not run",
+    )
     args = parser.parse_args(argv)
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         print(NO_CUDA, file=sys.stderr)
         return 2
     if device.type != "cuda" and not args.tiny:
-        print(f"attnbook.check_gpu: full sizes on {device.type} would take hours; add --tiny to test the logic",
-              file=sys.stderr)
+        print(
+            f"attnbook.check_gpu: full sizes on {device.type} would take hours; add --tiny to test the logic",
+            file=sys.stderr,
+        )
         return 2
     try:
         dtypes = tuple(DTYPES[d.strip()] for d in args.dtypes.split(",") if d.strip())
@@ -468,14 +627,27 @@ def main(argv: list[str] | None = None) -> int:
     backend = args.compile_backend or ("inductor" if device.type == "cuda" else "eager")
     backend = None if backend == "none" else backend
     # a tiny run measures nothing worth keeping: by default it goes to the temporary directory
-    default = (Path(tempfile.gettempdir()) / f"gpu_check_tiny_{device.type}.json" if args.tiny
-               else Path("benchmarks") / "results" / "gpu_check.json")
+    default = (
+        Path(tempfile.gettempdir()) / f"gpu_check_tiny_{device.type}.json"
+        if args.tiny
+        else Path("benchmarks") / "results" / "gpu_check.json"
+    )
     out = Path(args.out) if args.out else default
-    report = run(device, out, sizes=TINY if args.tiny else FULL, dtypes=dtypes, compile_backend=backend,
-                 benchmark=not args.no_benchmark, targets=not args.no_targets, budget_s=args.budget_s)
-    print(f"[check_gpu] wrote {out}; accuracy failures: {report['accuracy_failed'] or 'none'}; "
-          f"not run: {len(report['accuracy_not_run'])}; sync failures: {report['sync_failed'] or 'none'}; "
-          f"{report['total_seconds']:.0f} s")
+    report = run(
+        device,
+        out,
+        sizes=TINY if args.tiny else FULL,
+        dtypes=dtypes,
+        compile_backend=backend,
+        benchmark=not args.no_benchmark,
+        targets=not args.no_targets,
+        budget_s=args.budget_s,
+    )
+    print(
+        f"[check_gpu] wrote {out}; accuracy failures: {report['accuracy_failed'] or 'none'}; "
+        f"not run: {len(report['accuracy_not_run'])}; sync failures: {report['sync_failed'] or 'none'}; "
+        f"{report['total_seconds']:.0f} s"
+    )
     return 0 if report["passed"] else 1
 
 

@@ -41,8 +41,9 @@ def relu_feature_map(x: torch.Tensor) -> torch.Tensor:
 FEATURE_MAPS: dict[str, FeatureMap] = {"elu": elu_feature_map, "relu": relu_feature_map}
 
 
-def _orthogonal_gaussian(num_features: int, dim: int, generator: torch.Generator | None,
-                         device: torch.device) -> torch.Tensor:
+def _orthogonal_gaussian(
+    num_features: int, dim: int, generator: torch.Generator | None, device: torch.device
+) -> torch.Tensor:
     """R rows w_r in R^D, orthogonal within blocks of D, each row's norm drawn as that of a N(0, I_D) vector.
 
     The marginal of every row is N(0, I_D) (Choromanski et al. 2021, Sec. 2.4: orthogonal random features).
@@ -89,8 +90,15 @@ class PerformerFeatures(nn.Module):
 
     projection: torch.Tensor
 
-    def __init__(self, num_features: int, dim: int, *, generator: torch.Generator | None = None,
-                 seed: int | None = None, orthogonal: bool = True):
+    def __init__(
+        self,
+        num_features: int,
+        dim: int,
+        *,
+        generator: torch.Generator | None = None,
+        seed: int | None = None,
+        orthogonal: bool = True,
+    ):
         super().__init__()
         for label, value in (("num_features", num_features), ("dim", dim)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -120,17 +128,15 @@ class PerformerFeatures(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[-1] != self.dim:
-            raise ValueError(
-                f"PerformerFeatures: drawn for width D={self.dim}, got input of shape {tuple(x.shape)}"
-            )
-        x = x * self.dim ** -0.25  # (..., D)
+            raise ValueError(f"PerformerFeatures: drawn for width D={self.dim}, got input of shape {tuple(x.shape)}")
+        x = x * self.dim**-0.25  # (..., D)
         w = self.projection.to(dtype=x.dtype, device=x.device)  # (R, D)
         logits = x @ w.T - 0.5 * (x * x).sum(dim=-1, keepdim=True)  # (..., R)
         return torch.exp(logits) * (1.0 / math.sqrt(self.num_features))  # (..., R)
 
 
 def resolve_feature_map(spec: str | FeatureMap) -> FeatureMap:
-    """"elu" | "relu" | any callable (including a :class:`PerformerFeatures`) -> a callable feature map.
+    """ "elu" | "relu" | any callable (including a :class:`PerformerFeatures`) -> a callable feature map.
 
     Raises ``ValueError`` for anything else, listing the accepted names.
     """

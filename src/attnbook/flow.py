@@ -147,16 +147,18 @@ def _flow_full(qs, ks, v, eps, out=None):
     conserved_outgoing = conserved_outgoing_raw.clamp(-1.0, 1.0)  # for stability, as published
     competition = torch.softmax(conserved_outgoing, dim=-1) * M  # (B, H, M)
     kv = ks.transpose(-2, -1) @ (v * competition.unsqueeze(-1))  # (B, H, D, Dv)
-    conserved_incoming = (_rows_dot(qs, key_over_outgoing.unsqueeze(-2)).squeeze(-2)
-                          + eps * key_over_outgoing.sum(-1, keepdim=True))  # (B, H, N)
+    conserved_incoming = _rows_dot(qs, key_over_outgoing.unsqueeze(-2)).squeeze(-2) + eps * key_over_outgoing.sum(
+        -1, keepdim=True
+    )  # (B, H, N)
     allocation = torch.sigmoid(conserved_incoming * (N / M))  # (B, H, N)
     scale = (allocation / incoming).unsqueeze(-1)  # (B, H, N, 1)
     if out is None:
         out = (qs @ kv) * scale  # (B, H, N, Dv)
     else:
         torch.matmul(qs, kv, out=out).mul_(scale)  # (B, H, N, Dv), in place: no autograd here
-    stats = FlowStats(incoming, outgoing, conserved_incoming, conserved_outgoing, competition, allocation,
-                      conserved_outgoing_raw)
+    stats = FlowStats(
+        incoming, outgoing, conserved_incoming, conserved_outgoing, competition, allocation, conserved_outgoing_raw
+    )
     return out, stats
 
 
@@ -204,11 +206,18 @@ def _causal_block(state: FlowState, q, k, v, eps: float, tril: torch.Tensor):
         scores = scores.masked_fill(~tril[:c, :c], 0.0)
     out = scores @ vc + qs @ state.kv  # (B, H, c, Dv)
     out = out * (allocation / (incoming * t)).unsqueeze(-1)  # (B, H, c, Dv)
-    stats = FlowStats(incoming, outgoing, conserved_incoming, conserved_outgoing, competition, allocation,
-                      conserved_outgoing_raw)
+    stats = FlowStats(
+        incoming, outgoing, conserved_incoming, conserved_outgoing, competition, allocation, conserved_outgoing_raw
+    )
     new_state = FlowState(
-        state.t + c, key_sum[..., -1, :], query_sum[..., -1, :], key_over_outgoing[..., -1, :],
-        query_over_incoming[..., -1, :], exp_mean[..., -1], state.kv + ks.transpose(-2, -1) @ vc)
+        state.t + c,
+        key_sum[..., -1, :],
+        query_sum[..., -1, :],
+        key_over_outgoing[..., -1, :],
+        query_over_incoming[..., -1, :],
+        exp_mean[..., -1],
+        state.kv + ks.transpose(-2, -1) @ vc,
+    )
     return out, stats, new_state
 
 
@@ -372,9 +381,7 @@ def flow_attention_step(
     if q_t.shape != k_t.shape or v_t.shape[:2] != q_t.shape[:2]:
         raise ValueError(f"{name}: need q_t, k_t (B, H, D) of equal shape and v_t (B, H, Dv): {shapes}")
     if not (q_t.dtype == k_t.dtype == v_t.dtype):
-        raise ValueError(
-            f"{name}: q_t, k_t, v_t must share a dtype, got {q_t.dtype}, {k_t.dtype}, {v_t.dtype}"
-        )
+        raise ValueError(f"{name}: q_t, k_t, v_t must share a dtype, got {q_t.dtype}, {k_t.dtype}, {v_t.dtype}")
     acc = accumulation_dtype(q_t.dtype)
     B, H, D = q_t.shape
     Dv = v_t.shape[-1]
@@ -382,8 +389,9 @@ def flow_attention_step(
         state = _initial_state(q_t, B, H, D, Dv, acc)
     elif not isinstance(state, FlowState) or tuple(state.kv.shape) != (B, H, D, Dv):
         got = tuple(state.kv.shape) if isinstance(state, FlowState) else type(state).__name__
-        raise ValueError(f"{name}: state must be a FlowState with kv of shape (B, H, D, Dv) = "
-                         f"{(B, H, D, Dv)}, got {got}")
+        raise ValueError(
+            f"{name}: state must be a FlowState with kv of shape (B, H, D, Dv) = {(B, H, D, Dv)}, got {got}"
+        )
     q1, k1, v1 = q_t.unsqueeze(-2), k_t.unsqueeze(-2), v_t.unsqueeze(-2)  # one-token blocks (B, H, 1, .)
     out, _, new_state = _causal_block(state, q1, k1, v1, eps, None)
     return out.squeeze(-2).to(q_t.dtype), new_state  # (B, H, Dv)

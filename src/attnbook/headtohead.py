@@ -105,8 +105,17 @@ class TinyModel(nn.Module):
     Shape: tokens (B, N) long -> logits (B, n_out).
     """
 
-    def __init__(self, mechanism: str, *, vocab: int, length: int, n_out: int, d_model: int = 64,
-                 n_heads: int = 4, n_layers: int = 2):
+    def __init__(
+        self,
+        mechanism: str,
+        *,
+        vocab: int,
+        length: int,
+        n_out: int,
+        d_model: int = 64,
+        n_heads: int = 4,
+        n_layers: int = 2,
+    ):
         super().__init__()
         if mechanism not in MECHANISMS:
             raise ValueError(f"TinyModel: unknown mechanism {mechanism!r}; choose from {MECHANISMS}")
@@ -119,8 +128,9 @@ class TinyModel(nn.Module):
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         if tokens.dim() != 2 or tokens.shape[1] > self.position.shape[0]:
-            raise ValueError(f"TinyModel: expected tokens (B, N <= {self.position.shape[0]}), "
-                             f"got {tuple(tokens.shape)}")
+            raise ValueError(
+                f"TinyModel: expected tokens (B, N <= {self.position.shape[0]}), got {tuple(tokens.shape)}"
+            )
         x = self.embed(tokens) + self.position[: tokens.shape[1]]  # (B, N, d)
         for block in self.blocks:
             x = block(x)
@@ -142,20 +152,41 @@ class Curve:
         return self.accuracy[-1]
 
 
-def train(mechanism: str, task: RecallTask = RecallTask(), *, steps: int = 200, batch: int = 64,
-          lr: float = 3e-3, eval_every: int = 20, eval_size: int = 512, d_model: int = 64, n_heads: int = 4,
-          n_layers: int = 2, seed: int = 0, device: torch.device | str = "cpu") -> Curve:
+def train(
+    mechanism: str,
+    task: RecallTask = RecallTask(),
+    *,
+    steps: int = 200,
+    batch: int = 64,
+    lr: float = 3e-3,
+    eval_every: int = 20,
+    eval_size: int = 512,
+    d_model: int = 64,
+    n_heads: int = 4,
+    n_layers: int = 2,
+    seed: int = 0,
+    device: torch.device | str = "cpu",
+) -> Curve:
     """Train a :class:`TinyModel` with ``mechanism`` on ``task`` (AdamW); accuracy vs training wall time.
 
     The same seed gives every mechanism the same training batches and the same held-out batch.
     """
     if steps < 1 or eval_every < 1 or batch < 1 or eval_size < 1:
-        raise ValueError(f"train: steps, eval_every, batch and eval_size must be >= 1, got "
-                         f"{steps}, {eval_every}, {batch}, {eval_size}")
+        raise ValueError(
+            f"train: steps, eval_every, batch and eval_size must be >= 1, got "
+            f"{steps}, {eval_every}, {batch}, {eval_size}"
+        )
     device = torch.device(device)
     torch.manual_seed(seed)
-    model = TinyModel(mechanism, vocab=task.vocab, length=task.length, n_out=task.n_values, d_model=d_model,
-                      n_heads=n_heads, n_layers=n_layers).to(device)
+    model = TinyModel(
+        mechanism,
+        vocab=task.vocab,
+        length=task.length,
+        n_out=task.n_values,
+        d_model=d_model,
+        n_heads=n_heads,
+        n_layers=n_layers,
+    ).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
     data = torch.Generator().manual_seed(seed + 1)
     eval_tokens, eval_target = task.batch(eval_size, torch.Generator().manual_seed(seed + 2), device)

@@ -100,8 +100,9 @@ def linear_attention(
         raise ValueError(f"{name}: chunk_size must be a positive int, got {chunk_size!r}")
     phi = resolve_feature_map(feature_map)
     if isinstance(phi, PerformerFeatures) and phi.dim != D:
-        raise ValueError(f"{name}: the PerformerFeatures were drawn for width D={phi.dim}, got q {_shape(q)}, "
-                         f"k {_shape(k)}")
+        raise ValueError(
+            f"{name}: the PerformerFeatures were drawn for width D={phi.dim}, got q {_shape(q)}, k {_shape(k)}"
+        )
     dtype, acc = q.dtype, accumulation_dtype(q.dtype)
     q, k, v = q.to(acc), k.to(acc), v.to(acc)
     keep = None
@@ -120,8 +121,7 @@ def linear_attention(
     step = max(1, (_ROW_POSITIONS_CAUSAL if causal else _ROW_POSITIONS) // max(N, M))
     for r0 in range(0, rows, step):
         r = slice(r0, r0 + step)
-        _attend(q[r], k[r], v[r], None if keep is None else keep[r], phi, causal, eps, chunk_size, name, (B, H),
-                out[r])
+        _attend(q[r], k[r], v[r], None if keep is None else keep[r], phi, causal, eps, chunk_size, name, (B, H), out[r])
     return out.view(B, H, N, Dv).to(dtype)
 
 
@@ -149,9 +149,7 @@ def _attend(q, k, v, keep, phi, causal, eps, chunk_size, name, lead, out=None):
     fq = _features(phi, q, name=name, label="q", lead=lead).to(acc)  # (..., N, R)
     fk = _features(phi, k, name=name, label="k", lead=lead).to(acc)  # (..., M, R)
     if fq.shape[-1] != fk.shape[-1]:
-        raise ValueError(
-            f"{name}: the feature map gave q features {_show(fq, lead)} but k features {_show(fk, lead)}"
-        )
+        raise ValueError(f"{name}: the feature map gave q features {_show(fq, lead)} but k features {_show(fk, lead)}")
     if keep is not None:
         fk = torch.where(keep, fk, 0.0)  # (..., M, R), phi(0) need not be 0
     if causal:
@@ -263,9 +261,18 @@ class LinearAttention(ProjectedAttention):
         (B, S, d_input) and a (B, S) bool mask (True = real token) -> (B, L, d_output).
     """
 
-    def __init__(self, d_input: int, d_model: int, d_output: int, n_heads: int, drop_out: float = 0.0,
-                 feature_map: str | FeatureMap = "elu", causal: bool = False, eps: float = 1e-6,
-                 chunk_size: int = 64):
+    def __init__(
+        self,
+        d_input: int,
+        d_model: int,
+        d_output: int,
+        n_heads: int,
+        drop_out: float = 0.0,
+        feature_map: str | FeatureMap = "elu",
+        causal: bool = False,
+        eps: float = 1e-6,
+        chunk_size: int = 64,
+    ):
         super().__init__(d_input, d_model, d_output, n_heads, drop_out)
         _check_eps(eps, type(self).__name__)
         phi = resolve_feature_map(feature_map)
@@ -281,10 +288,23 @@ class LinearAttention(ProjectedAttention):
     def extra_repr(self) -> str:
         return f"n_heads={self.n_heads}, causal={self.causal}, eps={self.eps}"
 
-    def forward(self, queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-                key_padding_mask: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        queries: torch.Tensor,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        key_padding_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         return super().forward(queries, keys, values, key_padding_mask=key_padding_mask)
 
     def attend(self, q, k, v, key_padding_mask=None):
-        return linear_attention(q, k, v, causal=self.causal, feature_map=self.feature_map,
-                                key_padding_mask=key_padding_mask, eps=self.eps, chunk_size=self.chunk_size)
+        return linear_attention(
+            q,
+            k,
+            v,
+            causal=self.causal,
+            feature_map=self.feature_map,
+            key_padding_mask=key_padding_mask,
+            eps=self.eps,
+            chunk_size=self.chunk_size,
+        )

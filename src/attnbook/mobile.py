@@ -111,10 +111,15 @@ def _mobile(q, k, v, eps, acc, out=None):
     incoming = gram.sum(-1) + e * q_rows + e * k_rows.sum(-1, keepdim=True) + de2  # (B, N, H)
     outgoing = gram.sum(-2) + e * k_rows + e * q_rows.sum(-1, keepdim=True) + de2  # (B, N, H)
     r_out, r_in = outgoing.reciprocal(), incoming.reciprocal()  # (B, N, H)
-    conserved_incoming = ((gram @ r_out.unsqueeze(-1)).squeeze(-1) + e * q_rows
-                          + e * (k_rows * r_out).sum(-1, keepdim=True) + de2)  # (B, N, H)
-    conserved_outgoing_raw = ((gram.transpose(-2, -1) @ r_in.unsqueeze(-1)).squeeze(-1) + e * k_rows
-                              + e * (q_rows * r_in).sum(-1, keepdim=True) + de2)  # (B, N, H)
+    conserved_incoming = (
+        (gram @ r_out.unsqueeze(-1)).squeeze(-1) + e * q_rows + e * (k_rows * r_out).sum(-1, keepdim=True) + de2
+    )  # (B, N, H)
+    conserved_outgoing_raw = (
+        (gram.transpose(-2, -1) @ r_in.unsqueeze(-1)).squeeze(-1)
+        + e * k_rows
+        + e * (q_rows * r_in).sum(-1, keepdim=True)
+        + de2
+    )  # (B, N, H)
     incoming, outgoing, conserved_incoming, conserved_outgoing_raw = (
         x.transpose(1, 2) for x in (incoming, outgoing, conserved_incoming, conserved_outgoing_raw)
     )  # each (B, H, N)
@@ -127,8 +132,15 @@ def _mobile(q, k, v, eps, acc, out=None):
         out = ((qs @ kv) * scale).to(q.dtype)  # (B, H, N, Dv)
     else:
         torch.matmul(qs, kv, out=out).mul_(scale)  # (B, H, N, Dv), in place: no autograd here
-    stats = (incoming, outgoing, conserved_incoming, conserved_outgoing, competition, allocation,
-             conserved_outgoing_raw)
+    stats = (
+        incoming,
+        outgoing,
+        conserved_incoming,
+        conserved_outgoing,
+        competition,
+        allocation,
+        conserved_outgoing_raw,
+    )
     return out, FlowStats(*(x.contiguous() for x in stats))
 
 

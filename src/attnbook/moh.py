@@ -172,7 +172,8 @@ class MoHAttention(nn.Module):
             if dim < num_heads:
                 raise ValueError(
                     f"MoHAttention: head_dim = dim // num_heads = {dim} // {num_heads} = 0; "
-                    f"pass head_dim or use fewer heads")
+                    f"pass head_dim or use fewer heads"
+                )
             head_dim = dim // num_heads
         _check_count("head_dim", head_dim, 1)
         for label, p in (("attn_drop", attn_drop), ("proj_drop", proj_drop)):
@@ -184,17 +185,20 @@ class MoHAttention(nn.Module):
         if routed_head == 0 and shared_head == 0:
             raise ValueError(
                 f"MoHAttention: no head would ever be used: with routed_head=0 every head must be shared "
-                f"(shared_head=num_heads) ({heads})")
+                f"(shared_head=num_heads) ({heads})"
+            )
         if routed_head == 0 and shared_head < num_heads:
             raise ValueError(
                 f"MoHAttention: with routed_head=0 no token can choose the {num_heads - shared_head} "
                 f"non-shared heads, so they would never be used; set shared_head=num_heads or "
-                f"routed_head >= 1 ({heads})")
+                f"routed_head >= 1 ({heads})"
+            )
         if shared_head + routed_head > num_heads:
             raise ValueError(
                 f"MoHAttention: each token would use shared_head + routed_head = "
                 f"{shared_head + routed_head} heads but there are only {num_heads}; routed_head must be at "
-                f"most num_heads - shared_head = {num_heads - shared_head} ({heads})")
+                f"most num_heads - shared_head = {num_heads - shared_head} ({heads})"
+            )
 
         self.dim = dim
         self.num_heads = num_heads
@@ -223,8 +227,10 @@ class MoHAttention(nn.Module):
         self.load_balancing_loss: torch.Tensor | None = None
 
     def extra_repr(self) -> str:
-        return (f"dim={self.dim}, num_heads={self.num_heads}, head_dim={self.head_dim}, "
-                f"shared_head={self.shared_head}, routed_head={self.routed_head}")
+        return (
+            f"dim={self.dim}, num_heads={self.num_heads}, head_dim={self.head_dim}, "
+            f"shared_head={self.shared_head}, routed_head={self.routed_head}"
+        )
 
     def _check_input(self, x: torch.Tensor) -> None:
         if not isinstance(x, torch.Tensor) or x.dim() != 3 or x.shape[-1] != self.dim:
@@ -267,9 +273,15 @@ class MoHAttention(nn.Module):
             if k == 0:  # all heads shared (validated: s == H)
                 empty = xr.new_zeros(B, N, 0)
                 return HeadRouting(
-                    gates=shared, selected=torch.ones_like(shared, dtype=torch.bool), routed_probs=empty,
-                    load=xr.new_zeros(0), importance=xr.new_zeros(0), loss=xr.new_zeros(()),
-                    shared_weight=ones, routed_weight=ones)
+                    gates=shared,
+                    selected=torch.ones_like(shared, dtype=torch.bool),
+                    routed_probs=empty,
+                    load=xr.new_zeros(0),
+                    importance=xr.new_zeros(0),
+                    loss=xr.new_zeros(()),
+                    shared_weight=ones,
+                    routed_weight=ones,
+                )
 
             # Routed heads: top-k of p = softmax(W_r x), renormalised over the chosen k and scaled by k.
             probs = F.softmax(logit["wg"], dim=-1)  # (B, N, E)
@@ -294,9 +306,16 @@ class MoHAttention(nn.Module):
                 shared_weight = routed_weight = ones
             gates = torch.cat([shared, routed], dim=-1)  # (B, N, H)
             selected = torch.cat([torch.ones_like(shared, dtype=torch.bool), chosen], dim=-1)  # (B, N, H)
-        return HeadRouting(gates=gates, selected=selected, routed_probs=probs, load=load,
-                           importance=importance, loss=loss, shared_weight=shared_weight,
-                           routed_weight=routed_weight)
+        return HeadRouting(
+            gates=gates,
+            selected=selected,
+            routed_probs=probs,
+            load=load,
+            importance=importance,
+            loss=loss,
+            shared_weight=shared_weight,
+            routed_weight=routed_weight,
+        )
 
     def forward(self, x: torch.Tensor, return_routing: bool = False):
         """Gated multi-head self-attention of x (B, N, dim) -> (B, N, dim) [, HeadRouting]."""
@@ -357,7 +376,8 @@ def moh_load_balancing_loss(model: nn.Module, reduction: str = "mean") -> torch.
         if m.load_balancing_loss is None:
             raise ValueError(
                 f"moh_load_balancing_loss: layer {name or '<model>'!r} has no load-balancing loss; run a "
-                f"forward in training mode (model.train()) before asking for it")
+                f"forward in training mode (model.train()) before asking for it"
+            )
         losses.append(m.load_balancing_loss)
     if not losses:
         return next(layers[0][1].parameters()).new_zeros((), dtype=torch.float32)

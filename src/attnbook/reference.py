@@ -11,8 +11,14 @@ import math
 
 import torch
 
-__all__ = ["softmax_attention", "linear_attention", "linear_attention_loop", "moh_attention",
-           "flow_attention", "mobile_attention"]
+__all__ = [
+    "softmax_attention",
+    "linear_attention",
+    "linear_attention_loop",
+    "moh_attention",
+    "flow_attention",
+    "mobile_attention",
+]
 
 
 def _f64(*xs: torch.Tensor) -> list[torch.Tensor]:
@@ -213,7 +219,7 @@ def moh_attention(
         if q_norm is not None:
             q, kk = q_norm(q), k_norm(kk)
         head = softmax_attention(q[:, None], kk[:, None], v[:, None])[:, 0]  # (B, N, D)
-        out = out + (gates[..., h, None] * head) @ proj_weight[:, h * D:(h + 1) * D].T  # (B, N, C_out)
+        out = out + (gates[..., h, None] * head) @ proj_weight[:, h * D : (h + 1) * D].T  # (B, N, C_out)
 
     loss = x.new_zeros(())
     if k > 0:

@@ -74,13 +74,15 @@ class SoftmaxAttention(ProjectedAttention):
         -> (B, L, d_output); ``mask`` as in :func:`softmax_attention`.
     """
 
-    def __init__(self, d_input: int, d_model: int, d_output: int, n_heads: int, drop_out: float = 0.0,
-                 causal: bool = False):
+    def __init__(
+        self, d_input: int, d_model: int, d_output: int, n_heads: int, drop_out: float = 0.0, causal: bool = False
+    ):
         super().__init__(d_input, d_model, d_output, n_heads, drop_out)
         self.causal = causal
 
-    def forward(self, queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-                mask: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self, queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
         return super().forward(queries, keys, values, mask=mask)
 
     def attend(self, q, k, v, mask=None):

@@ -41,8 +41,7 @@ class PageVisit:
         page.goto(url, wait_until="networkidle")
         # MathJax typesets asynchronously; its startup promise resolves after the first typeset
         if page.locator(".math").count():
-            page.wait_for_function("() => window.MathJax && MathJax.startup && MathJax.startup.promise",
-                                   timeout=30_000)
+            page.wait_for_function("() => window.MathJax && MathJax.startup && MathJax.startup.promise", timeout=30_000)
             page.evaluate("() => MathJax.startup.promise.then(() => true)")
         page.wait_for_load_state("networkidle")
 
@@ -137,8 +136,10 @@ def test_colab_link_opens_this_chapter_on_main(visit):
     if visit.name not in CHAPTERS:
         pytest.skip("not a notebook chapter")
     repo = urllib.parse.urlsplit(CONFIG["repository"]["url"]).path.strip("/")
-    expected = (f"https://colab.research.google.com/github/{repo}/blob/{CONFIG['repository']['branch']}/"
-                f"{visit.name}.ipynb")
+    expected = (
+        f"https://colab.research.google.com/github/{repo}/blob/{CONFIG['repository']['branch']}/{visit.name}.ipynb"
+    )
     links = visit.page.evaluate(
-        "() => [...document.querySelectorAll('a[href*=\"colab.research.google.com\"]')].map(a => a.href)")
+        "() => [...document.querySelectorAll('a[href*=\"colab.research.google.com\"]')].map(a => a.href)"
+    )
     assert links and set(links) == {expected}, links

@@ -78,10 +78,26 @@ def main() -> None:
 
     env = {**os.environ, "ATTNBOOK_FAST": "1", "MPLBACKEND": "Agg"}
     # Run outside the checkout's src/ so that the installed package is the one imported.
-    run(str(PY), "-c", "import attnbook, ipywidgets; print(attnbook.__file__, ipywidgets.__version__)",
-        cwd=str(VENV), env=env)
-    run(str(PY), "-m", "pytest", "-q", "-p", "no:cacheprovider", "--nbmake", "--nbmake-timeout=600",
-        str(chapter), cwd=str(ROOT), env=env)
+    run(
+        str(PY),
+        "-c",
+        "import attnbook, ipywidgets; print(attnbook.__file__, ipywidgets.__version__)",
+        cwd=str(VENV),
+        env=env,
+    )
+    run(
+        str(PY),
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "--nbmake",
+        "--nbmake-timeout=600",
+        str(chapter),
+        cwd=str(ROOT),
+        env=env,
+    )
     widget_tests = sorted(str(p) for p in (ROOT / "tests").glob("test_viz_*.py"))
     run(str(PY), "-m", "pytest", "-q", "-p", "no:cacheprovider", *widget_tests, cwd=str(ROOT), env=env)
 

@@ -7,7 +7,14 @@ from .moh import compute_routing, plot_routing, routing_explorer, train_router
 from .plots import attention_heatmap, scaling_plot
 from .static import frame_slider
 
-__all__ = ["attention_heatmap", "scaling_plot", "frame_slider",
-           "attention_maps_figure", "feature_error_plot", "relative_error", "row_entropy"]
+__all__ = [
+    "attention_heatmap",
+    "scaling_plot",
+    "frame_slider",
+    "attention_maps_figure",
+    "feature_error_plot",
+    "relative_error",
+    "row_entropy",
+]
 __all__ += ["compute_routing", "train_router", "plot_routing", "routing_explorer"]
 __all__ += ["make_toy_input", "compute_flow_state", "plot_flow", "flow_explorer"]

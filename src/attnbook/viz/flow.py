@@ -153,12 +153,13 @@ def make_toy_input(
         raise ValueError(f"make_toy_input: magnitude must be finite and >= 0, got {magnitude!r}")
     g = torch.Generator().manual_seed(int(seed))
     scale = 1.0 / math.sqrt(d_token)
-    wq, wk, wv = (torch.randn(n_heads, d_token, d_head, generator=g, dtype=torch.float64) * scale
-                  for _ in range(3))  # (H, d_token, d_head)
+    wq, wk, wv = (
+        torch.randn(n_heads, d_token, d_head, generator=g, dtype=torch.float64) * scale for _ in range(3)
+    )  # (H, d_token, d_head)
     base = torch.randn(d_token, generator=g, dtype=torch.float64)
     # one row at a time, so that token t does not depend on how many tokens come after it
     noise = torch.stack([torch.randn(d_token, generator=g, dtype=torch.float64) for _ in range(n_tokens)])
-    x = similarity * base + math.sqrt(max(0.0, 1.0 - similarity ** 2)) * noise  # (N, d_token)
+    x = similarity * base + math.sqrt(max(0.0, 1.0 - similarity**2)) * noise  # (N, d_token)
     q = magnitude * torch.einsum("nc,hcd->hnd", x, wq)  # (H, N, d_head)
     k = magnitude * torch.einsum("nc,hcd->hnd", x, wk)  # (H, N, d_head)
     v = torch.einsum("nc,hcd->hnd", x, wv)  # (H, N, d_head)
@@ -172,9 +173,7 @@ def _single_batch(x: torch.Tensor, label: str) -> torch.Tensor:
         return x[None]
     if x.dim() == 4 and x.shape[0] == 1:
         return x
-    raise ValueError(
-        f"compute_flow_state: {label} must have shape (H, N, D) or (1, H, N, D), got {tuple(x.shape)}"
-    )
+    raise ValueError(f"compute_flow_state: {label} must have shape (H, N, D) or (1, H, N, D), got {tuple(x.shape)}")
 
 
 def _cpu64(x: torch.Tensor) -> torch.Tensor:
@@ -276,8 +275,16 @@ _SINK_COLOUR = "#1b9e77"
 _EDGE_COLOUR = "#7570b3"
 
 
-def _draw_bipartite(ax, weights: np.ndarray, *, source_size: np.ndarray, sink_size: np.ndarray,
-                    source_label: str, sink_label: str, title: str) -> None:
+def _draw_bipartite(
+    ax,
+    weights: np.ndarray,
+    *,
+    source_size: np.ndarray,
+    sink_size: np.ndarray,
+    source_label: str,
+    sink_label: str,
+    title: str,
+) -> None:
     """Sources on the left (x = 0), sinks on the right (x = 1); line width proportional to the weight."""
     n_sinks, n_sources = weights.shape
     ys = lambda n: np.linspace(1.0, 0.0, n) if n > 1 else np.array([0.5])  # noqa: E731
@@ -293,13 +300,28 @@ def _draw_bipartite(ax, weights: np.ndarray, *, source_size: np.ndarray, sink_si
                 widths.append(0.3 + 6.0 * w)
                 colours.append((*edge_rgb, 0.25 + 0.6 * w))
     # one collection instead of N * M lines: drawing stays fast enough for a live widget
-    ax.add_collection(LineCollection(segments, linewidths=widths, colors=colours, capstyle="round", zorder=1,
-                                     label="edges"))
+    ax.add_collection(
+        LineCollection(segments, linewidths=widths, colors=colours, capstyle="round", zorder=1, label="edges")
+    )
     # marker area grows with the node's factor (competition / allocation); 1 = the neutral size
-    ax.scatter(np.zeros(n_sources), y_src, s=120 * np.clip(source_size, 0.05, None), color=_SOURCE_COLOUR,
-               zorder=2, edgecolor="black", linewidth=0.5)
-    ax.scatter(np.ones(n_sinks), y_snk, s=120 * np.clip(sink_size, 0.05, None), color=_SINK_COLOUR,
-               zorder=2, edgecolor="black", linewidth=0.5)
+    ax.scatter(
+        np.zeros(n_sources),
+        y_src,
+        s=120 * np.clip(source_size, 0.05, None),
+        color=_SOURCE_COLOUR,
+        zorder=2,
+        edgecolor="black",
+        linewidth=0.5,
+    )
+    ax.scatter(
+        np.ones(n_sinks),
+        y_snk,
+        s=120 * np.clip(sink_size, 0.05, None),
+        color=_SINK_COLOUR,
+        zorder=2,
+        edgecolor="black",
+        linewidth=0.5,
+    )
     for j, y in enumerate(y_src):
         ax.text(-0.08, y, f"{source_label}{j}", ha="right", va="center", fontsize=8)
     for i, y in enumerate(y_snk):
@@ -310,21 +332,43 @@ def _draw_bipartite(ax, weights: np.ndarray, *, source_size: np.ndarray, sink_si
     ax.set_title(title, fontsize=10)
 
 
-def _grouped_bars(ax, first: np.ndarray, second: np.ndarray, *, labels: tuple[str, str], colours, prefix: str,
-                  title: str, clamp: bool = False, raw: np.ndarray | None = None) -> None:
+def _grouped_bars(
+    ax,
+    first: np.ndarray,
+    second: np.ndarray,
+    *,
+    labels: tuple[str, str],
+    colours,
+    prefix: str,
+    title: str,
+    clamp: bool = False,
+    raw: np.ndarray | None = None,
+) -> None:
     x = np.arange(len(first))
     width = 0.4
     if raw is not None:  # the part the clamp cut off, hatched
-        ax.bar(x - width / 2, raw, width, color="none", edgecolor=colours[0], hatch="///", lw=0.6,
-               label=f"{labels[0]} before clamp")
+        ax.bar(
+            x - width / 2,
+            raw,
+            width,
+            color="none",
+            edgecolor=colours[0],
+            hatch="///",
+            lw=0.6,
+            label=f"{labels[0]} before clamp",
+        )
     ax.bar(x - width / 2, first, width, color=colours[0], label=labels[0])
     ax.bar(x + width / 2, second, width, color=colours[1], label=labels[1])
     if clamp:
         ax.axhline(1.0, color="black", lw=0.8, ls="--")
         ax.text(len(first) - 0.5, 1.0, "clamp", ha="right", va="bottom", fontsize=7)
     ax.set_xticks(x, [f"{prefix}{i}" for i in x], fontsize=8)
-    top = max(float(np.max(first)), float(np.max(second)), 1.0 if clamp else 0.0,
-              float(np.max(raw)) if raw is not None else 0.0)
+    top = max(
+        float(np.max(first)),
+        float(np.max(second)),
+        1.0 if clamp else 0.0,
+        float(np.max(raw)) if raw is not None else 0.0,
+    )
     ax.set_ylim(0.0, 1.4 * top)  # headroom for the legend
     ax.set_title(title, fontsize=10)
     ax.legend(fontsize=7, loc="upper left", framealpha=0.7, ncol=2 if raw is None else 1)
@@ -345,8 +389,12 @@ def plot_flow(state: FlowPicture, *, head: int = 0, figsize: tuple[float, float]
         raise ValueError(f"plot_flow: head={head} is outside 0..{state.n_heads - 1}")
     heads_mode = state.mode == "mobile"
     n_panels = 4 if heads_mode else 3
-    fig, axes = plt.subplots(1, n_panels, figsize=figsize or (3.6 * n_panels + 0.6, 3.6),
-                             gridspec_kw=dict(width_ratios=[1.1] + [1.0] * (n_panels - 1)))
+    fig, axes = plt.subplots(
+        1,
+        n_panels,
+        figsize=figsize or (3.6 * n_panels + 0.6, 3.6),
+        gridspec_kw=dict(width_ratios=[1.1] + [1.0] * (n_panels - 1)),
+    )
     switches = []
     if state.causal:
         switches.append("causal")
@@ -358,30 +406,52 @@ def plot_flow(state: FlowPicture, *, head: int = 0, figsize: tuple[float, float]
     fig.suptitle(f"{what}, head {head}" + (f" ({', '.join(switches)})" if switches else ""), fontsize=11)
 
     _draw_bipartite(
-        axes[0], state.edges[head].numpy(),
-        source_size=state.competition[head].numpy(), sink_size=state.allocation[head].numpy(),
-        source_label="k", sink_label="q", title="flow from sources (keys) to sinks (queries)",
+        axes[0],
+        state.edges[head].numpy(),
+        source_size=state.competition[head].numpy(),
+        sink_size=state.allocation[head].numpy(),
+        source_label="k",
+        sink_label="q",
+        title="flow from sources (keys) to sinks (queries)",
     )
     raw = None if state.conserved_outgoing_raw is None else state.conserved_outgoing_raw[head].numpy()
     _grouped_bars(
-        axes[1], state.conserved_outgoing[head].numpy(), state.competition[head].numpy(),
-        labels=("conserved outgoing Ô", "competition"), colours=(_SOURCE_COLOUR, "#fdb863"),
-        prefix="k", title="sources", clamp=True, raw=raw,
+        axes[1],
+        state.conserved_outgoing[head].numpy(),
+        state.competition[head].numpy(),
+        labels=("conserved outgoing Ô", "competition"),
+        colours=(_SOURCE_COLOUR, "#fdb863"),
+        prefix="k",
+        title="sources",
+        clamp=True,
+        raw=raw,
     )
     _grouped_bars(
-        axes[2], state.conserved_incoming[head].numpy(), state.allocation[head].numpy(),
-        labels=("conserved incoming Î", "allocation"), colours=(_SINK_COLOUR, "#a6dba0"),
-        prefix="q", title="sinks",
+        axes[2],
+        state.conserved_incoming[head].numpy(),
+        state.allocation[head].numpy(),
+        labels=("conserved incoming Î", "allocation"),
+        colours=(_SINK_COLOUR, "#a6dba0"),
+        prefix="q",
+        title="sinks",
     )
     if heads_mode:
         ax = axes[3]
-        shares = (state.conserved_outgoing_raw if state.conserved_outgoing_raw is not None
-                  else state.conserved_outgoing).numpy()  # (H, N)
+        shares = (
+            state.conserved_outgoing_raw if state.conserved_outgoing_raw is not None else state.conserved_outgoing
+        ).numpy()  # (H, N)
         bottom = np.zeros(shares.shape[1])
         colours = plt.get_cmap("tab10")
         for h in range(state.n_heads):
-            ax.bar(np.arange(shares.shape[1]), shares[h], bottom=bottom, color=colours(h % 10),
-                   edgecolor="black" if h == head else "none", lw=1.0, label=f"head {h}")
+            ax.bar(
+                np.arange(shares.shape[1]),
+                shares[h],
+                bottom=bottom,
+                color=colours(h % 10),
+                edgecolor="black" if h == head else "none",
+                lw=1.0,
+                label=f"head {h}",
+            )
             bottom = bottom + shares[h]
         ax.axhline(state.n_heads, color="black", lw=0.8, ls="--")
         ax.set_xticks(np.arange(shares.shape[1]), [f"k{j}" for j in range(shares.shape[1])], fontsize=8)
@@ -394,12 +464,19 @@ def plot_flow(state: FlowPicture, *, head: int = 0, figsize: tuple[float, float]
 
 
 def _state_from(params: dict) -> FlowPicture:
-    q, k, v = make_toy_input(params["n_tokens"], params["similarity"], params["magnitude"],
-                             params["n_heads"], params["seed"])
+    q, k, v = make_toy_input(
+        params["n_tokens"], params["similarity"], params["magnitude"], params["n_heads"], params["seed"]
+    )
     heads = params["heads_compete"]
-    return compute_flow_state(q, k, v, causal=params["causal"] and not heads,
-                              competition=params["competition"], allocation=params["allocation"],
-                              heads_compete=heads)
+    return compute_flow_state(
+        q,
+        k,
+        v,
+        causal=params["causal"] and not heads,
+        competition=params["competition"],
+        allocation=params["allocation"],
+        heads_compete=heads,
+    )
 
 
 def _params(**overrides) -> dict:
@@ -423,8 +500,7 @@ def explorer_frames(parameter: str, values: Sequence, **overrides) -> dict[str, 
     frames = {}
     for value in values:
         p = _params(**{**overrides, parameter: value})
-        frames[f"{value:g}" if isinstance(value, float) else str(value)] = plot_flow(_state_from(p),
-                                                                                    head=p["head"])
+        frames[f"{value:g}" if isinstance(value, float) else str(value)] = plot_flow(_state_from(p), head=p["head"])
     return frames
 
 
@@ -440,11 +516,15 @@ def explorer_summary(state: FlowPicture, *, head: int = 0) -> str:
         budget = "causal: conservation holds for every prefix"
     else:
         total = (raw if raw is not None else state.conserved_outgoing)[head].sum()
-        budget = f"Σ<sub>j</sub> Ô<sub>j</sub> = {total:.3f} (N = {N}), Σ<sub>i</sub> Î<sub>i</sub> = " \
-                 f"{state.conserved_incoming[head].sum():.3f} (M = {M})"
-    return (f"<span style='font-family:sans-serif;font-size:0.85em'>head {head}: {budget}{clipped}; "
-            f"competition {state.competition[head].min():.2f} … {state.competition[head].max():.2f}, "
-            f"allocation {state.allocation[head].min():.2f} … {state.allocation[head].max():.2f}</span>")
+        budget = (
+            f"Σ<sub>j</sub> Ô<sub>j</sub> = {total:.3f} (N = {N}), Σ<sub>i</sub> Î<sub>i</sub> = "
+            f"{state.conserved_incoming[head].sum():.3f} (M = {M})"
+        )
+    return (
+        f"<span style='font-family:sans-serif;font-size:0.85em'>head {head}: {budget}{clipped}; "
+        f"competition {state.competition[head].min():.2f} … {state.competition[head].max():.2f}, "
+        f"allocation {state.allocation[head].min():.2f} … {state.allocation[head].max():.2f}</span>"
+    )
 
 
 def flow_explorer(**overrides):
@@ -460,26 +540,38 @@ def flow_explorer(**overrides):
     p = _params(**overrides)
     style = {"description_width": "initial"}
     n_tokens = widgets.IntSlider(value=p["n_tokens"], min=2, max=12, description="tokens", style=style)
-    similarity = widgets.FloatSlider(value=p["similarity"], min=0.0, max=1.0, step=0.05,
-                                     description="similarity", style=style)
-    magnitude = widgets.FloatSlider(value=p["magnitude"], min=0.0, max=6.0, step=0.25,
-                                    description="magnitude", style=style)
+    similarity = widgets.FloatSlider(
+        value=p["similarity"], min=0.0, max=1.0, step=0.05, description="similarity", style=style
+    )
+    magnitude = widgets.FloatSlider(
+        value=p["magnitude"], min=0.0, max=6.0, step=0.25, description="magnitude", style=style
+    )
     n_heads = widgets.IntSlider(value=p["n_heads"], min=1, max=6, description="heads", style=style)
     seed = widgets.IntSlider(value=p["seed"], min=0, max=20, description="seed", style=style)
-    head = widgets.IntSlider(value=p["head"], min=0, max=p["n_heads"] - 1, description="head shown",
-                             style=style)
+    head = widgets.IntSlider(value=p["head"], min=0, max=p["n_heads"] - 1, description="head shown", style=style)
     competition = widgets.Checkbox(value=p["competition"], description="competition", indent=False)
     allocation = widgets.Checkbox(value=p["allocation"], description="allocation", indent=False)
     causal = widgets.Checkbox(value=p["causal"], description="causal", indent=False)
     mode = widgets.ToggleButtons(
         options=[("tokens compete (Flow)", False), ("heads compete (Mobile)", True)],
-        value=p["heads_compete"], description="mode", style=style,
+        value=p["heads_compete"],
+        description="mode",
+        style=style,
     )
     summary = widgets.HTML(value="")
     image = widgets.Image(format="png", value=b"")
-    controls = {"n_tokens": n_tokens, "similarity": similarity, "magnitude": magnitude, "n_heads": n_heads,
-                "seed": seed, "head": head, "competition": competition, "allocation": allocation,
-                "causal": causal, "heads_compete": mode}
+    controls = {
+        "n_tokens": n_tokens,
+        "similarity": similarity,
+        "magnitude": magnitude,
+        "n_heads": n_heads,
+        "seed": seed,
+        "head": head,
+        "competition": competition,
+        "allocation": allocation,
+        "causal": causal,
+        "heads_compete": mode,
+    }
 
     busy = []  # re-entrancy guard: lowering head.max below head.value fires a nested change
 
@@ -508,10 +600,12 @@ def flow_explorer(**overrides):
     for w in controls.values():
         w.observe(render, names="value")
     render()
-    return widgets.VBox([
-        widgets.HBox([widgets.VBox([n_tokens, similarity, magnitude]), widgets.VBox([n_heads, seed, head])]),
-        widgets.HBox([competition, allocation, causal]),
-        mode,
-        summary,
-        image,
-    ])
+    return widgets.VBox(
+        [
+            widgets.HBox([widgets.VBox([n_tokens, similarity, magnitude]), widgets.VBox([n_heads, seed, head])]),
+            widgets.HBox([competition, allocation, causal]),
+            mode,
+            summary,
+            image,
+        ]
+    )

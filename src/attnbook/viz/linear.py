@@ -34,9 +34,7 @@ def row_entropy(weights: torch.Tensor) -> torch.Tensor:
 def relative_error(approx: torch.Tensor, exact: torch.Tensor) -> torch.Tensor:
     """||approx - exact|| / ||exact|| over all entries (Frobenius norms), as a 0-dim float64 tensor."""
     if approx.shape != exact.shape:
-        raise ValueError(
-            f"relative_error: shapes differ, approx {tuple(approx.shape)} vs exact {tuple(exact.shape)}"
-        )
+        raise ValueError(f"relative_error: shapes differ, approx {tuple(approx.shape)} vs exact {tuple(exact.shape)}")
     a, e = approx.to(torch.float64), exact.to(torch.float64)
     norm = e.norm()
     if not bool(norm > 0):
@@ -44,16 +42,14 @@ def relative_error(approx: torch.Tensor, exact: torch.Tensor) -> torch.Tensor:
     return (a - e).norm() / norm
 
 
-def attention_maps_figure(maps: Mapping[str, torch.Tensor], *, suptitle: str | None = None,
-                          panel_width: float = 3.6):
+def attention_maps_figure(maps: Mapping[str, torch.Tensor], *, suptitle: str | None = None, panel_width: float = 3.6):
     """One heat map per entry of ``maps`` (title -> (N, M) weights), side by side; returns the Figure.
 
     Each panel has its own colour scale (see :func:`attnbook.viz.attention_heatmap`).
     """
     if not maps:
         raise ValueError("attention_maps_figure: no maps given")
-    fig, axes = plt.subplots(1, len(maps), figsize=(panel_width * len(maps), 0.85 * panel_width + 0.4),
-                             squeeze=False)
+    fig, axes = plt.subplots(1, len(maps), figsize=(panel_width * len(maps), 0.85 * panel_width + 0.4), squeeze=False)
     for ax, (title, weights) in zip(axes[0], maps.items(), strict=True):
         attention_heatmap(weights, ax=ax, title=title)
     if suptitle:
@@ -62,8 +58,14 @@ def attention_maps_figure(maps: Mapping[str, torch.Tensor], *, suptitle: str | N
     return fig
 
 
-def feature_error_plot(num_features: Sequence[int], errors: Mapping[str, Sequence[float]], *, ax=None,
-                       title: str | None = None, ylabel: str = "relative error"):
+def feature_error_plot(
+    num_features: Sequence[int],
+    errors: Mapping[str, Sequence[float]],
+    *,
+    ax=None,
+    title: str | None = None,
+    ylabel: str = "relative error",
+):
     """Log-log plot of an approximation error against the number of random features R; returns the Axes.
 
     A dashed guide line proportional to R^(-1/2) (the Monte Carlo rate) goes through the first point of the
@@ -76,5 +78,13 @@ def feature_error_plot(num_features: Sequence[int], errors: Mapping[str, Sequenc
             raise ValueError(
                 f"feature_error_plot: series {name!r} has {len(ys)} values for {len(num_features)} feature counts"
             )
-    return scaling_plot(num_features, errors, ylabel=ylabel, ax=ax, title=title, reference_slopes=[-0.5],
-                        xlabel="number of random features R", variable="R")
+    return scaling_plot(
+        num_features,
+        errors,
+        ylabel=ylabel,
+        ax=ax,
+        title=title,
+        reference_slopes=[-0.5],
+        xlabel="number of random features R",
+        variable="R",
+    )

@@ -153,11 +153,14 @@ def _check_settings(n_heads: int, shared: int, top_k: int, temperature: float) -
         raise ValueError(f"routing: shared must be in 0..n_heads={n_heads}, got {shared}")
     routed = n_heads - shared
     if routed == 0 and top_k != 0:
-        raise ValueError(f"routing: with all {n_heads} heads shared there is nothing to route; top_k must "
-                         f"be 0, got {top_k}")
+        raise ValueError(
+            f"routing: with all {n_heads} heads shared there is nothing to route; top_k must be 0, got {top_k}"
+        )
     if routed > 0 and not 1 <= top_k <= routed:
-        raise ValueError(f"routing: top_k must be in 1..{routed} (the routed heads, n_heads - shared = "
-                         f"{n_heads} - {shared}), got {top_k}")
+        raise ValueError(
+            f"routing: top_k must be in 1..{routed} (the routed heads, n_heads - shared = "
+            f"{n_heads} - {shared}), got {top_k}"
+        )
     if not temperature > 0:
         raise ValueError(f"routing: temperature must be positive, got {temperature}")
 
@@ -168,8 +171,12 @@ def _clone(module: nn.Module) -> nn.Module:
     After a training forward an MoH layer keeps its load-balancing loss, a non-leaf tensor, which
     ``copy.deepcopy`` refuses to copy; the copy gets None in its place (its next forward sets it again).
     """
-    memo = {id(value): None for m in module.modules() for value in vars(m).values()
-            if isinstance(value, torch.Tensor) and not value.is_leaf}
+    memo = {
+        id(value): None
+        for m in module.modules()
+        for value in vars(m).values()
+        if isinstance(value, torch.Tensor) and not value.is_leaf
+    }
     return copy.deepcopy(module, memo)
 
 
@@ -237,13 +244,13 @@ def compute_routing(
         direction = torch.randn(dim, dtype=torch.float64)
         direction = direction / direction.norm() * dim**0.5  # (C,), the norm of a typical token
         tokens = (offset * direction + torch.randn(n_tokens, dim, dtype=torch.float64)).float()[None]
-        module = MoHAttention(dim, num_heads=n_heads, shared_head=shared, routed_head=top_k,
-                              head_dim=head_dim)
+        module = MoHAttention(dim, num_heads=n_heads, shared_head=shared, routed_head=top_k, head_dim=head_dim)
     with torch.no_grad():
         for weight in _router_parameters(module):
             weight.div_(temperature)
-    return _read_routing(module, tokens, n_heads=n_heads, shared=shared, top_k=top_k,
-                         temperature=float(temperature), seed=seed)
+    return _read_routing(
+        module, tokens, n_heads=n_heads, shared=shared, top_k=top_k, temperature=float(temperature), seed=seed
+    )
 
 
 def train_router(
@@ -275,20 +282,27 @@ def train_router(
             raise ValueError("train_router: tokens come with the RoutingState; do not pass them again")
         state = state_or_module
         module, tokens = _clone(state.module), state.tokens
-        settings = dict(n_heads=state.n_heads, shared=state.shared, top_k=state.top_k,
-                        temperature=state.temperature, seed=state.seed)
+        settings = dict(
+            n_heads=state.n_heads,
+            shared=state.shared,
+            top_k=state.top_k,
+            temperature=state.temperature,
+            seed=state.seed,
+        )
         start = state.step
     elif isinstance(state_or_module, MoHAttention):
         if tokens is None or tokens.dim() != 3:
             shape = None if tokens is None else tuple(tokens.shape)
             raise ValueError(f"train_router: a module needs tokens of shape (B, N, C), got {shape}")
         module = _clone(state_or_module)
-        settings = dict(n_heads=module.num_heads, shared=module.shared_head, top_k=module.routed_head,
-                        temperature=1.0, seed=-1)  # the module's own router, as it is
+        settings = dict(
+            n_heads=module.num_heads, shared=module.shared_head, top_k=module.routed_head, temperature=1.0, seed=-1
+        )  # the module's own router, as it is
         start = 0
     else:
-        raise ValueError(f"train_router: expected a RoutingState or an MoHAttention, "
-                         f"got {type(state_or_module).__name__}")
+        raise ValueError(
+            f"train_router: expected a RoutingState or an MoHAttention, got {type(state_or_module).__name__}"
+        )
     if settings["n_heads"] == settings["shared"]:
         raise ValueError("train_router: every head is shared, so there is no router to train")
     if steps < 0 or not lr > 0:
@@ -343,7 +357,6 @@ class _Figure(Figure):
         return figure_to_png(self)
 
 
-
 _SELECTION_COLOURS = ListedColormap(["#f4f4f4", "#7a9cc6", "#e8871e"])  # off, shared, routed + chosen
 
 
@@ -364,16 +377,14 @@ def plot_routing(state: RoutingState, history: RouterTraining | None = None, *, 
     n_panels = 3 if history is None else 4
     fig = _Figure(figsize=(3.3 * n_panels + 0.6, 3.9))
     # Fixed margins rather than a layout engine: drawing stays cheap (the website pre-renders many frames).
-    fig.subplots_adjust(left=0.06, right=0.94 if history is not None else 0.98, bottom=0.16, top=0.83,
-                        wspace=0.45)
+    fig.subplots_adjust(left=0.06, right=0.94 if history is not None else 0.98, bottom=0.16, top=0.83, wspace=0.45)
     axes = fig.subplots(1, n_panels, width_ratios=[1.15, 1.0, 1.2] + ([1.3] if history is not None else []))
     H, S = state.n_heads, state.shared
     labels = _head_labels(H, S)
     shown = min(max_tokens, state.gates.shape[0])
 
     ax = axes[0]
-    image = ax.imshow(state.gates[:shown].numpy(), cmap="viridis", vmin=0.0, aspect="auto",
-                      interpolation="nearest")
+    image = ax.imshow(state.gates[:shown].numpy(), cmap="viridis", vmin=0.0, aspect="auto", interpolation="nearest")
     fig.colorbar(image, ax=ax, fraction=0.05, pad=0.02)
     ax.set_title("gate $g_{t,h}$", fontsize=10)
     ax.set_ylabel(f"token t (first {shown} of {state.gates.shape[0]})")
@@ -395,8 +406,14 @@ def plot_routing(state: RoutingState, history: RouterTraining | None = None, *, 
     colours = ["#7a9cc6"] * S + ["#e8871e"] * (H - S)
     ax.bar(range(H), np.concatenate([shared_load, state.load.numpy()]), color=colours)
     if H > S:
-        ax.hlines(state.target, S - 0.45, H - 0.55, colors="black", linestyles="--",
-                  label=f"balanced k/E = {state.target:.2f}")
+        ax.hlines(
+            state.target,
+            S - 0.45,
+            H - 0.55,
+            colors="black",
+            linestyles="--",
+            label=f"balanced k/E = {state.target:.2f}",
+        )
         ax.legend(fontsize=8, loc="upper right")
     ax.set_ylim(0, 1.12)
     ax.set_xticks(range(H), labels, fontsize=8, rotation=90 if H > 10 else 0)
@@ -419,8 +436,11 @@ def plot_routing(state: RoutingState, history: RouterTraining | None = None, *, 
         ax.set_title("training the router", fontsize=10)
 
     routed = f"top-k = {state.top_k} of {state.routed} routed" if state.routed else "no routed heads"
-    fig.suptitle(f"H = {H}: {S} shared, {routed}, temperature {state.temperature:g}, step {state.step}"
-                 f"  |  load-balancing loss {state.loss:.3f}", fontsize=11)
+    fig.suptitle(
+        f"H = {H}: {S} shared, {routed}, temperature {state.temperature:g}, step {state.step}"
+        f"  |  load-balancing loss {state.loss:.3f}",
+        fontsize=11,
+    )
     return fig
 
 
@@ -429,8 +449,9 @@ def default_figure() -> Figure:
     return plot_routing(compute_routing())
 
 
-def training_frames(state: RoutingState | None = None, *, clicks: int = 6, steps_per_click: int = 10,
-                    lr: float = 0.01) -> dict[str, Figure]:
+def training_frames(
+    state: RoutingState | None = None, *, clicks: int = 6, steps_per_click: int = 10, lr: float = 0.01
+) -> dict[str, Figure]:
     """Figures of ``state`` after 0, 1, ..., ``clicks`` presses of the explorer's train button.
 
     Each press is a fresh :func:`train_router` call of ``steps_per_click`` steps, exactly as in the live
@@ -463,21 +484,28 @@ class _Explorer:
         w = widgets
         style = {"description_width": "initial"}
         self.n_tokens, self.dim, self.lr = n_tokens, dim, lr
-        self.heads = w.IntSlider(value=8, min=2, max=12, description="heads H", style=style,
-                                 continuous_update=False)
-        self.shared = w.IntSlider(value=2, min=0, max=8, description="shared h_s", style=style,
-                                  continuous_update=False)
-        self.top_k = w.IntSlider(value=2, min=1, max=6, description="top-k", style=style,
-                                 continuous_update=False)
-        self.temperature = w.FloatLogSlider(value=1.0, base=10, min=-1, max=1, step=0.1,
-                                            description="router temperature", style=style,
-                                            continuous_update=False)
-        self.seed = w.IntSlider(value=0, min=0, max=9, description="seed", style=style,
-                                continuous_update=False)
-        self.steps = w.IntSlider(value=steps_per_click, min=1, max=100, description="steps per click",
-                                 style=style, continuous_update=False)
-        self.train = w.Button(description="train router", button_style="primary",
-                              tooltip="Adam steps on the router with the load-balancing loss alone")
+        self.heads = w.IntSlider(value=8, min=2, max=12, description="heads H", style=style, continuous_update=False)
+        self.shared = w.IntSlider(value=2, min=0, max=8, description="shared h_s", style=style, continuous_update=False)
+        self.top_k = w.IntSlider(value=2, min=1, max=6, description="top-k", style=style, continuous_update=False)
+        self.temperature = w.FloatLogSlider(
+            value=1.0,
+            base=10,
+            min=-1,
+            max=1,
+            step=0.1,
+            description="router temperature",
+            style=style,
+            continuous_update=False,
+        )
+        self.seed = w.IntSlider(value=0, min=0, max=9, description="seed", style=style, continuous_update=False)
+        self.steps = w.IntSlider(
+            value=steps_per_click, min=1, max=100, description="steps per click", style=style, continuous_update=False
+        )
+        self.train = w.Button(
+            description="train router",
+            button_style="primary",
+            tooltip="Adam steps on the router with the load-balancing loss alone",
+        )
         self.reset = w.Button(description="reset router", tooltip="back to the initial router")
         self.status = w.HTML(value="")
         self.out = w.Output()
@@ -511,8 +539,15 @@ class _Explorer:
         self._recompute()
 
     def _recompute(self) -> None:
-        self.state = compute_routing(self.heads.value, self.shared.value, self.top_k.value,
-                                     self.temperature.value, self.seed.value, self.n_tokens, self.dim)
+        self.state = compute_routing(
+            self.heads.value,
+            self.shared.value,
+            self.top_k.value,
+            self.temperature.value,
+            self.seed.value,
+            self.n_tokens,
+            self.dim,
+        )
         self.history = None
         self.train.disabled = self.state.routed == 0
         self.render()
@@ -537,8 +572,10 @@ class _Explorer:
             display(fig)
         s = self.state
         note = "" if s.routed else " (all heads shared: plain multi-head attention, nothing to route)"
-        self.status.value = (f"loss <b>{s.loss:.4f}</b> (balanced value k = {s.top_k}), "
-                             f"load imbalance <b>{s.imbalance:.1%}</b>, router step {s.step}{note}")
+        self.status.value = (
+            f"loss <b>{s.loss:.4f}</b> (balanced value k = {s.top_k}), "
+            f"load imbalance <b>{s.imbalance:.1%}</b>, router step {s.step}{note}"
+        )
         self.renders += 1
 
 
@@ -552,11 +589,13 @@ def routing_explorer(*, n_tokens: int = 128, dim: int = 32, steps_per_click: int
     """
     w = widgets
     ex = _Explorer(n_tokens, dim, steps_per_click, lr)
-    box = RoutingExplorer(children=[
-        w.HBox([w.VBox([ex.heads, ex.shared, ex.top_k]), w.VBox([ex.temperature, ex.seed, ex.steps])]),
-        w.HBox([ex.train, ex.reset]),
-        ex.status,
-        ex.out,
-    ])
+    box = RoutingExplorer(
+        children=[
+            w.HBox([w.VBox([ex.heads, ex.shared, ex.top_k]), w.VBox([ex.temperature, ex.seed, ex.steps])]),
+            w.HBox([ex.train, ex.reset]),
+            ex.status,
+            ex.out,
+        ]
+    )
     box.explorer = ex
     return box
