@@ -1,6 +1,7 @@
 """Every mechanism against N: forward and forward+backward time, peak memory; one JSON per run.
 
-Measured by :func:`attnbook.bench.run_benchmark` (the same code as chapter 6 and ``python -m attnbook.check_gpu``):
+Measured by :func:`attnbook.lab.bench.run_benchmark` (the same code as chapter 6 and
+``python -m attnbook.lab.check_gpu``):
 for each N all mechanisms are timed in one run, alternating, and medians are reported; peak memory is the extra
 memory above the inputs (CUDA allocator peak, or tensors allocated by torch operators on the CPU).
 
@@ -20,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from attnbook.bench import MECHANISMS, environment, run_benchmark, series
+from attnbook.lab.bench import CASES, environment, run_benchmark, series
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
 
@@ -30,7 +31,7 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32", choices=list(DTYPES))
     parser.add_argument("--lengths", type=int, nargs="+", default=[256, 512, 1024, 2048, 4096])
-    parser.add_argument("--mechanisms", nargs="+", default=None, choices=list(MECHANISMS))
+    parser.add_argument("--mechanisms", nargs="+", default=None, choices=list(CASES))
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--head-dim", type=int, default=64)
@@ -64,7 +65,7 @@ def main() -> None:
         max_matrix_bytes=args.max_matrix_gib * 2**30,
         compile=args.compile,
     )
-    report = {"benchmark": "attnbook.bench.run_benchmark", "environment": environment(device), **result}
+    report = {"benchmark": "attnbook.lab.bench.run_benchmark", "environment": environment(device), **result}
 
     c = result["config"]
     print(

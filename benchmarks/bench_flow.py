@@ -1,6 +1,6 @@
 """Flow-Attention and Mobile-Attention: time against linear attention and the published code; causal memory.
 
-Targets (issue 4), CPU float32, B=4, H=8, N=4096, D=Dv=64, forward pass:
+Targets, CPU float32, B=4, H=8, N=4096, D=Dv=64, forward pass:
 
 1. ``flow_attention`` and ``mobile_attention`` at most 1.5x ``linear_attention``'s non-causal time
    (conservation adds only O(N D) work), and a direct port of the published code 2 to 3x slower than ours.
@@ -8,7 +8,7 @@ Targets (issue 4), CPU float32, B=4, H=8, N=4096, D=Dv=64, forward pass:
    under twice the bytes of q, k, v and the output together (measured in a fresh process: ru_maxrss after
    the call minus ru_maxrss once the inputs exist, the high-water mark reset in between).
 
-Implementations alternate in one run (attnbook.profiling.compare); medians and ratios are reported and written
+Implementations alternate in one run (attnbook.lab.profiling.compare); medians and ratios are reported and written
 to benchmarks/results/flow.json.
 
 The functions named ``published_*`` below are DIRECT PORTS of the published core code (Flowformer's
@@ -41,7 +41,7 @@ from pathlib import Path
 import torch
 
 import attnbook
-from attnbook.profiling import compare
+from attnbook.lab.profiling import compare
 
 # ----------------------------------------------------------------------------------------------------------
 # Baselines (benchmark only). Layout (B, H, N, D) as in attnbook; the published code uses the same einsum

@@ -1,10 +1,10 @@
 """Benchmark linear attention (chapter 2): time against its unavoidable products, causal against the masked
 N x N form, peak memory in a fresh process, and the recurrent step at early and late positions.
 
-    .venv/bin/python benchmarks/bench_linear.py                      # all sections, issue 3 sizes
+    .venv/bin/python benchmarks/bench_linear.py                      # all sections, the recorded sizes
     .venv/bin/python benchmarks/bench_linear.py --sections recurrent --repeats 50
 
-Implementations that are compared are timed alternately in one run (attnbook.profiling.compare); medians
+Implementations that are compared are timed alternately in one run (attnbook.lab.profiling.compare); medians
 and ratios are printed and written to benchmarks/results/linear.json (or --out).
 """
 
@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 import attnbook
-from attnbook.profiling import compare
+from attnbook.lab.profiling import compare
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

@@ -1,8 +1,8 @@
 """MoHAttention forward time against SoftmaxAttention at the same width and number of heads.
 
-Target (issue 5): MoH's forward at most 1.25x SoftmaxAttention's, CPU float32, B=4, N=1024, dim=512, 8 heads.
+Target: MoH's forward at most 1.25x SoftmaxAttention's, CPU float32, B=4, N=1024, dim=512, 8 heads.
 Both compute every head densely through SDPA; MoH adds the router (O(B N C H)) and the per-token gate
-multiply (O(B N C)). Implementations alternate in one run (attnbook.profiling.compare); medians are reported.
+multiply (O(B N C)). Implementations alternate in one run (attnbook.lab.profiling.compare); medians are reported.
 
     python benchmarks/bench_moh.py                      # the target sizes, writes benchmarks/results/moh.json
     python benchmarks/bench_moh.py --n 256 --repeats 5  # quicker
@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 import attnbook
-from attnbook.profiling import compare
+from attnbook.lab.profiling import compare
 
 CONFIGS = {  # name -> (shared_head, routed_head)
     "moh_s2_k4": (2, 4),

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# The GPU verification of issue 7 as one command, for a session that has a CUDA GPU (H100/H200 class):
+# The GPU verification as one command, for a session that has a CUDA GPU (H100/H200 class):
 #
 #     bash benchmarks/gpu_check.sh            # report -> $OUT/ if OUT is set, else benchmarks/results/
 #
-# Runs `python -m attnbook.check_gpu`: every mechanism in float32 / bfloat16 / float16 against the float64 CPU
+# Runs `python -m attnbook.lab.check_gpu`: every mechanism in float32 / bfloat16 / float16 against the float64 CPU
 # oracles (outputs and input gradients; eager, then under torch.compile), the no-host-sync check, the targets
 # (B=4, H=16, D=64 bfloat16: linear and flow at N=65,536 vs SDPA and vs the copy-bandwidth memory floor; causal
 # linear at N=16,384 vs causal SDPA) and the full-size benchmark, writing one JSON report. Budget: about 8
@@ -34,7 +34,7 @@ mkdir -p "$DIR"
 REPORT="$DIR/gpu_check_${GPU}.json"
 echo "report: $REPORT (budget ${BUDGET_S}s for compiled checks, hard limit ${LIMIT_S}s)"
 set +e
-timeout --signal=INT --kill-after=20 "$LIMIT_S" "$PY" -m attnbook.check_gpu --out "$REPORT" --budget-s "$BUDGET_S"
+timeout --signal=INT --kill-after=20 "$LIMIT_S" "$PY" -m attnbook.lab.check_gpu --out "$REPORT" --budget-s "$BUDGET_S"
 status=$?
 set -e
 echo "check_gpu exit status $status; report at $REPORT"

@@ -1,4 +1,4 @@
-"""attnbook.bench: the shared measuring routine returns complete, JSON-ready records (no timing asserted)."""
+"""attnbook.lab.bench: the shared measuring routine returns complete, JSON-ready records (no timing asserted)."""
 
 import json
 import math
@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from attnbook import bench
+from attnbook.lab import bench
 
 TINY = dict(batch=1, heads=2, head_dim=8, repeats=1, warmup=0)
 
@@ -16,15 +16,17 @@ def result():
     return bench.run_benchmark([8, 16], progress=False, **TINY)
 
 
-def test_every_mechanism_of_the_issue_is_benchmarked():
-    wanted = {"softmax", "softmax_causal", "linear", "linear_causal", "flow", "flow_causal", "mobile", "moh"}
-    assert wanted <= set(bench.MECHANISMS)
+def test_every_mechanism_of_the_registry_is_benchmarked_with_its_causal_form():
+    from attnbook import mechanisms
+
+    wanted = set(mechanisms.MECHANISMS) | {f"{n}_causal" for n in mechanisms.names(causal=True)}
+    assert wanted | {"softmax_literal"} == set(bench.CASES)
 
 
 def test_one_complete_record_per_mechanism_and_length(result):
     recs = result["records"]
-    assert {(r["mechanism"], r["N"]) for r in recs} == {(m, n) for m in bench.MECHANISMS for n in (8, 16)}
-    assert len(recs) == len(bench.MECHANISMS) * 2
+    assert {(r["mechanism"], r["N"]) for r in recs} == {(m, n) for m in bench.CASES for n in (8, 16)}
+    assert len(recs) == len(bench.CASES) * 2
     for r in recs:
         assert r["skipped"] is None
         for key in ("forward_s", "forward_backward_s"):
@@ -39,7 +41,7 @@ def test_result_is_plain_json_with_its_configuration(result):
     assert again == result
     c = result["config"]
     assert c["lengths"] == [8, 16] and c["dtype"] == "float32" and c["device"] == "cpu"
-    assert set(c["mechanisms"]) == set(bench.MECHANISMS)
+    assert set(c["mechanisms"]) == set(bench.CASES)
 
 
 def test_backward_and_memory_can_be_left_out():

@@ -1,11 +1,13 @@
-"""attnbook.check_gpu at tiny sizes on the CPU: the report is complete and the check fails when it should."""
+"""attnbook.lab.check_gpu at tiny sizes on the CPU: the report is complete and the check fails when it should."""
 
+import dataclasses
 import json
 
 import pytest
 import torch
 
-from attnbook import check_gpu
+from attnbook import mechanisms
+from attnbook.lab import check_gpu
 
 TINY = check_gpu.TINY.accuracy
 quiet = dict(log=lambda *a: None)
@@ -19,17 +21,10 @@ def test_tolerance_table_covers_every_dtype_with_both_tolerances():
     assert f32["rtol"] < f16["rtol"] < bf16["rtol"]  # looser as the precision drops
 
 
-def test_every_mechanism_has_an_accuracy_case():
-    assert set(check_gpu.CASES) == {
-        "softmax",
-        "softmax_causal",
-        "linear",
-        "linear_causal",
-        "flow",
-        "flow_causal",
-        "mobile",
-        "moh",
-    }
+def test_every_mechanism_of_the_registry_has_an_accuracy_case_and_one_per_causal_form():
+    expected = set(mechanisms.MECHANISMS) | {f"{n}_causal" for n in mechanisms.names(causal=True)}
+    assert set(check_gpu.CASES) == expected
+    assert {"softmax", "linear_causal", "flow_causal", "mobile", "moh", "moh_causal"} <= expected
 
 
 @pytest.mark.parametrize("dtype", list(check_gpu.DTYPES.values()), ids=str)
@@ -38,7 +33,7 @@ def test_every_mechanism_passes_in_every_dtype(dtype):
     assert len(records) == len(check_gpu.CASES)
     for r in records:
         assert r["passed"], r
-        assert len(r["grads"]) == (1 if r["mechanism"] == "moh" else 3)  # every input's gradient checked
+        assert len(r["grads"]) == (1 if r["mechanism"].startswith("moh") else 3)  # every input's gradient checked
         assert r["output"]["finite"] and 0 <= r["worst"] <= 1
 
 
@@ -50,8 +45,14 @@ def test_compiled_path_is_checked_and_labelled():
     assert all(r["passed"] for r in records), records
 
 
+def _replace(monkeypatch, name, function):
+    """Put ``function`` in the registry in place of the mechanism ``name``'s fast function."""
+    entry = mechanisms.MECHANISMS[name]
+    monkeypatch.setitem(mechanisms.MECHANISMS, name, dataclasses.replace(entry, function=function))
+
+
 def _off_by(factor):
-    real = check_gpu.linear_attention
+    real = mechanisms.MECHANISMS["linear"].function
 
     def wrong(q, k, v, **kw):
         return real(q, k, v, **kw) * factor
@@ -65,7 +66,7 @@ def _off_by(factor):
     ids=["float32-1pct", "bfloat16-15pct", "float16-3pct"],
 )
 def test_an_implementation_off_by_a_little_is_marked_failed(monkeypatch, dtype, factor):
-    monkeypatch.setattr(check_gpu, "linear_attention", _off_by(factor))
+    _replace(monkeypatch, "linear", _off_by(factor))
     records = check_gpu.check_accuracy(
         "cpu", dtypes=[dtype], mechanisms=["linear", "flow"], sizes=TINY, compile_backend=None, **quiet
     )
@@ -75,7 +76,7 @@ def test_an_implementation_off_by_a_little_is_marked_failed(monkeypatch, dtype, 
 
 
 def test_a_wrong_gradient_alone_is_caught(monkeypatch):
-    real = check_gpu.linear_attention
+    real = mechanisms.MECHANISMS["linear"].function
 
     class ScaleGrad(torch.autograd.Function):
         @staticmethod
@@ -86,7 +87,7 @@ def test_a_wrong_gradient_alone_is_caught(monkeypatch):
         def backward(ctx, g):
             return g * 1.05
 
-    monkeypatch.setattr(check_gpu, "linear_attention", lambda q, k, v, **kw: real(ScaleGrad.apply(q), k, v, **kw))
+    _replace(monkeypatch, "linear", lambda q, k, v, **kw: real(ScaleGrad.apply(q), k, v, **kw))
     (r,) = check_gpu.check_accuracy(
         "cpu", dtypes=[torch.float32], mechanisms=["linear"], sizes=TINY, compile_backend=None, **quiet
     )
@@ -94,12 +95,12 @@ def test_a_wrong_gradient_alone_is_caught(monkeypatch):
 
 
 def test_nan_or_a_crash_is_a_failure_not_the_end_of_the_run(monkeypatch):
-    monkeypatch.setattr(check_gpu, "flow_attention", lambda q, k, v, **kw: (q + k + v) * float("nan"))
+    _replace(monkeypatch, "flow", lambda q, k, v, **kw: (q + k + v) * float("nan"))
 
     def boom(*a, **k):
         raise RuntimeError("kernel exploded")
 
-    monkeypatch.setattr(check_gpu, "mobile_attention", boom)
+    _replace(monkeypatch, "mobile", boom)
     records = check_gpu.check_accuracy(
         "cpu",
         dtypes=[torch.float32],
@@ -121,14 +122,14 @@ def test_no_forward_synchronises_host_and_device():
 
 
 def test_a_forward_that_reads_a_device_value_is_caught(monkeypatch):
-    real = check_gpu.flow_attention
+    real = mechanisms.MECHANISMS["flow"].function
 
     def syncing(q, k, v, **kw):
         if (q > 0).any():  # bool(tensor): the host waits for the device
             q = q * 1.0
         return real(q, k, v, **kw) * q.abs().max().item() / q.abs().max().item()
 
-    monkeypatch.setattr(check_gpu, "flow_attention", syncing)
+    _replace(monkeypatch, "flow", syncing)
     records = check_gpu.check_sync("cpu", mechanisms=["flow", "linear"], sizes=TINY, **quiet)
     by = {r["mechanism"]: r for r in records}
     assert not by["flow"]["passed"] and "_local_scalar_dense" in by["flow"]["sync_ops"]
@@ -196,7 +197,7 @@ def test_tiny_report_has_every_target_figure(tiny_report):
 
 
 def test_a_failed_check_gives_exit_status_one(monkeypatch, tmp_path):
-    monkeypatch.setattr(check_gpu, "linear_attention", _off_by(1.5))
+    _replace(monkeypatch, "linear", _off_by(1.5))
     out = tmp_path / "r.json"
     code = check_gpu.main(
         [

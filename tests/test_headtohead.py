@@ -1,4 +1,4 @@
-"""attnbook.headtohead: the recall task is what it says, every mechanism plugs into the model, training runs."""
+"""attnbook.lab.headtohead: the recall task is what it says, every mechanism plugs into the model, training runs."""
 
 import matplotlib
 
@@ -7,7 +7,7 @@ matplotlib.use("Agg")
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from attnbook import headtohead as h2h  # noqa: E402
+from attnbook.lab import headtohead as h2h  # noqa: E402
 
 TASK = h2h.RecallTask(n_pairs=5, n_keys=9, n_values=4)
 

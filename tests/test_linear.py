@@ -259,7 +259,7 @@ def test_half_inputs_accumulate_in_float32_without_overflow(causal, dtype):
 
 def extra_memory(fn, *existing: torch.Tensor) -> int:
     """Peak bytes of new tensors while fn() runs (views of the ``existing`` tensors are not new memory)."""
-    from attnbook.profiling import _AllocationTracker
+    from attnbook.lab.profiling import _AllocationTracker
 
     tracker = _AllocationTracker()
     tracker._seen.update(x.untyped_storage().data_ptr() for x in existing)
@@ -391,9 +391,9 @@ def test_bad_arguments_raise_value_error():
         attnbook.linear_attention(q, k, v, key_padding_mask=torch.ones(2, 4, dtype=torch.bool))
     with pytest.raises(ValueError, match="key_padding_mask must be a bool tensor"):
         attnbook.linear_attention(q, k, v, key_padding_mask=torch.ones(2, 5))
-    with pytest.raises(ValueError, match="chunk_size must be a positive int"):
+    with pytest.raises(ValueError, match="chunk_size must be an int >= 1"):
         attnbook.linear_attention(q, k[:, :, :4], v[:, :, :4], causal=True, chunk_size=0)
-    with pytest.raises(ValueError, match="eps must be a non-negative number"):
+    with pytest.raises(ValueError, match="eps must be a finite number >= 0"):
         attnbook.linear_attention(q, k, v, eps=-1.0)
     with pytest.raises(ValueError, match="share a dtype"):
         attnbook.linear_attention(q.double(), k, v)
@@ -403,7 +403,9 @@ def test_bad_step_arguments_raise_value_error():
     q, k, v = torch.randn(2, 3, 4), torch.randn(2, 3, 4), torch.randn(2, 3, 5)
     _, state = attnbook.linear_attention_step(q, k, v)
     assert state.S.shape == (2, 3, 4, 5) and state.z.shape == (2, 3, 4)
-    with pytest.raises(ValueError, match=r"q_t must be a floating \(B, H, D\) tensor, got \(2, 3, 1, 4\)"):
+    with pytest.raises(
+        ValueError, match=r"q_t must have 3 dimensions \(B, H, D\), got a float32 tensor of shape \(2, 3, 1, 4\)"
+    ):
         attnbook.linear_attention_step(q[:, :, None], k, v)
     with pytest.raises(ValueError, match=r"q_t \(2, 3, 4\), k_t \(2, 3, 6\)"):
         attnbook.linear_attention_step(q, torch.randn(2, 3, 6), v)
@@ -469,7 +471,7 @@ class TestModule:
         [
             (dict(feature_map="softmax"), "unknown feature_map"),
             (dict(feature_map=PerformerFeatures(8, 3, seed=0)), r"drawn for D=3.*= 4"),
-            (dict(eps=-1.0), "eps must be a non-negative number"),
+            (dict(eps=-1.0), "eps must be a finite number >= 0"),
             (dict(n_heads=3), "d_model=8 is not divisible by n_heads=3"),
         ],
         ids=["feature_map", "performer_width", "eps", "heads"],

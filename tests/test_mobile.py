@@ -139,7 +139,7 @@ def test_equivariant_to_permuting_heads_and_positions():
         ({}, ((1, 2, 4, 3), (1, 2, 5, 3), (1, 2, 5, 3)), r"N == M.*q \(1, 2, 4, 3\), k \(1, 2, 5, 3\)"),
         ({}, ((1, 2, 1, 3), (1, 2, 5, 3), (1, 2, 5, 3)), r"N == M"),  # the published code broadcasts this
         ({}, ((2, 3, 4), (2, 3, 4, 5), (2, 3, 4, 5)), r"q must have 4 dimensions"),
-        ({"eps": -0.5}, ((1, 1, 2, 2),) * 3, r"eps must be a number >= 0, got -0.5"),
+        ({"eps": -0.5}, ((1, 1, 2, 2),) * 3, r"eps must be a finite number >= 0, got -0.5"),
     ],
     ids=["lengths", "length_one_query", "rank", "negative_eps"],
 )

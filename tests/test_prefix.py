@@ -88,7 +88,7 @@ def test_half_inputs_do_not_overflow():
 
 def extra_memory(fn, *existing: torch.Tensor) -> int:
     """Peak bytes of new tensors while fn() runs (views of the ``existing`` tensors are not new memory)."""
-    from attnbook.profiling import _AllocationTracker
+    from attnbook.lab.profiling import _AllocationTracker
 
     tracker = _AllocationTracker()
     tracker._seen.update(x.untyped_storage().data_ptr() for x in existing)
@@ -111,8 +111,11 @@ def test_memory_is_far_below_an_n_by_n_matrix():
     assert peak_backward < 2.5 * qkv_bytes, peak_backward
 
 
-def test_bad_chunk_size_raises_value_error():
+def test_bad_chunk_size_raises_a_clear_error():
     q, k, v = inputs(4)
-    for bad in (0, -1, 2.5, True):
-        with pytest.raises(ValueError, match="chunk_size must be a positive int"):
+    for bad in (0, -1):
+        with pytest.raises(ValueError, match="chunk_size must be an int >= 1"):
+            causal_dot_product(q, k, v, bad)
+    for bad in (2.5, True, "64"):  # a wrong type is a TypeError
+        with pytest.raises(TypeError, match="chunk_size must be an int, got"):
             causal_dot_product(q, k, v, bad)

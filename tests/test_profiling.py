@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from attnbook.profiling import compare, peak_memory
+from attnbook.lab.profiling import compare, peak_memory
 
 
 def test_peak_memory_counts_new_tensors_and_their_peak():

@@ -11,7 +11,9 @@ Layout is head-first, ``(B, H, N, D)``, as in ``torch.nn.functional.scaled_dot_p
 Boolean masks use True = "may attend".
 """
 
-from . import config, feature_maps, reference
+from importlib import metadata as _metadata
+
+from . import config, feature_maps, mechanisms, reference
 from ._module import ProjectedAttention
 from .flow import FlowAttention, FlowState, FlowStats, flow_attention, flow_attention_step
 from .linear import LinearAttention, LinearState, linear_attention, linear_attention_step
@@ -19,10 +21,14 @@ from .mobile import MobileAttention, mobile_attention
 from .moh import HeadRouting, MoHAttention, moh_load_balancing_loss
 from .softmax import SoftmaxAttention, softmax_attention
 
-__version__ = "0.1.0"
+try:
+    __version__ = _metadata.version("attnbook")
+except _metadata.PackageNotFoundError:  # running from a source tree that was never installed
+    __version__ = "0.0.0+unknown"
 
 __all__ = [
     "config",
+    "mechanisms",
     "reference",
     "ProjectedAttention",
     "softmax_attention",

@@ -26,7 +26,8 @@ class ProjectedAttention(nn.Module):
         drop_out: dropout probability applied after the output projection.
 
     Shape:
-        queries (B, L, d_input), keys (B, S, d_input), values (B, S, d_input) -> (B, L, d_output).
+        queries (B, L, d_input), keys (B, S, d_input), values (B, S, d_input) -> (B, L, d_output);
+        ``layer(x)`` with x (B, L, d_input) is self-attention.
     """
 
     def __init__(self, d_input: int, d_model: int, d_output: int, n_heads: int, drop_out: float = 0.0):
@@ -64,7 +65,15 @@ class ProjectedAttention(nn.Module):
         B, L, _ = x.shape
         return x.view(B, L, self.n_heads, -1).transpose(1, 2)  # (B, H, L, d_model / H)
 
-    def forward(self, queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, **kwargs) -> torch.Tensor:
+    def forward(
+        self, queries: torch.Tensor, keys: torch.Tensor | None = None, values: torch.Tensor | None = None, **kwargs
+    ) -> torch.Tensor:
+        """Attention of ``queries`` over ``keys`` / ``values``; ``layer(x)`` is self-attention (keys = values = x).
+
+        ``values`` defaults to ``keys``, and ``keys`` to ``queries``.
+        """
+        keys = queries if keys is None else keys
+        values = keys if values is None else values
         self._check_inputs(queries, keys, values)
         q = self._split(self.query_projection(queries))  # (B, H, L, D)
         k = self._split(self.key_projection(keys))  # (B, H, S, D)

@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 from torch.autograd.function import once_differentiable
 
-from ._checks import accumulation_dtype
+from ._checks import accumulation_dtype, check_chunk_size
 
 __all__ = ["causal_dot_product"]
 
@@ -139,7 +139,6 @@ def causal_dot_product(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chunk_
     Accumulates in at least float32 and returns that accumulation dtype (callers cast back).
     Differentiable once (the backward pass is itself not differentiable).
     """
-    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
-        raise ValueError(f"chunk_size must be a positive int, got {chunk_size}")
+    chunk_size = check_chunk_size(chunk_size, name="causal_dot_product")
     acc = accumulation_dtype(q.dtype)
     return _CausalDotProduct.apply(q.to(acc), k.to(acc), v.to(acc), chunk_size)

@@ -40,7 +40,7 @@ from typing import NamedTuple
 
 import torch
 
-from ._checks import accumulation_dtype, check_qkv
+from ._checks import accumulation_dtype, check_chunk_size, check_eps, check_qkv, check_step_inputs
 from ._module import ProjectedAttention
 
 __all__ = ["FlowStats", "FlowState", "flow_attention", "flow_attention_step", "FlowAttention"]
@@ -100,12 +100,6 @@ class FlowState(NamedTuple):
     query_over_incoming: torch.Tensor
     exp_mean: torch.Tensor
     kv: torch.Tensor
-
-
-def _check_eps(eps: float, name: str) -> float:
-    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps >= 0:
-        raise ValueError(f"{name}: eps must be a number >= 0, got {eps!r}")
-    return float(eps)
 
 
 def _rowdot_eps(x: torch.Tensor, y: torch.Tensor, eps: float) -> torch.Tensor:
@@ -284,9 +278,8 @@ def flow_attention(
         ``(out, FlowStats)`` with ``return_flows``; the statistics are in the accumulation dtype.
     """
     check_qkv(q, k, v, name="flow_attention", same_length=causal)
-    eps = _check_eps(eps, "flow_attention")
-    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
-        raise ValueError(f"flow_attention: chunk_size must be a positive int, got {chunk_size!r}")
+    eps = check_eps(eps, name="flow_attention")
+    chunk_size = check_chunk_size(chunk_size, name="flow_attention")
     acc = accumulation_dtype(q.dtype)
     if causal:
         out, stats = _flow_causal(q, k, v, eps, chunk_size, acc, return_flows)
@@ -372,16 +365,8 @@ def flow_attention_step(
         ``(out_t, new_state)``: out_t (B, H, Dv) in the dtype of the inputs, new_state a :class:`FlowState`.
     """
     name = "flow_attention_step"
-    eps = _check_eps(eps, name)
-    for label, x in (("q_t", q_t), ("k_t", k_t), ("v_t", v_t)):
-        if not isinstance(x, torch.Tensor) or x.dim() != 3 or not x.is_floating_point():
-            got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
-            raise ValueError(f"{name}: {label} must be a floating point (B, H, D) tensor, got {got}")
-    shapes = f"q_t {tuple(q_t.shape)}, k_t {tuple(k_t.shape)}, v_t {tuple(v_t.shape)}"
-    if q_t.shape != k_t.shape or v_t.shape[:2] != q_t.shape[:2]:
-        raise ValueError(f"{name}: need q_t, k_t (B, H, D) of equal shape and v_t (B, H, Dv): {shapes}")
-    if not (q_t.dtype == k_t.dtype == v_t.dtype):
-        raise ValueError(f"{name}: q_t, k_t, v_t must share a dtype, got {q_t.dtype}, {k_t.dtype}, {v_t.dtype}")
+    eps = check_eps(eps, name=name)
+    check_step_inputs(q_t, k_t, v_t, name=name)
     acc = accumulation_dtype(q_t.dtype)
     B, H, D = q_t.shape
     Dv = v_t.shape[-1]
@@ -424,7 +409,7 @@ class FlowAttention(ProjectedAttention):
         causal: bool = False,
     ):
         super().__init__(d_input, d_model, d_output, n_heads, drop_out)
-        self.eps = _check_eps(eps, type(self).__name__)
+        self.eps = check_eps(eps, name=type(self).__name__)
         self.causal = causal
 
     def extra_repr(self) -> str:

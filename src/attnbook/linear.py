@@ -20,7 +20,15 @@ from typing import NamedTuple
 
 import torch
 
-from ._checks import _shape, accumulation_dtype, check_key_padding_mask, check_qkv
+from ._checks import (
+    accumulation_dtype,
+    check_chunk_size,
+    check_eps,
+    check_key_padding_mask,
+    check_qkv,
+    check_step_inputs,
+    shape_str,
+)
 from ._module import ProjectedAttention
 from ._prefix import _prefix_product, causal_dot_product
 from .feature_maps import FeatureMap, PerformerFeatures, resolve_feature_map
@@ -33,7 +41,7 @@ def _features(phi: FeatureMap, x: torch.Tensor, *, name: str, label: str, lead: 
     B H) in messages, so they quote the shapes the caller passed."""
     fx = phi(x)
     if not isinstance(fx, torch.Tensor) or fx.dim() != x.dim() or fx.shape[:-1] != x.shape[:-1]:
-        got = _shape(fx) if isinstance(fx, torch.Tensor) else type(fx).__name__
+        got = shape_str(fx) if isinstance(fx, torch.Tensor) else type(fx).__name__
         shown = _show(x, lead)
         if isinstance(fx, torch.Tensor) and lead and fx.dim() == x.dim():
             got = _show(fx, lead)
@@ -45,12 +53,7 @@ def _features(phi: FeatureMap, x: torch.Tensor, *, name: str, label: str, lead: 
 
 
 def _show(x: torch.Tensor, lead: tuple) -> str:
-    return "(" + ", ".join(str(s) for s in (*lead, *x.shape[-2:])) + ")" if lead else _shape(x)
-
-
-def _check_eps(eps: float, name: str) -> None:
-    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps >= 0:
-        raise ValueError(f"{name}: eps must be a non-negative number, got {eps!r}")
+    return "(" + ", ".join(str(s) for s in (*lead, *x.shape[-2:])) + ")" if lead else shape_str(x)
 
 
 def linear_attention(
@@ -95,13 +98,12 @@ def linear_attention(
     """
     name = "linear_attention"
     B, H, N, M, D, Dv = check_qkv(q, k, v, name=name, same_length=causal)
-    _check_eps(eps, name)
-    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
-        raise ValueError(f"{name}: chunk_size must be a positive int, got {chunk_size!r}")
+    eps = check_eps(eps, name=name)
+    chunk_size = check_chunk_size(chunk_size, name=name)
     phi = resolve_feature_map(feature_map)
     if isinstance(phi, PerformerFeatures) and phi.dim != D:
         raise ValueError(
-            f"{name}: the PerformerFeatures were drawn for width D={phi.dim}, got q {_shape(q)}, k {_shape(k)}"
+            f"{name}: the PerformerFeatures were drawn for width D={phi.dim}, got q {shape_str(q)}, k {shape_str(k)}"
         )
     dtype, acc = q.dtype, accumulation_dtype(q.dtype)
     q, k, v = q.to(acc), k.to(acc), v.to(acc)
@@ -208,16 +210,9 @@ def linear_attention_step(
         (out_t (B, H, Dv) in the input dtype, the new :class:`LinearState` in the accumulation dtype).
     """
     name = "linear_attention_step"
-    for label, x in (("q_t", q_t), ("k_t", k_t), ("v_t", v_t)):
-        if not isinstance(x, torch.Tensor) or x.dim() != 3 or not x.is_floating_point():
-            got = _shape(x) if isinstance(x, torch.Tensor) else type(x).__name__
-            raise ValueError(f"{name}: {label} must be a floating (B, H, D) tensor, got {got}")
-    shapes = f"q_t {_shape(q_t)}, k_t {_shape(k_t)}, v_t {_shape(v_t)}"
-    if q_t.shape != k_t.shape or v_t.shape[:2] != q_t.shape[:2]:
-        raise ValueError(f"{name}: expected q_t, k_t (B, H, D) and v_t (B, H, Dv), got {shapes}")
-    if not (q_t.dtype == k_t.dtype == v_t.dtype):
-        raise ValueError(f"{name}: q_t, k_t, v_t must share a dtype, got {q_t.dtype}, {k_t.dtype}, {v_t.dtype}")
-    _check_eps(eps, name)
+    check_step_inputs(q_t, k_t, v_t, name=name)
+    shapes = f"q_t {shape_str(q_t)}, k_t {shape_str(k_t)}, v_t {shape_str(v_t)}"
+    eps = check_eps(eps, name=name)
     phi = resolve_feature_map(feature_map)
     acc = accumulation_dtype(q_t.dtype)
     fq = _features(phi, q_t.to(acc), name=name, label="q_t").to(acc)  # (B, H, R)
@@ -225,7 +220,7 @@ def linear_attention_step(
     B, H, R = fk.shape
     Dv = v_t.shape[-1]
     if fq.shape != fk.shape:
-        raise ValueError(f"{name}: the feature map gave q_t features {_shape(fq)} but k_t features {_shape(fk)}")
+        raise ValueError(f"{name}: the feature map gave q_t features {shape_str(fq)} but k_t features {shape_str(fk)}")
     if state is None:
         state = LinearState(fk.new_zeros(B, H, R, Dv), fk.new_zeros(B, H, R))
     elif not isinstance(state, tuple) or len(state) != 2:
@@ -234,7 +229,7 @@ def linear_attention_step(
         S, z = state
         if tuple(S.shape) != (B, H, R, Dv) or tuple(z.shape) != (B, H, R):
             raise ValueError(
-                f"{name}: state S {_shape(S)}, z {_shape(z)} does not match (B, H, R, Dv) = {(B, H, R, Dv)} "
+                f"{name}: state S {shape_str(S)}, z {shape_str(z)} does not match (B, H, R, Dv) = {(B, H, R, Dv)} "
                 f"and (B, H, R) for {shapes}"
             )
     S = state.S.to(acc) + fk.unsqueeze(-1) * v_t.to(acc).unsqueeze(-2)  # (B, H, R, Dv)
@@ -274,7 +269,7 @@ class LinearAttention(ProjectedAttention):
         chunk_size: int = 64,
     ):
         super().__init__(d_input, d_model, d_output, n_heads, drop_out)
-        _check_eps(eps, type(self).__name__)
+        eps = check_eps(eps, name=type(self).__name__)
         phi = resolve_feature_map(feature_map)
         head_dim = d_model // n_heads
         if isinstance(phi, PerformerFeatures) and phi.dim != head_dim:
@@ -291,8 +286,8 @@ class LinearAttention(ProjectedAttention):
     def forward(
         self,
         queries: torch.Tensor,
-        keys: torch.Tensor,
-        values: torch.Tensor,
+        keys: torch.Tensor | None = None,
+        values: torch.Tensor | None = None,
         key_padding_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
         return super().forward(queries, keys, values, key_padding_mask=key_padding_mask)

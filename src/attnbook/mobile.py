@@ -26,9 +26,9 @@ from __future__ import annotations
 
 import torch
 
-from ._checks import accumulation_dtype, check_qkv
+from ._checks import accumulation_dtype, check_eps, check_qkv
 from ._module import ProjectedAttention
-from .flow import FlowStats, _check_eps, needs_autograd, rows_per_group
+from .flow import FlowStats, needs_autograd, rows_per_group
 
 __all__ = ["mobile_attention", "MobileAttention"]
 
@@ -74,7 +74,7 @@ def mobile_attention(
         ValueError: bad shapes, including N != M.
     """
     check_qkv(q, k, v, name="mobile_attention", same_length=True)
-    eps = _check_eps(eps, "mobile_attention")
+    eps = check_eps(eps, name="mobile_attention")
     acc = accumulation_dtype(q.dtype)
     if needs_autograd(q, k, v):
         out, stats = _mobile(q, k, v, eps, acc)
@@ -169,7 +169,7 @@ class MobileAttention(ProjectedAttention):
         eps: float = 1e-6,
     ):
         super().__init__(d_input, d_model, d_output, n_heads, drop_out)
-        self.eps = _check_eps(eps, type(self).__name__)
+        self.eps = check_eps(eps, name=type(self).__name__)
 
     def extra_repr(self) -> str:
         return f"n_heads={self.n_heads}, eps={self.eps}"

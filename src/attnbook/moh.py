@@ -48,7 +48,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ._checks import accumulation_dtype
+from ._checks import accumulation_dtype, check_bool_mask
 from .softmax import softmax_attention
 
 __all__ = ["HeadRouting", "MoHAttention", "moh_load_balancing_loss"]
@@ -129,6 +129,7 @@ class MoHAttention(nn.Module):
         routed_head: number k of routed heads each token activates (top-k of the router).
         head_dim: width D of a head; defaults to ``dim // num_heads`` (as in the reference, ``dim`` need not be
             divisible by ``num_heads``; the projections map ``dim`` to ``H * D`` and back).
+        causal: make every forward causal (token t attends to tokens <= t), as ``is_causal=True`` does per call.
 
     Attributes:
         load_balancing_loss: the load-balancing loss of the most recent *training* forward, a scalar tensor
@@ -137,7 +138,8 @@ class MoHAttention(nn.Module):
             task loss, or gather every layer's with :func:`moh_load_balancing_loss`.
 
     Shape:
-        ``forward(x)``: (B, N, dim) -> (B, N, dim); ``forward(x, return_routing=True)`` -> ``(out, routing)``
+        ``forward(x, attn_mask=None, is_causal=False)``: (B, N, dim) -> (B, N, dim), as timm's ``Attention``;
+        ``forward(x, return_routing=True)`` -> ``(out, routing)``
         with ``routing`` a :class:`HeadRouting`; ``route(x)`` -> :class:`HeadRouting` without the attention.
 
     Notes:
@@ -162,6 +164,7 @@ class MoHAttention(nn.Module):
         shared_head: int = 0,
         routed_head: int = 0,
         head_dim: int | None = None,
+        causal: bool = False,
     ):
         super().__init__()
         _check_count("dim", dim, 1)
@@ -207,6 +210,7 @@ class MoHAttention(nn.Module):
         self.shared_head = shared_head
         self.routed_head = routed_head
         self.num_routed = num_heads - shared_head if routed_head > 0 else 0  # E, the routed experts
+        self.causal = causal  # every forward is causal (as if is_causal=True): for decoders
         self.fused_attn = True  # timm's switch: False takes the explicit-matrix path (same math)
 
         inner = num_heads * head_dim
@@ -229,7 +233,7 @@ class MoHAttention(nn.Module):
     def extra_repr(self) -> str:
         return (
             f"dim={self.dim}, num_heads={self.num_heads}, head_dim={self.head_dim}, "
-            f"shared_head={self.shared_head}, routed_head={self.routed_head}"
+            f"shared_head={self.shared_head}, routed_head={self.routed_head}, causal={self.causal}"
         )
 
     def _check_input(self, x: torch.Tensor) -> None:
@@ -317,21 +321,46 @@ class MoHAttention(nn.Module):
             routed_weight=routed_weight,
         )
 
-    def forward(self, x: torch.Tensor, return_routing: bool = False):
-        """Gated multi-head self-attention of x (B, N, dim) -> (B, N, dim) [, HeadRouting]."""
+    def forward(
+        self,
+        x: torch.Tensor,
+        attn_mask: torch.Tensor | None = None,
+        is_causal: bool = False,
+        return_routing: bool = False,
+    ):
+        """Gated multi-head self-attention of x (B, N, dim) -> (B, N, dim) [, HeadRouting].
+
+        The signature of timm's ``Attention.forward`` (plus ``return_routing``), so the layer drops into timm
+        blocks unchanged.
+
+        Args:
+            x: tokens (B, N, dim).
+            attn_mask: bool, broadcastable to (B, H, N, N), True = may attend (as in
+                :func:`attnbook.softmax_attention`); a query with nothing to attend to gets zero heads.
+            is_causal: token t attends only to tokens <= t (also when the layer was built with ``causal``).
+            return_routing: also return the :class:`HeadRouting`.
+        """
         routing = self.route(x)
         B, N, _ = x.shape
         H, D = self.num_heads, self.head_dim
+        causal = bool(is_causal) or self.causal
         q, k, v = self.qkv(x).view(B, N, 3, H, D).permute(2, 0, 3, 1, 4).unbind(0)  # 3 x (B, H, N, D)
         q, k = self.q_norm(q), self.k_norm(k)
         p = self.attn_drop.p if self.training else 0.0
-        if not self.fused_attn:
-            weights = ((q * self.scale) @ k.transpose(-2, -1)).softmax(dim=-1)  # (B, H, N, N)
+        if not self.fused_attn or (p > 0 and (attn_mask is not None or causal)):
+            # The explicit matrix (timm's unfused path): also where dropout on the weights meets a mask.
+            allowed = _allowed(attn_mask, causal, B, H, N, x.device)  # (B, H, N, N) or None
+            scores = (q * self.scale) @ k.transpose(-2, -1)  # (B, H, N, N)
+            if allowed is not None:
+                scores = scores.masked_fill(~allowed, float("-inf"))
+            weights = scores.softmax(dim=-1)
+            if allowed is not None:
+                weights = weights.nan_to_num(0.0)  # a row with nothing allowed: zero weights, not NaN
             heads = self.attn_drop(weights) @ v  # (B, H, N, D)
         elif p > 0:
             heads = F.scaled_dot_product_attention(q, k, v, dropout_p=p)  # (B, H, N, D)
         else:
-            heads = softmax_attention(q, k, v)  # (B, H, N, D)
+            heads = softmax_attention(q, k, v, causal=causal, mask=attn_mask)  # (B, H, N, D)
         gates = routing.gates.to(heads.dtype)  # (B, N, H)
         heads = heads.transpose(1, 2) * gates.unsqueeze(-1)  # (B, N, H, D)
         out = self.proj_drop(self.proj(heads.reshape(B, N, H * D)))  # (B, N, dim)
@@ -345,6 +374,17 @@ class MoHAttention(nn.Module):
         state = self.__dict__.copy()
         state["load_balancing_loss"] = None
         return state
+
+
+def _allowed(attn_mask, causal: bool, B: int, H: int, N: int, device) -> torch.Tensor | None:
+    """The (B, H, N, N) bool matrix of allowed (query, key) pairs, or None when everything is allowed."""
+    allowed = None
+    if attn_mask is not None:
+        allowed = check_bool_mask(attn_mask, (B, H, N, N), name="MoHAttention")
+    if causal:
+        tril = torch.ones(N, N, dtype=torch.bool, device=device).tril()
+        allowed = tril.expand(B, H, N, N) if allowed is None else allowed & tril
+    return allowed
 
 
 def moh_load_balancing_loss(model: nn.Module, reduction: str = "mean") -> torch.Tensor:

@@ -7,6 +7,7 @@ Inputs are converted to float64; results are float64.
 
 from __future__ import annotations
 
+import copy
 import math
 
 import torch
@@ -156,6 +157,8 @@ def moh_attention(
     wg_1: torch.Tensor | None = None,
     q_norm=None,
     k_norm=None,
+    mask: torch.Tensor | None = None,
+    causal: bool = False,
 ):
     """Mixture-of-head attention (Jin et al., arXiv:2410.11842) written out head by head, token by token.
 
@@ -173,6 +176,8 @@ def moh_attention(
     Weights are given as matrices (``nn.Linear.weight``): ``qkv_weight`` (3 H D, C) with the q, k, v rows
     of head h at ``h*D:(h+1)*D`` within each third, ``proj_weight`` (C_out, H D), ``wg`` = W_r (E, C),
     ``wg_0`` = W_h (2, C), ``wg_1`` = W_s (h_s, C). ``q_norm``/``k_norm`` are callables on (..., D).
+    ``mask`` (bool, broadcastable to (B, H, N, N), True = may attend) and ``causal`` restrict each head's
+    attention as in :func:`softmax_attention` (a query with nothing allowed gets a zero head output).
 
     Returns:
         ``(out, gates, loss)``: out (B, N, C_out), gates (B, N, H), loss () (0 without routed heads), float64.
@@ -218,7 +223,10 @@ def moh_attention(
             q, kk, v = (t + qkv_bias.double()[r] for t, r in zip((q, kk, v), rows, strict=True))
         if q_norm is not None:
             q, kk = q_norm(q), k_norm(kk)
-        head = softmax_attention(q[:, None], kk[:, None], v[:, None])[:, 0]  # (B, N, D)
+        head_mask = None
+        if mask is not None:
+            head_mask = mask.expand(B, H, N, N)[:, h : h + 1]  # (B, 1, N, N)
+        head = softmax_attention(q[:, None], kk[:, None], v[:, None], causal=causal, mask=head_mask)[:, 0]
         out = out + (gates[..., h, None] * head) @ proj_weight[:, h * D : (h + 1) * D].T  # (B, N, C_out)
 
     loss = x.new_zeros(())
@@ -229,6 +237,38 @@ def moh_attention(
             P_i = sum(p[i] for p in prob_rows) / T
             loss = loss + E * f_i * P_i
     return out, gates, loss
+
+
+def _float64_copy(norm):
+    """A float64 copy of a q/k norm module (the layer itself is left as it is), None for ``nn.Identity``."""
+    if isinstance(norm, torch.nn.Identity):
+        return None
+    return copy.deepcopy(norm).double()
+
+
+def moh_layer(layer, x: torch.Tensor, *, mask: torch.Tensor | None = None, causal: bool | None = None):
+    """:func:`moh_attention` with the weights of an :class:`attnbook.MoHAttention` ``layer`` (read, not run).
+
+    ``causal`` defaults to the layer's own ``causal`` flag. Returns ``(out, gates, loss)`` in float64.
+    """
+    params = {name: p.detach().to(torch.float64) for name, p in layer.named_parameters()}
+    return moh_attention(
+        x,
+        num_heads=layer.num_heads,
+        shared_head=layer.shared_head,
+        routed_head=layer.routed_head,
+        qkv_weight=params["qkv.weight"],
+        proj_weight=params["proj.weight"],
+        qkv_bias=params.get("qkv.bias"),
+        proj_bias=params.get("proj.bias"),
+        wg=params.get("wg.weight"),
+        wg_0=params.get("wg_0.weight"),
+        wg_1=params.get("wg_1.weight"),
+        q_norm=_float64_copy(layer.q_norm),
+        k_norm=_float64_copy(layer.k_norm),
+        mask=mask,
+        causal=layer.causal if causal is None else causal,
+    )
 
 
 def _flow_dot(x: torch.Tensor, y: torch.Tensor, eps: float) -> torch.Tensor:

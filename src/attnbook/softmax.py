@@ -81,7 +81,11 @@ class SoftmaxAttention(ProjectedAttention):
         self.causal = causal
 
     def forward(
-        self, queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None = None
+        self,
+        queries: torch.Tensor,
+        keys: torch.Tensor | None = None,
+        values: torch.Tensor | None = None,
+        mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
         return super().forward(queries, keys, values, mask=mask)
 

@@ -1,4 +1,4 @@
-"""Verify every mechanism on a GPU and measure it at full size: ``python -m attnbook.check_gpu``.
+"""Verify every mechanism on a GPU and measure it at full size: ``python -m attnbook.lab.check_gpu``.
 
 What it does, writing the JSON report after every section (a run cut short keeps what it had); the compiled
 half of step 1 runs last, because compiling is the slow part (``--budget-s`` caps it):
@@ -9,11 +9,11 @@ half of step 1 runs last, because compiling is the slow part (``--budget-s`` cap
 2. **sync**: the forward of every mechanism must not synchronise host and device: on CUDA under
    ``torch.cuda.set_sync_debug_mode("error")``, on any device by watching for the operators that need the
    host to read device memory (``.item()``, ``bool(tensor)``, ``nonzero``, ...).
-3. **targets** (issue 7; B=4, H=16, D=64, bfloat16 on an H100/H200 class GPU): non-causal linear and flow
+3. **targets** (B=4, H=16, D=64, bfloat16 on an H100/H200 class GPU): non-causal linear and flow
    attention at N = 65,536 at least 10x faster than SDPA and within 3x of the memory floor (q, k, v read and
    the output written once at the card's measured copy bandwidth), eager and compiled; causal linear attention
    at N = 16,384 faster than SDPA's causal kernel.
-4. **benchmark**: :func:`attnbook.bench.run_benchmark` at full size.
+4. **benchmark**: :func:`attnbook.lab.bench.run_benchmark` at full size.
 
 Without CUDA it exits with a message; ``--device cpu --tiny`` runs the same logic at tiny sizes (for tests).
 The exit status is 1 when an accuracy or sync check failed (targets are reported, not enforced), else 0.
@@ -23,6 +23,7 @@ Cases left out by the time budget are listed under ``accuracy_not_run``; they ar
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import math
 import sys
@@ -35,14 +36,12 @@ from pathlib import Path
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from . import reference
+from .. import mechanisms
+from ..flow import flow_attention
+from ..linear import linear_attention
+from ..softmax import softmax_attention
 from .bench import copy_bandwidth, environment, memory_floor_seconds, run_benchmark
-from .flow import flow_attention
-from .linear import linear_attention
-from .mobile import mobile_attention  # noqa: F401  (looked up in globals() by the cases)
-from .moh import MoHAttention  # noqa: F401
 from .profiling import compare
-from .softmax import softmax_attention
 
 __all__ = ["TOLERANCES", "CASES", "check_accuracy", "check_sync", "check_targets", "run", "main"]
 
@@ -85,61 +84,54 @@ TINY = Sizes(accuracy=(1, 2, 37, 16), target_shape=(1, 2, 16), n_long=256, n_cau
 
 # -- the mechanisms and their oracles -----------------------------------------------------------------------
 # Each case builds (fast, ref, inputs): fast(*inputs_on_device) in the dtype, ref(*inputs_float64_cpu). The
-# functions are looked up in this module's globals at call time, so a test can replace one and see it fail.
+# mechanism is looked up in the registry at call time, so a test can replace an entry and see the check fail.
 
 
-def _qkv_case(fast_name: str, ref_fn: Callable, **kwargs):
+def _qkv_case(name: str, causal: bool):
     def make(B, H, N, D, device, dtype, g):
+        mech = mechanisms.get(name)
+        kwargs = {"causal": True} if causal else {}
         inputs = [torch.randn(B, H, N, D, generator=g) for _ in range(3)]
 
         def fast(q, k, v):
-            return globals()[fast_name](q, k, v, **kwargs)
+            return mech.function(q, k, v, **kwargs)
 
         def ref(q, k, v):
-            return ref_fn(q, k, v, **kwargs)
+            return mech.reference(q, k, v, **kwargs)
 
         return fast, ref, inputs
 
     return make
 
 
-def _moh_case(B, H, N, D, device, dtype, g):
-    shared, routed = max(1, H // 4), max(1, H // 2)
-    layer = globals()["MoHAttention"](H * D, H, qkv_bias=True, shared_head=shared, routed_head=routed).eval()
-    with torch.no_grad():
-        for p in layer.parameters():  # weights exactly representable in the dtype, so both sides see them
-            p.copy_(p.to(dtype).to(p.dtype))
-    params = {n: p.detach().to(torch.float64) for n, p in layer.named_parameters()}
-    fast_layer = layer.to(device=device, dtype=dtype)
+def _layer_case(name: str, causal: bool):
+    def make(B, H, N, D, device, dtype, g):
+        mech = mechanisms.get(name)
+        layer = mech.module(H * D, H, causal=causal).eval()
+        with torch.no_grad():
+            for p in layer.parameters():  # weights exactly representable in the dtype, so both sides see them
+                p.copy_(p.to(dtype).to(p.dtype))
+        reference_layer = copy.deepcopy(layer)  # float32 weights on the CPU, read by the float64 oracle
+        fast_layer = layer.to(device=device, dtype=dtype)
 
-    def ref(x):
-        return reference.moh_attention(
-            x,
-            num_heads=H,
-            shared_head=shared,
-            routed_head=routed,
-            qkv_weight=params["qkv.weight"],
-            qkv_bias=params["qkv.bias"],
-            proj_weight=params["proj.weight"],
-            proj_bias=params["proj.bias"],
-            wg=params.get("wg.weight"),
-            wg_0=params.get("wg_0.weight"),
-            wg_1=params.get("wg_1.weight"),
-        )[0]
+        def ref(x):
+            return mech.reference(reference_layer, x, causal=causal)
 
-    return fast_layer, ref, [torch.randn(B, N, H * D, generator=g)]
+        return fast_layer, ref, [torch.randn(B, N, H * D, generator=g)]
+
+    return make
 
 
-CASES: dict[str, Callable] = {
-    "softmax": _qkv_case("softmax_attention", reference.softmax_attention),
-    "softmax_causal": _qkv_case("softmax_attention", reference.softmax_attention, causal=True),
-    "linear": _qkv_case("linear_attention", reference.linear_attention),
-    "linear_causal": _qkv_case("linear_attention", reference.linear_attention, causal=True),
-    "flow": _qkv_case("flow_attention", reference.flow_attention),
-    "flow_causal": _qkv_case("flow_attention", reference.flow_attention, causal=True),
-    "mobile": _qkv_case("mobile_attention", reference.mobile_attention),
-    "moh": _moh_case,
-}
+def _cases() -> dict[str, Callable]:
+    cases = {}
+    for m in mechanisms.MECHANISMS.values():
+        for causal in (False, True) if m.causal else (False,):
+            make = _qkv_case if m.inputs == "qkv" else _layer_case
+            cases[f"{m.name}_causal" if causal else m.name] = make(m.name, causal)
+    return cases
+
+
+CASES: dict[str, Callable] = _cases()
 
 
 def _error(x: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype) -> dict:
@@ -352,7 +344,7 @@ def check_targets(
     compile_backend: str | None = "inductor",
     log=print,
 ) -> dict:
-    """The issue's targets: speed-up over SDPA, distance to the memory floor, causal linear vs causal SDPA."""
+    """The GPU goals: speed-up over SDPA, distance to the memory floor, causal linear vs causal SDPA."""
     device = torch.device(device)
     g = torch.Generator().manual_seed(7)
 
@@ -476,7 +468,7 @@ def run(
     t0 = time.perf_counter()
     deadline = None if budget_s is None else t0 + budget_s
     report = {
-        "kind": "attnbook.check_gpu",
+        "kind": "attnbook.lab.check_gpu",
         "environment": environment(device),
         "sizes": {
             "accuracy_BHND": list(sizes.accuracy),
@@ -576,15 +568,17 @@ def run(
 
 
 NO_CUDA = (
-    "attnbook.check_gpu: no CUDA device here (torch.cuda.is_available() is False), so there is nothing to "
+    "attnbook.lab.check_gpu: no CUDA device here (torch.cuda.is_available() is False), so there is nothing to "
     "verify on a GPU.\nTo exercise the check's logic on the CPU at tiny sizes, run:\n"
-    "    python -m attnbook.check_gpu --device cpu --tiny"
+    "    python -m attnbook.lab.check_gpu --device cpu --tiny"
 )
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m attnbook.check_gpu", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="python -m attnbook.lab.check_gpu",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--device", default="cuda", help="cuda (default) or cpu (only with --tiny)")
     parser.add_argument("--tiny", action="store_true", help="tiny sizes: tests the logic, measures nothing")
@@ -616,7 +610,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if device.type != "cuda" and not args.tiny:
         print(
-            f"attnbook.check_gpu: full sizes on {device.type} would take hours; add --tiny to test the logic",
+            f"attnbook.lab.check_gpu: full sizes on {device.type} would take hours; add --tiny to test the logic",
             file=sys.stderr,
         )
         return 2

@@ -24,15 +24,11 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from .flow import FlowAttention
-from .linear import LinearAttention
-from .mobile import MobileAttention
-from .moh import MoHAttention
-from .softmax import SoftmaxAttention
+from .. import mechanisms
 
 __all__ = ["MECHANISMS", "RecallTask", "TinyModel", "Curve", "train", "plot_curves"]
 
-MECHANISMS = ("softmax", "linear", "flow", "mobile", "moh")
+MECHANISMS = tuple(mechanisms.MECHANISMS)  # every mechanism of the registry races
 
 
 @dataclass(frozen=True)
@@ -71,31 +67,16 @@ class RecallTask:
         return tokens.to(device), target.to(device)
 
 
-def _attention(mechanism: str, d: int, heads: int) -> nn.Module:
-    if mechanism == "softmax":
-        return SoftmaxAttention(d, d, d, heads)
-    if mechanism == "linear":
-        return LinearAttention(d, d, d, heads)
-    if mechanism == "flow":
-        return FlowAttention(d, d, d, heads, drop_out=0.0)
-    if mechanism == "mobile":
-        return MobileAttention(d, d, d, heads, drop_out=0.0)
-    if mechanism == "moh":
-        return MoHAttention(d, heads, qkv_bias=True, shared_head=1, routed_head=max(1, heads // 2))
-    raise ValueError(f"unknown mechanism {mechanism!r}; choose from {MECHANISMS}")
-
-
 class _Block(nn.Module):
     def __init__(self, mechanism: str, d: int, heads: int):
         super().__init__()
         self.norm1, self.norm2 = nn.LayerNorm(d), nn.LayerNorm(d)
-        self.attn = _attention(mechanism, d, heads)
-        self.self_only = isinstance(self.attn, MoHAttention)  # MoH takes x; the family takes (q, k, v)
+        self.attn = mechanisms.get(mechanism).module(d, heads)  # a self-attention layer: attn(x)
         self.mlp = nn.Sequential(nn.Linear(d, 2 * d), nn.GELU(), nn.Linear(2 * d, d))
 
     def forward(self, x):
         h = self.norm1(x)
-        x = x + (self.attn(h) if self.self_only else self.attn(h, h, h))  # (B, N, d)
+        x = x + self.attn(h)  # (B, N, d)
         return x + self.mlp(self.norm2(x))  # (B, N, d)
 
 

@@ -1,14 +1,14 @@
 """Time and memory of every mechanism against the sequence length N: the one measuring routine.
 
-Chapter 6, ``benchmarks/bench_all.py`` and ``python -m attnbook.check_gpu`` all call :func:`run_benchmark`,
+Chapter 6, ``benchmarks/bench_all.py`` and ``python -m attnbook.lab.check_gpu`` all call :func:`run_benchmark`,
 so a figure in the book, a JSON file in ``benchmarks/results/`` and the GPU report are measured the same way:
 
 * **forward** is inference: the mechanism under ``torch.no_grad()``;
 * **forward_backward** is one training step of the mechanism alone: forward with inputs that require
   gradients, then ``torch.autograd.grad`` of the output against a fixed random upstream gradient;
-* for each N every mechanism is timed in the *same* :func:`attnbook.profiling.compare` call, which alternates
+* for each N every mechanism is timed in the *same* :func:`attnbook.lab.profiling.compare` call, which alternates
   between them, so a noisy neighbour slows them all alike; medians are reported;
-* peak memory is :func:`attnbook.profiling.peak_memory` of one more call: the caching allocator's peak on
+* peak memory is :func:`attnbook.lab.profiling.peak_memory` of one more call: the caching allocator's peak on
   CUDA, tensors allocated by torch operators on the CPU. It is the *extra* memory above the inputs.
 
 Every mechanism sees q, k, v of shape (B, H, N, D) in the requested dtype, except ``moh``, which is a whole
@@ -30,16 +30,12 @@ from dataclasses import dataclass
 
 import torch
 
-from .flow import flow_attention
-from .linear import linear_attention
-from .mobile import mobile_attention
-from .moh import MoHAttention
+from ..mechanisms import MECHANISMS, Mechanism
 from .profiling import compare, peak_memory
-from .softmax import softmax_attention
 
 __all__ = [
-    "Mechanism",
-    "MECHANISMS",
+    "Case",
+    "CASES",
     "run_benchmark",
     "environment",
     "series",
@@ -52,11 +48,11 @@ Setup = Callable[[int, int, int, int, torch.device, torch.dtype], tuple[list[tor
 
 
 @dataclass(frozen=True)
-class Mechanism:
-    """One entry of the benchmark: how to build its inputs and the callable that is timed.
+class Case:
+    """One line of the benchmark: how to build its inputs and the callable that is timed.
 
     ``setup(B, H, N, D, device, dtype)`` returns ``(inputs, fn)``; ``fn(*inputs)`` is the mechanism.
-    ``quadratic_memory`` marks mechanisms that materialise B x H x N x N scores (skipped above a size cap).
+    ``quadratic_memory`` marks cases that materialise B x H x N x N scores (skipped above a size cap).
     """
 
     name: str
@@ -78,63 +74,61 @@ def _function(fn: Callable, **kwargs) -> Setup:
     return setup
 
 
+def _layer(mechanism: Mechanism, causal: bool) -> Setup:
+    def setup(B, H, N, D, device, dtype):
+        layer = mechanism.module(H * D, H, causal=causal).to(device=device, dtype=dtype).eval()
+        g = torch.Generator(device="cpu").manual_seed(N)
+        x = torch.randn(B, N, H * D, generator=g).to(device=device, dtype=dtype)
+        return [x], layer
+
+    return setup
+
+
 def _softmax_literal(q, k, v):
     """The definition with the matrix written out, in the input dtype: B x H x N x N scores."""
     scores = (q @ k.transpose(-2, -1)) * q.shape[-1] ** -0.5  # (B, H, N, N)
     return torch.softmax(scores, dim=-1) @ v  # (B, H, N, D)
 
 
-def _moh_setup(B, H, N, D, device, dtype):
-    layer = MoHAttention(H * D, H, qkv_bias=True, shared_head=max(1, H // 4), routed_head=max(1, H // 2))
-    layer = layer.to(device=device, dtype=dtype).eval()
-    g = torch.Generator(device="cpu").manual_seed(N)
-    x = torch.randn(B, N, H * D, generator=g).to(device=device, dtype=dtype)
-    return [x], layer
+def _cases() -> dict[str, Case]:
+    """Every mechanism of the registry, and its causal form where it has one, plus the literal baseline."""
+    cases = []
+    for m in MECHANISMS.values():
+        for causal in (False, True) if m.causal else (False,):
+            name = f"{m.name}_causal" if causal else m.name
+            kind = "causal " if causal else ""
+            if m.inputs == "qkv":
+                cases.append(
+                    Case(
+                        name,
+                        f"{kind}{m.title}: attnbook.{m.function.__name__}",
+                        causal,
+                        _function(m.function, **({"causal": True} if causal else {})),
+                    )
+                )
+            else:
+                cases.append(
+                    Case(
+                        name,
+                        f"{kind}{m.title}: the whole layer (projections, router, attention) on x (B, N, H*D)",
+                        causal,
+                        _layer(m, causal),
+                    )
+                )
+        if m.name == "softmax":
+            cases.append(
+                Case(
+                    "softmax_literal",
+                    "softmax(q k^T / sqrt(D)) v with the N x N matrix materialised",
+                    False,
+                    lambda B, H, N, D, dev, dt: (_qkv(B, H, N, D, dev, dt), _softmax_literal),
+                    quadratic_memory=True,
+                )
+            )
+    return {c.name: c for c in cases}
 
 
-MECHANISMS: dict[str, Mechanism] = {
-    m.name: m
-    for m in [
-        Mechanism(
-            "softmax",
-            "softmax attention through torch SDPA (fused kernels where they apply)",
-            False,
-            _function(softmax_attention),
-        ),
-        Mechanism(
-            "softmax_causal",
-            "causal softmax attention through torch SDPA (is_causal=True)",
-            True,
-            _function(softmax_attention, causal=True),
-        ),
-        Mechanism(
-            "softmax_literal",
-            "softmax(q k^T / sqrt(D)) v with the N x N matrix materialised",
-            False,
-            lambda B, H, N, D, dev, dt: (_qkv(B, H, N, D, dev, dt), _softmax_literal),
-            quadratic_memory=True,
-        ),
-        Mechanism("linear", "attnbook.linear_attention, elu+1 features", False, _function(linear_attention)),
-        Mechanism(
-            "linear_causal",
-            "attnbook.linear_attention(causal=True), chunked prefix sums",
-            True,
-            _function(linear_attention, causal=True),
-        ),
-        Mechanism("flow", "attnbook.flow_attention", False, _function(flow_attention)),
-        Mechanism(
-            "flow_causal", "attnbook.flow_attention(causal=True), chunked", True, _function(flow_attention, causal=True)
-        ),
-        Mechanism("mobile", "attnbook.mobile_attention", False, _function(mobile_attention)),
-        Mechanism(
-            "moh",
-            "attnbook.MoHAttention layer (qkv, router, SDPA, proj) on x (B, N, H*D); "
-            "shared_head=H//4, routed_head=H//2",
-            False,
-            _moh_setup,
-        ),
-    ]
-}
+CASES: dict[str, Case] = _cases()
 
 
 class _Progress:
@@ -159,7 +153,7 @@ class _Progress:
 
 def environment(device: torch.device | str = "cpu") -> dict:
     """Where a result came from: device name, library versions, date (UTC), threads."""
-    from . import __version__
+    from .. import __version__
 
     device = torch.device(device)
     if device.type == "cuda":
@@ -221,10 +215,10 @@ def run_benchmark(
 
     Args:
         lengths: the sequence lengths N.
-        mechanisms: names from :data:`MECHANISMS` (default: all).
+        mechanisms: names from :data:`CASES` (default: all).
         batch, heads, head_dim: B, H, D of q, k, v (MoH: x of width H * D).
         device, dtype: where and in what precision everything runs.
-        repeats, warmup: passed to :func:`attnbook.profiling.compare` (medians of ``repeats`` alternating runs).
+        repeats, warmup: passed to :func:`attnbook.lab.profiling.compare` (medians of ``repeats`` alternating runs).
         backward: also time forward+backward.
         memory: also measure peak memory (one extra call each).
         max_matrix_bytes: mechanisms that materialise B H N N scores are skipped (recorded as skipped) when
@@ -238,10 +232,10 @@ def run_benchmark(
         ``forward_backward_samples_s``, ``forward_peak_bytes``, ``forward_backward_peak_bytes`` (None when not
         measured) and ``skipped`` (None, or why it was not run). Times are medians in seconds.
     """
-    names = list(MECHANISMS) if mechanisms is None else list(mechanisms)
-    unknown = [n for n in names if n not in MECHANISMS]
+    names = list(CASES) if mechanisms is None else list(mechanisms)
+    unknown = [n for n in names if n not in CASES]
     if unknown:
-        raise ValueError(f"run_benchmark: unknown mechanisms {unknown}; choose from {list(MECHANISMS)}")
+        raise ValueError(f"run_benchmark: unknown mechanisms {unknown}; choose from {list(CASES)}")
     lengths = [int(n) for n in lengths]
     if not lengths or min(lengths) < 1:
         raise ValueError(f"run_benchmark: lengths must be positive ints, got {lengths}")
@@ -257,7 +251,7 @@ def run_benchmark(
         for N in lengths:
             active, skipped = {}, {}
             for name in names:
-                mech = MECHANISMS[name]
+                mech = CASES[name]
                 matrix = batch * heads * N * N * itemsize
                 if mech.quadratic_memory and matrix > max_matrix_bytes:
                     skipped[name] = f"B*H*N*N scores would take {matrix / 2**30:.1f} GiB > max_matrix_bytes"
@@ -278,7 +272,7 @@ def run_benchmark(
                 n: {
                     "mechanism": n,
                     "N": N,
-                    "causal": MECHANISMS[n].causal,
+                    "causal": CASES[n].causal,
                     "forward_s": None,
                     "forward_samples_s": None,
                     "forward_backward_s": None,
@@ -325,11 +319,11 @@ def run_benchmark(
         "warmup": warmup,
         "compile": compile,
         "max_matrix_bytes": max_matrix_bytes,
-        "mechanisms": {n: MECHANISMS[n].description for n in names},
+        "mechanisms": {n: CASES[n].description for n in names},
         "forward": "inference: torch.no_grad()",
         "forward_backward": "forward, then torch.autograd.grad of the output w.r.t. every input "
         "against a fixed random upstream gradient",
-        "memory": "attnbook.profiling.peak_memory: extra bytes above the inputs",
+        "memory": "attnbook.lab.profiling.peak_memory: extra bytes above the inputs",
     }
     return {"config": config, "records": records}
 

@@ -1,0 +1,187 @@
+"""The one registry of mechanisms: what each one is, how to call it, and what checks it.
+
+Every consumer reads :data:`MECHANISMS` -- the benchmarks (:mod:`attnbook.lab.bench`), the GPU check, the
+training race (:mod:`attnbook.lab.headtohead`), the language model (:mod:`attnbook.lm`), the chapters and the
+tests -- so adding a mechanism means adding one entry here.
+
+Two kinds of input exist:
+
+* ``"qkv"``: a function on per-head queries, keys and values, ``function(q, k, v, causal=...)`` with
+  q (B, H, N, D), k (B, H, M, D), v (B, H, M, Dv), and a float64 ``reference`` with the same call;
+* ``"x"``: a whole layer on tokens x (B, N, C) only (MoH routes tokens to heads, so it has no q, k, v
+  interface); ``reference(layer, x, causal=...)`` evaluates the layer's weights literally in float64.
+
+Every entry's ``module(dim, n_heads, causal=...)`` builds a self-attention layer, ``layer(x)`` with x (B, N, dim)
+-> (B, N, dim), without dropout, so that all mechanisms can be swapped inside one model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from torch import nn
+
+from . import reference
+from .flow import FlowAttention, flow_attention, flow_attention_step
+from .linear import LinearAttention, linear_attention, linear_attention_step
+from .mobile import MobileAttention, mobile_attention
+from .moh import MoHAttention
+from .softmax import SoftmaxAttention, softmax_attention
+
+__all__ = ["Mechanism", "MECHANISMS", "get", "names"]
+
+
+@dataclass(frozen=True)
+class Mechanism:
+    """One mechanism of the book.
+
+    Attributes:
+        name: short key, e.g. ``"flow"``.
+        title: what the book calls it, e.g. ``"Flow-Attention"``.
+        chapter: the chapter that derives it.
+        inputs: ``"qkv"`` (a function on q, k, v) or ``"x"`` (a layer on tokens only).
+        causal: whether a causal form exists.
+        same_length: the mechanism needs as many queries as keys (N == M) even when not causal.
+        function: the fast function (``"qkv"`` mechanisms), else None.
+        reference: the float64 oracle: ``reference(q, k, v, causal=...)``, or ``reference(layer, x, causal=...)``
+            for ``"x"`` mechanisms.
+        module: ``module(dim, n_heads, causal=False, **kwargs)`` -> a self-attention layer, ``layer(x)``.
+        step: the recurrent one-token form ``step(q_t, k_t, v_t, state) -> (out_t, state)`` of the causal
+            mechanism, or None when generation needs a cache of past keys and values.
+    """
+
+    name: str
+    title: str
+    chapter: int
+    inputs: str
+    causal: bool
+    same_length: bool
+    function: Callable | None
+    reference: Callable
+    module: Callable[..., nn.Module]
+    step: Callable | None = None
+
+    def __call__(self, *args, **kwargs):
+        """Call the fast function (``"qkv"`` mechanisms only)."""
+        if self.function is None:
+            raise TypeError(
+                f"the {self.name!r} mechanism works on tokens (B, N, C), not on q, k, v: "
+                f"build a layer with MECHANISMS[{self.name!r}].module(dim, n_heads)"
+            )
+        return self.function(*args, **kwargs)
+
+
+def _family(cls, **fixed) -> Callable[..., nn.Module]:
+    """Factory for the softmax / linear / flow / mobile module family: (dim, n_heads, causal) -> layer."""
+
+    def make(dim: int, n_heads: int, causal: bool = False, **kwargs) -> nn.Module:
+        options = {"drop_out": 0.0, **fixed, **kwargs}
+        if causal:
+            options["causal"] = True
+        return cls(dim, dim, dim, n_heads, **options)
+
+    make.__doc__ = f"{cls.__name__}(dim, dim, dim, n_heads, drop_out=0.0, causal=causal, **kwargs)"
+    return make
+
+
+def _mobile_module(dim: int, n_heads: int, causal: bool = False, **kwargs) -> nn.Module:
+    """MobileAttention(dim, dim, dim, n_heads, drop_out=0.0); it has no causal form."""
+    if causal:
+        raise ValueError(
+            "Mobile-Attention has no causal form: its competition is a softmax over the whole sequence and its "
+            "flows are sums over the heads of every position, with no prefix version published"
+        )
+    return MobileAttention(dim, dim, dim, n_heads, **{"drop_out": 0.0, **kwargs})
+
+
+def moh_heads(n_heads: int) -> dict[str, int]:
+    """The MoH head split the registry uses: a quarter of the heads shared, each token picks half the rest."""
+    return {"shared_head": max(1, n_heads // 4), "routed_head": max(1, n_heads // 2)}
+
+
+def _moh_module(dim: int, n_heads: int, causal: bool = False, **kwargs) -> nn.Module:
+    """MoHAttention(dim, n_heads, qkv_bias=True, causal=causal, **moh_heads(n_heads))."""
+    return MoHAttention(dim, n_heads, **{"qkv_bias": True, **moh_heads(n_heads), "causal": causal, **kwargs})
+
+
+def _moh_reference(layer: MoHAttention, x, *, causal: bool | None = None, mask=None):
+    """The output of :func:`attnbook.reference.moh_layer` (float64)."""
+    return reference.moh_layer(layer, x, mask=mask, causal=causal)[0]
+
+
+MECHANISMS: dict[str, Mechanism] = {
+    m.name: m
+    for m in (
+        Mechanism(
+            "softmax",
+            "softmax attention",
+            1,
+            "qkv",
+            causal=True,
+            same_length=False,
+            function=softmax_attention,
+            reference=reference.softmax_attention,
+            module=_family(SoftmaxAttention),
+        ),
+        Mechanism(
+            "linear",
+            "linear attention",
+            2,
+            "qkv",
+            causal=True,
+            same_length=False,
+            function=linear_attention,
+            reference=reference.linear_attention,
+            module=_family(LinearAttention),
+            step=linear_attention_step,
+        ),
+        Mechanism(
+            "flow",
+            "Flow-Attention",
+            3,
+            "qkv",
+            causal=True,
+            same_length=False,
+            function=flow_attention,
+            reference=reference.flow_attention,
+            module=_family(FlowAttention),
+            step=flow_attention_step,
+        ),
+        Mechanism(
+            "mobile",
+            "Mobile-Attention",
+            4,
+            "qkv",
+            causal=False,
+            same_length=True,
+            function=mobile_attention,
+            reference=reference.mobile_attention,
+            module=_mobile_module,
+        ),
+        Mechanism(
+            "moh",
+            "mixture-of-head attention",
+            5,
+            "x",
+            causal=True,
+            same_length=True,
+            function=None,
+            reference=_moh_reference,
+            module=_moh_module,
+        ),
+    )
+}
+
+
+def names(*, causal: bool = False, inputs: str | None = None) -> list[str]:
+    """Names in registry order; ``causal=True`` keeps those with a causal form, ``inputs`` one input kind."""
+    return [n for n, m in MECHANISMS.items() if (m.causal or not causal) and (inputs is None or m.inputs == inputs)]
+
+
+def get(name: str) -> Mechanism:
+    """The entry called ``name``; a ``ValueError`` listing the known names otherwise."""
+    try:
+        return MECHANISMS[name]
+    except (KeyError, TypeError):
+        raise ValueError(f"unknown mechanism {name!r}; choose from {list(MECHANISMS)}") from None
