@@ -6,6 +6,7 @@ from .linear import attention_maps_figure, feature_error_plot, relative_error, r
 from .moh import compute_routing, plot_routing, routing_explorer, train_router
 from .plots import attention_heatmap, scaling_plot
 from .static import frame_slider
+from .style import COLOURS, book_style, colour, line_style, shared_scale
 
 __all__ = [
     "attention_heatmap",
@@ -18,3 +19,4 @@ __all__ = [
 ]
 __all__ += ["compute_routing", "train_router", "plot_routing", "routing_explorer"]
 __all__ += ["make_toy_input", "compute_flow_state", "plot_flow", "flow_explorer"]
+__all__ += ["COLOURS", "colour", "line_style", "book_style", "shared_scale"]
