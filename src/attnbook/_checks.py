@@ -27,6 +27,7 @@ __all__ = [
     "check_chunk_size",
     "check_tensor",
     "check_step_inputs",
+    "check_moh_heads",
     "check_qkv",
     "check_bool_mask",
     "check_key_padding_mask",
@@ -141,6 +142,37 @@ def check_step_inputs(
     if D == 0 or Dv == 0:
         raise ValueError(f"{name}: D and Dv must be at least 1, got {shapes}")
     return B, H, D, Dv
+
+
+def check_moh_heads(num_heads, shared_head, routed_head, *, name: str) -> tuple[int, int, int]:
+    """Mixture-of-head head counts (Jin et al. 2024): H heads, h_s shared, each token routes to k of the rest.
+
+    Valid: ``routed_head = 0`` with every head shared (``shared_head = num_heads``), or ``routed_head >= 1`` with
+    ``shared_head + routed_head <= num_heads``. Anything else leaves heads no token can use, or asks for more
+    heads than there are; the message says which. Returns (H, h_s, k).
+    """
+    H = check_int(num_heads, "num_heads", name=name, minimum=1)
+    s = check_int(shared_head, "shared_head", name=name, minimum=0)
+    k = check_int(routed_head, "routed_head", name=name, minimum=0)
+    heads = f"num_heads={H}, shared_head={s}, routed_head={k}"
+    if s > H:
+        raise ValueError(f"{name}: shared_head must be at most num_heads, got more shared heads than heads ({heads})")
+    if k == 0 and s == 0:
+        raise ValueError(
+            f"{name}: no head would ever be used: with routed_head=0 every head must be shared "
+            f"(shared_head=num_heads) ({heads})"
+        )
+    if k == 0 and s < H:
+        raise ValueError(
+            f"{name}: with routed_head=0 no token can choose the {H - s} non-shared heads, so they would never be "
+            f"used; set shared_head=num_heads or routed_head >= 1 ({heads})"
+        )
+    if s + k > H:
+        raise ValueError(
+            f"{name}: each token would use shared_head + routed_head = {s + k} heads but there are only {H}; "
+            f"routed_head must be at most num_heads - shared_head = {H - s} ({heads})"
+        )
+    return H, s, k
 
 
 def check_qkv(

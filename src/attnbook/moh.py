@@ -48,7 +48,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ._checks import accumulation_dtype, check_bool_mask
+from ._checks import (
+    accumulation_dtype,
+    check_bool,
+    check_bool_mask,
+    check_int,
+    check_moh_heads,
+    check_probability,
+)
 from .softmax import softmax_attention
 
 __all__ = ["HeadRouting", "MoHAttention", "moh_load_balancing_loss"]
@@ -92,11 +99,6 @@ def _no_autocast(x: torch.Tensor):
     except (RuntimeError, TypeError):  # a device type autocast does not know
         enabled = False
     return torch.autocast(x.device.type, enabled=False) if enabled else contextlib.nullcontext()
-
-
-def _check_count(name: str, value, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"MoHAttention: {name} must be an int >= {minimum}, got {value!r}")
 
 
 class MoHAttention(nn.Module):
@@ -167,41 +169,21 @@ class MoHAttention(nn.Module):
         causal: bool = False,
     ):
         super().__init__()
-        _check_count("dim", dim, 1)
-        _check_count("num_heads", num_heads, 1)
-        _check_count("shared_head", shared_head, 0)
-        _check_count("routed_head", routed_head, 0)
+        name = type(self).__name__
+        dim = check_int(dim, "dim", name=name, minimum=1)
+        num_heads, shared_head, routed_head = check_moh_heads(num_heads, shared_head, routed_head, name=name)
         if head_dim is None:
             if dim < num_heads:
                 raise ValueError(
-                    f"MoHAttention: head_dim = dim // num_heads = {dim} // {num_heads} = 0; "
-                    f"pass head_dim or use fewer heads"
+                    f"{name}: head_dim = dim // num_heads = {dim} // {num_heads} = 0; pass head_dim or use fewer heads"
                 )
             head_dim = dim // num_heads
-        _check_count("head_dim", head_dim, 1)
-        for label, p in (("attn_drop", attn_drop), ("proj_drop", proj_drop)):
-            if not 0.0 <= p < 1.0:
-                raise ValueError(f"MoHAttention: {label} must be in [0, 1), got {p}")
-        heads = f"num_heads={num_heads}, shared_head={shared_head}, routed_head={routed_head}"
-        if shared_head > num_heads:
-            raise ValueError(f"MoHAttention: more shared heads than heads ({heads})")
-        if routed_head == 0 and shared_head == 0:
-            raise ValueError(
-                f"MoHAttention: no head would ever be used: with routed_head=0 every head must be shared "
-                f"(shared_head=num_heads) ({heads})"
-            )
-        if routed_head == 0 and shared_head < num_heads:
-            raise ValueError(
-                f"MoHAttention: with routed_head=0 no token can choose the {num_heads - shared_head} "
-                f"non-shared heads, so they would never be used; set shared_head=num_heads or "
-                f"routed_head >= 1 ({heads})"
-            )
-        if shared_head + routed_head > num_heads:
-            raise ValueError(
-                f"MoHAttention: each token would use shared_head + routed_head = "
-                f"{shared_head + routed_head} heads but there are only {num_heads}; routed_head must be at "
-                f"most num_heads - shared_head = {num_heads - shared_head} ({heads})"
-            )
+        head_dim = check_int(head_dim, "head_dim", name=name, minimum=1)
+        attn_drop = check_probability(attn_drop, "attn_drop", name=name)
+        proj_drop = check_probability(proj_drop, "proj_drop", name=name)
+        qkv_bias = check_bool(qkv_bias, "qkv_bias", name=name)
+        qk_norm = check_bool(qk_norm, "qk_norm", name=name)
+        causal = check_bool(causal, "causal", name=name)
 
         self.dim = dim
         self.num_heads = num_heads
