@@ -13,7 +13,53 @@ import torch
 
 from .plots import attention_heatmap, scaling_plot
 
-__all__ = ["row_entropy", "relative_error", "attention_maps_figure", "feature_error_plot"]
+__all__ = [
+    "retrieval_toy",
+    "selectivity",
+    "row_entropy",
+    "relative_error",
+    "attention_maps_figure",
+    "feature_error_plot",
+]
+
+
+def retrieval_toy(
+    n_tokens: int = 24, dim: int = 16, *, noise: float = 0.6, seed: int = 0, dtype: torch.dtype = torch.float64
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A toy retrieval task: query i is a noisy copy of key i, so the right attention map is the diagonal.
+
+    Keys and values are standard normal; ``q_i = k_i + noise * e_i``. Queries and keys are then rescaled to
+    length ``dim ** 0.25``, so that ``q_i . k_j / sqrt(D)`` is their cosine similarity: multiplying both by
+    ``sqrt(s)`` multiplies the softmax scores by ``s`` (an inverse temperature). The same seed gives the same
+    numbers on every device (drawn on the CPU).
+
+    Returns:
+        q, k, v, each of shape (1, 1, n_tokens, dim) on the CPU in ``dtype``.
+    """
+    from .._checks import check_int, check_number
+
+    n_tokens = check_int(n_tokens, "n_tokens", name="retrieval_toy", minimum=1)
+    dim = check_int(dim, "dim", name="retrieval_toy", minimum=1)
+    noise = check_number(noise, "noise", name="retrieval_toy", minimum=0.0)
+    seed = check_int(seed, "seed", name="retrieval_toy")
+    gen = torch.Generator().manual_seed(seed)
+    k = torch.randn(1, 1, n_tokens, dim, dtype=torch.float64, generator=gen)  # (1, 1, N, D)
+    q = k + noise * torch.randn(k.shape, dtype=torch.float64, generator=gen)  # noisy copies of the keys
+    q, k = (x / x.norm(dim=-1, keepdim=True) * dim**0.25 for x in (q, k))  # q . k / sqrt(D) = cosine
+    v = torch.randn(1, 1, n_tokens, dim, dtype=torch.float64, generator=gen)
+    return q.to(dtype), k.to(dtype), v.to(dtype)
+
+
+def selectivity(weights: torch.Tensor) -> tuple[float, float]:
+    """(mean row entropy, mean weight on the diagonal) of square attention weights (..., N, N).
+
+    For :func:`retrieval_toy` the diagonal is the right key: a perfect look-up has entropy 0 and diagonal 1,
+    a uniform map entropy log N and diagonal 1/N.
+    """
+    if not isinstance(weights, torch.Tensor) or weights.dim() < 2 or weights.shape[-1] != weights.shape[-2]:
+        got = tuple(weights.shape) if isinstance(weights, torch.Tensor) else type(weights).__name__
+        raise ValueError(f"selectivity: weights must be square (..., N, N), got {got}")
+    return row_entropy(weights).mean().item(), weights.diagonal(dim1=-2, dim2=-1).mean().item()
 
 
 def row_entropy(weights: torch.Tensor) -> torch.Tensor:
