@@ -30,9 +30,9 @@ def test_resolve_feature_map():
     assert resolve_feature_map(phi) is phi
     fn = torch.tanh
     assert resolve_feature_map(fn) is fn
-    with pytest.raises(ValueError, match=r"unknown feature_map 'ELU': expected one of \['elu', 'relu'\]"):
+    with pytest.raises(ValueError, match=r"feature_map must be 'elu', 'relu', a callable .*got 'ELU'"):
         resolve_feature_map("ELU")
-    with pytest.raises(ValueError, match="got NoneType"):
+    with pytest.raises(TypeError, match="feature_map must be 'elu', 'relu', .*got None"):
         resolve_feature_map(None)
 
 
@@ -126,18 +126,30 @@ class TestPerformer:
         )
 
     @pytest.mark.parametrize(
-        "kwargs, message",
+        "kwargs, error, message",
         [
-            (dict(num_features=0, dim=4), "num_features must be a positive int, got 0"),
-            (dict(num_features=4, dim=2.5), "dim must be a positive int, got 2.5"),
-            (dict(num_features=4, dim=4, seed=1, generator=torch.Generator()), "either generator or seed"),
+            (dict(num_features=0, dim=4), ValueError, "num_features must be an int >= 1, got 0"),
+            (dict(num_features=4, dim=2.5), TypeError, "dim must be an int, got 2.5"),
+            (dict(num_features=4, dim=4, seed=1, generator=torch.Generator()), ValueError, "seed must be None when"),
+            (dict(num_features=4, dim=4, seed=1.5), TypeError, "seed must be an int, got 1.5"),
+            (dict(num_features=4, dim=4, generator=3), TypeError, "generator must be a torch.Generator or None, got 3"),
+            (dict(num_features=4, dim=4, orthogonal="no"), TypeError, "orthogonal must be True or False, got 'no'"),
         ],
-        ids=["features", "dim", "seed_and_generator"],
+        ids=["features", "dim", "seed_and_generator", "float_seed", "int_generator", "string_flag"],
     )
-    def test_bad_construction(self, kwargs, message):
-        with pytest.raises(ValueError, match=message):
+    def test_bad_construction(self, kwargs, error, message):
+        with pytest.raises(error, match=message):
             PerformerFeatures(**kwargs)
 
+    def test_bad_redraw_and_input_say_what_was_wrong(self):
+        phi = PerformerFeatures(8, 4, seed=0)
+        with pytest.raises(TypeError, match="redraw: generator must be a torch.Generator or None, got 7"):
+            phi.redraw(7)
+        with pytest.raises(TypeError, match="x must be a torch.Tensor, got a list of length 1"):
+            phi([[1.0, 2.0, 3.0, 4.0]])
+        with pytest.raises(TypeError, match="x must be a floating-point tensor, got a int64 tensor"):
+            phi(torch.ones(2, 4, dtype=torch.long))
+
     def test_wrong_width_raises_value_error_naming_the_shape(self):
-        with pytest.raises(ValueError, match=r"drawn for width D=4, got input of shape \(2, 5\)"):
+        with pytest.raises(ValueError, match=r"last dimension of size 4 \(D it was drawn for\), got .* \(2, 5\)"):
             PerformerFeatures(8, 4, seed=0)(torch.randn(2, 5))

@@ -6,11 +6,11 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from support import DEVICES, FLOAT_DTYPES, assert_matches_reference, tol
-from torch import nn
+from published import PublishedFlowAttention
+from support import DEVICES, FLOAT_DTYPES, assert_matches_reference, qkv, tol
 
 import attnbook
-from attnbook import reference
+from attnbook import _runtime, reference
 from attnbook.lab.profiling import peak_memory
 
 SHAPES = {  # (B, H, N, M, D, Dv)
@@ -21,14 +21,6 @@ SHAPES = {  # (B, H, N, M, D, Dv)
     "long_odd": (1, 2, 63, 63, 5, 7),
 }
 SQUARE = {name: s for name, s in SHAPES.items() if s[2] == s[3]}
-
-
-def qkv(B, H, N, M, D, Dv, device="cpu", dtype=torch.float32, scale=1.0):
-    return (
-        scale * torch.randn(B, H, N, D, device=device, dtype=dtype),
-        scale * torch.randn(B, H, M, D, device=device, dtype=dtype),
-        torch.randn(B, H, M, Dv, device=device, dtype=dtype),
-    )
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -259,7 +251,7 @@ def test_float16_long_sequence_stays_finite(causal):
 @pytest.mark.parametrize("n, m", [(1024, 1024), (700, 1500), (5000, 3)], ids=["groups", "uneven", "one_row"])
 def test_inference_path_by_row_groups_equals_the_autograd_path(n, m, dtype, monkeypatch):
     """Without autograd the rows run in groups (ROW_POSITIONS positions each), writing into one output."""
-    monkeypatch.setattr(attnbook.flow, "ROW_POSITIONS", 2048)  # 2 rows a group here, 1 for one_row
+    monkeypatch.setattr(_runtime, "ROW_POSITIONS", 2048)  # 2 rows a group here, 1 for one_row
     q, k, v = (x.to(dtype) for x in qkv(2, 3, n, m, 4, 5))
     with torch.no_grad():
         out, stats = attnbook.flow_attention(q, k, v, return_flows=True)
@@ -322,7 +314,7 @@ def test_permuting_keys_and_values_together_changes_nothing_and_queries_are_equi
     "kwargs, shapes, message",
     [
         ({}, ((2, 3, 4), (2, 3, 4, 5), (2, 3, 4, 5)), r"q must have 4 dimensions .* \(2, 3, 4\)"),
-        ({}, ((2, 3, 4, 5), (2, 3, 4, 6), (2, 3, 4, 5)), r"feature size D"),
+        ({}, ((2, 3, 4, 5), (2, 3, 4, 6), (2, 3, 4, 5)), r"feature size D = 5"),
         ({}, ((2, 3, 4, 5), (2, 3, 4, 5), (2, 3, 6, 5)), r"key length M"),
         (
             {"causal": True},
@@ -340,72 +332,8 @@ def test_bad_input_raises_value_error_naming_it(kwargs, shapes, message):
         attnbook.flow_attention(q, k, v, **kwargs)
 
 
-def test_bad_step_input_raises_value_error():
-    q, k, v = torch.randn(2, 3, 4), torch.randn(2, 3, 4), torch.randn(2, 3, 5)
-    _, state = attnbook.flow_attention_step(q, k, v)
-    with pytest.raises(
-        ValueError, match=r"q_t must have 3 dimensions \(B, H, D\), got a float32 tensor of shape \(2, 3, 1, 4\)"
-    ):
-        attnbook.flow_attention_step(q[:, :, None], k, v, state)
-    with pytest.raises(ValueError, match=r"q_t, k_t must be \(B, H, D\) of one shape"):
-        attnbook.flow_attention_step(q, k[..., :3], v, state)
-    with pytest.raises(ValueError, match=r"state must be a FlowState with kv of shape .*\(2, 3, 4, 6\)"):
-        attnbook.flow_attention_step(q, k, torch.randn(2, 3, 6), state)
-
-
 # ----------------------------------------------------------------------------------------------------
 # The module and the published checkpoint layout
-
-
-class PublishedFlowAttention(nn.Module):
-    """Test-only oracle: the layout and computation of Flowformer's ``Flow_Attention`` and
-    ``Flow_Attention_Causal`` modules, re-typed from the issue's equations in the published code's steps
-    (the module structure is that of the Mobile-Attention seed)."""
-
-    def __init__(self, d_input, d_model, d_output, n_heads, drop_out=0.05, eps=1e-6, causal=False):
-        super().__init__()
-        self.n_heads, self.eps, self.causal = n_heads, eps, causal
-        self.query_projection = nn.Linear(d_input, d_model)
-        self.key_projection = nn.Linear(d_input, d_model)
-        self.value_projection = nn.Linear(d_input, d_model)
-        self.out_projection = nn.Linear(d_model, d_output)
-        self.dropout = nn.Dropout(drop_out)
-
-    def forward(self, queries, keys, values):
-        B, L, _ = queries.shape
-        _, S, _ = keys.shape
-        q = torch.sigmoid(self.query_projection(queries).view(B, L, self.n_heads, -1).transpose(1, 2))
-        k = torch.sigmoid(self.key_projection(keys).view(B, S, self.n_heads, -1).transpose(1, 2))
-        v = self.value_projection(values).view(B, S, self.n_heads, -1).transpose(1, 2)
-        e = self.eps
-        if not self.causal:
-            sink_incoming = 1.0 / torch.einsum("nhld,nhd->nhl", q + e, k.sum(dim=2) + e)
-            source_outgoing = 1.0 / torch.einsum("nhld,nhd->nhl", k + e, q.sum(dim=2) + e)
-            conserved_sink = torch.einsum("nhld,nhd->nhl", q + e, (k * source_outgoing[..., None]).sum(dim=2) + e)
-            conserved_source = torch.einsum("nhld,nhd->nhl", k + e, (q * sink_incoming[..., None]).sum(dim=2) + e)
-            conserved_source = torch.clamp(conserved_source, min=-1.0, max=1.0)
-            sink_allocation = torch.sigmoid(conserved_sink * (float(L) / float(S)))
-            source_competition = torch.softmax(conserved_source, dim=-1) * float(S)
-            kv = torch.einsum("nhld,nhlm->nhdm", k, v * source_competition[..., None])
-            x = torch.einsum("nhld,nhdm->nhlm", q * sink_incoming[..., None], kv) * sink_allocation[..., None]
-        else:
-            normal = (torch.arange(L).float() + 1.0).to(q)[None, None, :]
-            sink_incoming = normal / torch.einsum("nhld,nhld->nhl", q + e, k.cumsum(dim=2) + e)
-            source_outgoing = normal / torch.einsum("nhld,nhld->nhl", k + e, q.cumsum(dim=2) + e)
-            conserved_sink = (
-                torch.einsum("nhld,nhld->nhl", q + e, (k * source_outgoing[..., None]).cumsum(dim=2) + e) / normal
-            )
-            conserved_source = (
-                torch.einsum("nhld,nhld->nhl", k + e, (q * sink_incoming[..., None]).cumsum(dim=2) + e) / normal
-            )
-            conserved_source = torch.exp(torch.clamp(conserved_source, min=-1.0, max=1.0))
-            sink_allocation = torch.sigmoid(conserved_sink)
-            source_competition = conserved_source / conserved_source.cumsum(dim=-1) * normal
-            kv = torch.einsum("nhld,nhlm->nhldm", k, v * source_competition[..., None]).cumsum(dim=2)
-            x = torch.einsum("nhld,nhldm->nhlm", q * (sink_incoming / normal)[..., None], kv)
-            x = x * sink_allocation[..., None]
-        x = x.transpose(1, 2).reshape(B, L, -1)
-        return self.dropout(self.out_projection(x))
 
 
 class TestModule:
@@ -429,7 +357,7 @@ class TestModule:
 
     def test_causal_module_rejects_different_lengths(self):
         m = attnbook.FlowAttention(4, 4, 4, 2, causal=True)
-        with pytest.raises(ValueError, match="N == M"):
+        with pytest.raises(ValueError, match=r"FlowAttention: keys must be as long as queries \(L == S\) \(causal"):
             m(torch.randn(1, 3, 4), torch.randn(1, 5, 4), torch.randn(1, 5, 4))
 
     def test_dropout_is_active_in_training_only(self):
@@ -442,13 +370,17 @@ class TestModule:
     def test_bad_construction(self):
         with pytest.raises(ValueError, match="eps must be a finite number >= 0"):
             attnbook.FlowAttention(4, 4, 4, 2, eps=-1e-3)
-        with pytest.raises(ValueError, match="d_model=6 is not divisible by n_heads=4"):
+        with pytest.raises(ValueError, match="d_model must be a multiple of n_heads, got d_model=6, n_heads=4"):
             attnbook.FlowAttention(4, 6, 4, 4)
+        with pytest.raises(TypeError, match="causal must be True or False, got 'False'"):
+            attnbook.FlowAttention(4, 4, 4, 2, causal="False")
+        with pytest.raises(TypeError, match="drop_out must be a number, got None"):
+            attnbook.FlowAttention(4, 4, 4, 2, drop_out=None)
 
 
 def test_row_groups_are_a_cpu_cache_measure_only():
-    from attnbook.flow import rows_per_group
+    from attnbook._runtime import ROW_POSITIONS, rows_per_group
 
-    assert rows_per_group(torch.empty(1), 4096, 32) == attnbook.flow.ROW_POSITIONS // 4096
+    assert rows_per_group(torch.empty(1), 4096, 32) == ROW_POSITIONS // 4096
     assert rows_per_group(torch.empty(1), 10**6, 32) == 1
     assert rows_per_group(torch.empty(1, device="meta"), 4096, 32) == 32  # GPUs: all rows in one launch

@@ -4,11 +4,13 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from support import BAD_QKV_SHAPES, DEVICES, FLOAT_DTYPES, assert_matches_reference, tol
+from published import fast_transformers_linear_attention
+from support import BAD_QKV_SHAPES, DEVICES, FLOAT_DTYPES, assert_matches_reference, qkv, tol
 
 import attnbook
-from attnbook import reference
+from attnbook import _runtime, reference
 from attnbook.feature_maps import PerformerFeatures
+from attnbook.lab.profiling import peak_memory
 
 SHAPES = {  # (B, H, N, M, D, Dv)
     "square": (2, 3, 7, 7, 8, 8),
@@ -18,14 +20,6 @@ SHAPES = {  # (B, H, N, M, D, Dv)
     "long_odd": (1, 2, 63, 63, 5, 7),
 }
 SQUARE = {name: s for name, s in SHAPES.items() if s[2] == s[3]}
-
-
-def qkv(B, H, N, M, D, Dv, device="cpu", dtype=torch.float32):
-    return (
-        torch.randn(B, H, N, D, device=device, dtype=dtype),
-        torch.randn(B, H, M, D, device=device, dtype=dtype),
-        torch.randn(B, H, M, Dv, device=device, dtype=dtype),
-    )
 
 
 def feature_map(name, D):
@@ -93,10 +87,7 @@ def test_key_padding_mask_matches_reference_outputs_and_gradients(causal):
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_without_autograd_groups_of_rows_give_the_same_numbers(monkeypatch, causal, fmap, row_positions):
     """Under no_grad the work runs a few (B H) rows at a time, into one output: same result as with autograd."""
-    from attnbook import linear
-
-    monkeypatch.setattr(linear, "_ROW_POSITIONS", row_positions)
-    monkeypatch.setattr(linear, "_ROW_POSITIONS_CAUSAL", row_positions)
+    monkeypatch.setattr(_runtime, "ROW_POSITIONS", row_positions)
     phi = feature_map(fmap, 4)
     B, H, N, D, Dv = 2, 3, 9, 4, 5
     pad = torch.rand(B, N) > 0.3
@@ -113,22 +104,13 @@ def test_without_autograd_groups_of_rows_give_the_same_numbers(monkeypatch, caus
         torch.testing.assert_close(out.double(), expected, **tol(dtype))
 
 
-def fast_transformers_formula(queries, keys, values, eps):
-    """The seed's non-causal computation, in its (N, L, H, D) layout, written from its three einsums."""
-    Q = torch.nn.functional.elu(queries) + 1
-    K = torch.nn.functional.elu(keys) + 1
-    KV = torch.einsum("nshd,nshm->nhmd", K, values)
-    Z = 1 / (torch.einsum("nlhd,nhd->nlh", Q, K.sum(dim=1)) + eps)
-    return torch.einsum("nlhd,nhmd,nlh->nlhm", Q, KV, Z)
-
-
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 @pytest.mark.parametrize("eps", [1e-6, 0.5], ids=["eps_default", "eps_large"])
 def test_non_causal_equals_the_fast_transformers_numbers(eps, dtype):
     q, k, v = qkv(2, 3, 6, 10, 4, 5, dtype=dtype)
     q = q * 3  # rows whose elu + 1 features are tiny make eps visible
     ours = attnbook.linear_attention(q, k, v, eps=eps)  # (B, H, N, Dv)
-    seed = fast_transformers_formula(*(x.transpose(1, 2) for x in (q, k, v)), eps).transpose(1, 2)
+    seed = fast_transformers_linear_attention(*(x.transpose(1, 2) for x in (q, k, v)), eps).transpose(1, 2)
     torch.testing.assert_close(ours, seed, **tol(dtype))
     torch.testing.assert_close(reference.linear_attention(q, k, v, eps=eps), seed.double(), **tol(dtype))
 
@@ -257,17 +239,6 @@ def test_half_inputs_accumulate_in_float32_without_overflow(causal, dtype):
         assert g.dtype == dtype and torch.isfinite(g).all()
 
 
-def extra_memory(fn, *existing: torch.Tensor) -> int:
-    """Peak bytes of new tensors while fn() runs (views of the ``existing`` tensors are not new memory)."""
-    from attnbook.lab.profiling import _AllocationTracker
-
-    tracker = _AllocationTracker()
-    tracker._seen.update(x.untyped_storage().data_ptr() for x in existing)
-    with tracker:
-        fn()
-    return tracker.peak
-
-
 @pytest.mark.parametrize("grad", [False, True], ids=["inference", "training"])
 def test_causal_memory_is_a_few_copies_of_the_inputs_not_n_by_n(grad):
     """Causal forward (and backward) extra memory is O(N (D + Dv) + D Dv): a few copies of q, k, v, out."""
@@ -276,7 +247,7 @@ def test_causal_memory_is_a_few_copies_of_the_inputs_not_n_by_n(grad):
     io_bytes = 4 * q.numel() * q.element_size()  # q, k, v and the output
     if not grad:
         with torch.no_grad():
-            peak = extra_memory(lambda: attnbook.linear_attention(q, k, v, causal=True), q, k, v)
+            peak = peak_memory(lambda: attnbook.linear_attention(q, k, v, causal=True), existing=(q, k, v))
         assert peak < 2 * io_bytes < N * N * 4, f"peak {peak} bytes for q, k, v, out of {io_bytes} bytes"
     else:
         q.requires_grad_()
@@ -285,7 +256,7 @@ def test_causal_memory_is_a_few_copies_of_the_inputs_not_n_by_n(grad):
             out = attnbook.linear_attention(q, k, v, causal=True)
             out.backward(torch.ones_like(out))
 
-        peak = extra_memory(forward_backward, q, k, v)
+        peak = peak_memory(forward_backward, existing=(q, k, v))
         assert peak < 4 * io_bytes < N * N * 4, f"peak {peak} bytes for q, k, v, out of {io_bytes} bytes"
 
 
@@ -373,9 +344,9 @@ def test_bad_arguments_raise_value_error():
     q, k, v = qkv(2, 3, 4, 5, 2, 2)
     with pytest.raises(ValueError, match=r"N == M.*q \(2, 3, 4, 2\), k \(2, 3, 5, 2\)"):
         attnbook.linear_attention(q, k, v, causal=True)
-    with pytest.raises(ValueError, match="unknown feature_map 'softmax'"):
+    with pytest.raises(ValueError, match="feature_map must be 'elu', 'relu', .*got 'softmax'"):
         attnbook.linear_attention(q, k, v, feature_map="softmax")
-    with pytest.raises(ValueError, match="feature_map must be one of"):
+    with pytest.raises(TypeError, match="linear_attention: feature_map must be 'elu', 'relu'"):
         attnbook.linear_attention(q, k, v, feature_map=3)
     with pytest.raises(ValueError, match=r"keep the leading dimensions of q \(2, 3, 4, 2\)"):
         attnbook.linear_attention(q, k, v, feature_map=lambda x: x.sum(-1))
@@ -383,13 +354,13 @@ def test_bad_arguments_raise_value_error():
     def wider_keys(x):  # q (..., 4, 2) -> (..., 4, 2), k (..., 5, 2) -> (..., 5, 3)
         return x if x.shape[-2] == 4 else torch.cat([x, x[..., :1]], -1)
 
-    with pytest.raises(ValueError, match=r"q features \(2, 3, 4, 2\) but k features \(2, 3, 5, 3\)"):
+    with pytest.raises(ValueError, match=r"one width R, got q features \(2, 3, 4, 2\) but k features \(2, 3, 5, 3\)"):
         attnbook.linear_attention(q, k, v, feature_map=wider_keys)
-    with pytest.raises(ValueError, match=r"drawn for width D=3, got q \(2, 3, 4, 2\), k \(2, 3, 5, 2\)"):
+    with pytest.raises(ValueError, match=r"drawn for D=3, got q \(2, 3, 4, 2\), k \(2, 3, 5, 2\)"):
         attnbook.linear_attention(q, k, v, feature_map=PerformerFeatures(8, 3, seed=0))
-    with pytest.raises(ValueError, match=r"key_padding_mask must have shape \(B, M\) = \(2, 5\), got \(2, 4\)"):
+    with pytest.raises(ValueError, match=r"key_padding_mask must have shape \(B, M\) = \(2, 5\), got .*\(2, 4\)"):
         attnbook.linear_attention(q, k, v, key_padding_mask=torch.ones(2, 4, dtype=torch.bool))
-    with pytest.raises(ValueError, match="key_padding_mask must be a bool tensor"):
+    with pytest.raises(TypeError, match="key_padding_mask must be a bool tensor"):
         attnbook.linear_attention(q, k, v, key_padding_mask=torch.ones(2, 5))
     with pytest.raises(ValueError, match="chunk_size must be an int >= 1"):
         attnbook.linear_attention(q, k[:, :, :4], v[:, :, :4], causal=True, chunk_size=0)
@@ -409,11 +380,17 @@ def test_bad_step_arguments_raise_value_error():
         attnbook.linear_attention_step(q[:, :, None], k, v)
     with pytest.raises(ValueError, match=r"q_t \(2, 3, 4\), k_t \(2, 3, 6\)"):
         attnbook.linear_attention_step(q, torch.randn(2, 3, 6), v)
-    with pytest.raises(ValueError, match=r"state S \(2, 3, 4, 5\), z \(2, 3, 4\) does not match .*\(2, 3, 4, 6\)"):
+    with pytest.raises(ValueError, match=r"state.S must have shape \(2, 3, 4, 6\) for these inputs, got .*\(2, 3, 4, 5\)"):
         attnbook.linear_attention_step(q, k, torch.randn(2, 3, 6), state)
-    with pytest.raises(ValueError, match="state must be a LinearState"):
+    with pytest.raises(TypeError, match="state must be a LinearState .*, got a float32 tensor"):
         attnbook.linear_attention_step(q, k, v, state.S)
-    with pytest.raises(ValueError, match="unknown feature_map"):
+    with pytest.raises(TypeError, match="state must be a LinearState .*, got a tuple of length 2"):
+        attnbook.linear_attention_step(q, k, v, tuple(state))
+    with pytest.raises(ValueError, match="state.z must be in the accumulation dtype torch.float32 .*float64"):
+        attnbook.linear_attention_step(q, k, v, state._replace(z=state.z.double()))
+    with pytest.raises(TypeError, match="state.S must be a floating-point tensor, got a int64"):
+        attnbook.linear_attention_step(q, k, v, state._replace(S=state.S.long()))
+    with pytest.raises(ValueError, match="feature_map must be 'elu', 'relu', .*got 'nope'"):
         attnbook.linear_attention_step(q, k, v, feature_map="nope")
 
 
@@ -461,22 +438,43 @@ class TestModule:
     def test_cross_attention_lengths(self):
         m = attnbook.LinearAttention(6, 8, 5, 2)
         assert m(torch.randn(2, 3, 6), torch.randn(2, 9, 6), torch.randn(2, 9, 6)).shape == (2, 3, 5)
-        with pytest.raises(ValueError, match="N == M"):
+        with pytest.raises(ValueError, match=r"keys must be as long as queries \(L == S\) \(causal"):
             attnbook.LinearAttention(6, 8, 5, 2, causal=True)(
                 torch.randn(2, 3, 6), torch.randn(2, 9, 6), torch.randn(2, 9, 6)
             )
 
     @pytest.mark.parametrize(
-        "kwargs, message",
+        "kwargs, error, message",
         [
-            (dict(feature_map="softmax"), "unknown feature_map"),
-            (dict(feature_map=PerformerFeatures(8, 3, seed=0)), r"drawn for D=3.*= 4"),
-            (dict(eps=-1.0), "eps must be a finite number >= 0"),
-            (dict(n_heads=3), "d_model=8 is not divisible by n_heads=3"),
+            (dict(feature_map="softmax"), ValueError, "feature_map must be 'elu', 'relu'"),
+            (dict(feature_map=PerformerFeatures(8, 3, seed=0)), ValueError, r"drawn for D=3.*= 4"),
+            (dict(eps=-1.0), ValueError, "eps must be a finite number >= 0"),
+            (dict(eps=float("inf")), ValueError, "eps must be a finite number >= 0, got inf"),
+            (dict(n_heads=3), ValueError, "d_model must be a multiple of n_heads, got d_model=8, n_heads=3"),
+            (dict(n_heads=True), TypeError, "n_heads must be an int, got True"),
+            (dict(d_model=True), TypeError, "d_model must be an int, got True"),
+            (dict(chunk_size=0), ValueError, "chunk_size must be an int >= 1, got 0"),
+            (dict(chunk_size="64"), TypeError, "chunk_size must be an int, got '64'"),
+            (dict(causal="False"), TypeError, "causal must be True or False, got 'False'"),
+            (dict(drop_out="0.1"), TypeError, "drop_out must be a number, got '0.1'"),
+            (dict(drop_out=torch.tensor(0.1)), TypeError, "drop_out must be a number, got a float32 tensor"),
         ],
-        ids=["feature_map", "performer_width", "eps", "heads"],
+        ids=[
+            "feature_map",
+            "performer_width",
+            "eps",
+            "infinite_eps",
+            "heads",
+            "bool_heads",
+            "bool_width",
+            "zero_chunk",
+            "string_chunk",
+            "string_causal",
+            "string_drop_out",
+            "tensor_drop_out",
+        ],
     )
-    def test_bad_construction(self, kwargs, message):
+    def test_bad_construction(self, kwargs, error, message):
         args = dict(d_input=4, d_model=8, d_output=4, n_heads=2) | kwargs
-        with pytest.raises(ValueError, match=message):
+        with pytest.raises(error, match=message):
             attnbook.LinearAttention(**args)

@@ -4,27 +4,19 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from support import DEVICES, FLOAT_DTYPES, assert_matches_reference, tol
-from torch import nn
+from published import PublishedMobileAttention
+from support import DEVICES, FLOAT_DTYPES, assert_matches_reference, qkv, tol
 
 import attnbook
-from attnbook import reference
+from attnbook import _runtime, reference
 
-SHAPES = {  # (B, H, N, D, Dv)
-    "square": (2, 3, 7, 8, 8),
-    "one_head": (2, 1, 5, 4, 3),
-    "many_small_heads": (1, 8, 9, 2, 3),
-    "single_token": (1, 2, 1, 3, 2),
-    "long_odd": (1, 4, 63, 5, 7),
+SHAPES = {  # (B, H, N, M, D, Dv), M = N: the heads compete for each position
+    "square": (2, 3, 7, 7, 8, 8),
+    "one_head": (2, 1, 5, 5, 4, 3),
+    "many_small_heads": (1, 8, 9, 9, 2, 3),
+    "single_token": (1, 2, 1, 1, 3, 2),
+    "long_odd": (1, 4, 63, 63, 5, 7),
 }
-
-
-def qkv(B, H, N, D, Dv, device="cpu", dtype=torch.float32, scale=1.0):
-    return (
-        scale * torch.randn(B, H, N, D, device=device, dtype=dtype),
-        scale * torch.randn(B, H, N, D, device=device, dtype=dtype),
-        torch.randn(B, H, N, Dv, device=device, dtype=dtype),
-    )
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -38,7 +30,7 @@ def test_matches_reference_outputs_and_gradients(shape, dtype, device):
 
 @pytest.mark.parametrize("eps", [1e-6, 0.1], ids=["eps1e-6", "eps0.1"])
 def test_flow_statistics_match_reference(eps):
-    q, k, v = qkv(2, 4, 7, 3, 5, dtype=torch.float64, scale=3.0)
+    q, k, v = qkv(2, 4, 7, 7, 3, 5, dtype=torch.float64, scale=3.0)
     out, stats = attnbook.mobile_attention(q, k, v, eps=eps, return_flows=True)
     ref_out, ref_stats = reference.mobile_attention(q, k, v, eps=eps, return_flows=True)
     assert isinstance(stats, attnbook.FlowStats)
@@ -51,7 +43,7 @@ def test_flow_statistics_match_reference(eps):
 
 def test_flows_are_summed_over_heads_not_over_the_sequence():
     """I_hi uses the head total of the keys at position i; the competition sums to M over the sequence."""
-    q, k, v = qkv(1, 3, 5, 4, 2, dtype=torch.float64)
+    q, k, v = qkv(1, 3, 5, 5, 4, 2, dtype=torch.float64)
     _, s = attnbook.mobile_attention(q, k, v, return_flows=True)
     qs, ks, eps = torch.sigmoid(q), torch.sigmoid(k), 1e-6
     torch.testing.assert_close(s.incoming, ((qs + eps) * (ks.sum(1, keepdim=True) + eps)).sum(-1))
@@ -86,7 +78,7 @@ def test_head_conservation_deviation_with_eps_is_exactly_the_eps_terms(eps):
     K_j = sum_h k~_hj, and the mirror image for I^.
     """
     B, H, N, D = 2, 5, 6, 4
-    q, k, v = qkv(B, H, N, D, 3, dtype=torch.float64, scale=2.0)
+    q, k, v = qkv(B, H, N, N, D, 3, dtype=torch.float64, scale=2.0)
     _, s = attnbook.mobile_attention(q, k, v, eps=eps, return_flows=True)
     qs, ks = torch.sigmoid(q), torch.sigmoid(k)
     K1, Q1 = ks.sum((1, -1)), qs.sum((1, -1))  # (B, N)
@@ -99,7 +91,7 @@ def test_head_conservation_deviation_with_eps_is_exactly_the_eps_terms(eps):
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["float16", "bfloat16"])
 def test_half_precision_accumulates_in_float32(dtype):
-    q, k, v = (x.to(dtype) for x in qkv(2, 4, 33, 8, 8))
+    q, k, v = (x.to(dtype) for x in qkv(2, 4, 33, 33, 8, 8))
     out, stats = attnbook.mobile_attention(q, k, v, return_flows=True)
     assert out.dtype == dtype and stats.incoming.dtype == torch.float32
     torch.testing.assert_close(out.double(), reference.mobile_attention(q, k, v), **tol(dtype))
@@ -108,8 +100,8 @@ def test_half_precision_accumulates_in_float32(dtype):
 @pytest.mark.parametrize("B, H, n", [(5, 2, 1024), (3, 8, 700), (1, 3, 5000)], ids=["groups", "uneven", "one"])
 def test_inference_path_by_batch_groups_equals_the_autograd_path(B, H, n, monkeypatch):
     """Without autograd the batch elements run in groups, writing into one output."""
-    monkeypatch.setattr(attnbook.flow, "ROW_POSITIONS", 4096)  # groups of 2, 1 and 1 batch elements
-    q, k, v = qkv(B, H, n, 4, 5)
+    monkeypatch.setattr(_runtime, "ROW_POSITIONS", 4096)  # groups of 2, 1 and 1 batch elements
+    q, k, v = qkv(B, H, n, n, 4, 5)
     with torch.no_grad():
         out, stats = attnbook.mobile_attention(q, k, v, return_flows=True)
     leaves = [x.clone().requires_grad_() for x in (q, k, v)]
@@ -121,12 +113,12 @@ def test_inference_path_by_batch_groups_equals_the_autograd_path(B, H, n, monkey
 
 
 def test_gradcheck_tiny():
-    q, k, v = (x.double().requires_grad_() for x in qkv(1, 3, 4, 2, 2))
+    q, k, v = (x.double().requires_grad_() for x in qkv(1, 3, 4, 4, 2, 2))
     assert torch.autograd.gradcheck(attnbook.mobile_attention, (q, k, v))
 
 
 def test_equivariant_to_permuting_heads_and_positions():
-    q, k, v = qkv(2, 4, 6, 3, 3, dtype=torch.float64)
+    q, k, v = qkv(2, 4, 6, 6, 3, 3, dtype=torch.float64)
     out = attnbook.mobile_attention(q, k, v)
     ph, pn = torch.randperm(4), torch.randperm(6)
     torch.testing.assert_close(attnbook.mobile_attention(q[:, ph], k[:, ph], v[:, ph]), out[:, ph])
@@ -149,43 +141,6 @@ def test_bad_input_raises_value_error_naming_it(kwargs, shapes, message):
         attnbook.mobile_attention(q, k, v, **kwargs)
 
 
-class PublishedMobileAttention(nn.Module):
-    """Test-only oracle: the published ``Mobile_Attention`` core module, re-typed step by step."""
-
-    def __init__(self, d_input, d_model, d_output, n_heads, drop_out=0.05, eps=1e-6):
-        super().__init__()
-        self.n_heads, self.eps = n_heads, eps
-        self.query_projection = nn.Linear(d_input, d_model)
-        self.key_projection = nn.Linear(d_input, d_model)
-        self.value_projection = nn.Linear(d_input, d_model)
-        self.out_projection = nn.Linear(d_model, d_output)
-        self.dropout = nn.Dropout(drop_out)
-
-    def forward(self, queries, keys, values):
-        B, L, _ = queries.shape
-        _, S, _ = keys.shape
-        H, e = self.n_heads, self.eps
-        q = torch.sigmoid(self.query_projection(queries).view(B, L, H, -1).transpose(1, 2))
-        k = torch.sigmoid(self.key_projection(keys).view(B, S, H, -1).transpose(1, 2))
-        v = self.value_projection(values).view(B, S, H, -1).transpose(1, 2)
-        sink_incoming = 1.0 / torch.sum((q + e) * (k.sum(dim=1, keepdim=True).repeat(1, H, 1, 1) + e), dim=-1)
-        source_outgoing = 1.0 / torch.sum((k + e) * (q.sum(dim=1, keepdim=True).repeat(1, H, 1, 1) + e), dim=-1)
-        conserved_sink = torch.sum(
-            (q + e) * ((k * source_outgoing[..., None]).sum(dim=1, keepdim=True).repeat(1, H, 1, 1) + e),
-            dim=-1,
-        )
-        conserved_source = torch.sum(
-            (k + e) * ((q * sink_incoming[..., None]).sum(dim=1, keepdim=True).repeat(1, H, 1, 1) + e), dim=-1
-        )
-        conserved_source = torch.clamp(conserved_source, min=-1.0, max=1.0)
-        sink_allocation = torch.sigmoid(conserved_sink * (float(q.shape[2]) / float(k.shape[2])))
-        source_competition = torch.softmax(conserved_source, dim=-1) * float(k.shape[2])
-        kv = torch.einsum("nhld,nhlm->nhdm", k, v * source_competition[..., None])
-        x = torch.einsum("nhld,nhdm->nhlm", q * sink_incoming[..., None], kv) * sink_allocation[..., None]
-        x = x.transpose(1, 2).reshape(B, L, -1)
-        return self.dropout(self.out_projection(x))
-
-
 class TestModule:
     def test_parameter_names_and_shapes_match_the_published_module(self):
         ours = attnbook.MobileAttention(12, 16, 10, 4)
@@ -204,7 +159,7 @@ class TestModule:
 
     def test_different_query_and_key_lengths_raise(self):
         m = attnbook.MobileAttention(4, 4, 4, 2)
-        with pytest.raises(ValueError, match=r"same length \(L == S\).*\(1, 3, 4\).*\(1, 5, 4\)"):
+        with pytest.raises(ValueError, match=r"as long as queries \(L == S\) \(the heads compete.*\(1, 3, 4\).*\(1, 5, 4\)"):
             m(torch.randn(1, 3, 4), torch.randn(1, 5, 4), torch.randn(1, 5, 4))
         with pytest.raises(ValueError, match=r"L == S"):  # length-1 queries would broadcast in the published code
             m(torch.randn(1, 1, 4), torch.randn(1, 5, 4), torch.randn(1, 5, 4))

@@ -7,89 +7,13 @@ import torch
 import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from published import ReferenceCodeMoH
 from support import DEVICES, FLOAT_DTYPES, assert_matches_reference, tol
 from torch import nn
 from torch.func import functional_call
 
 import attnbook
 from attnbook import HeadRouting, MoHAttention, moh_load_balancing_loss, reference
-
-# ----------------------------------------------------------------------------------------------------------
-# Oracle 1: the reference code's forward, re-typed for the tests (../shared/seeds/moh_attention.txt).
-# Same parameters, created under the same conditions, and the same operations in the same order. timm's
-# use_fused_attn() is the plain flag ``fused``; the class-level loss list is a list on the instance.
-# ----------------------------------------------------------------------------------------------------------
-
-
-class ReferenceCodeMoH(nn.Module):
-    def __init__(
-        self,
-        dim,
-        num_heads=8,
-        qkv_bias=False,
-        qk_norm=False,
-        attn_drop=0.0,
-        proj_drop=0.0,
-        norm_layer=nn.LayerNorm,
-        shared_head=0,
-        routed_head=0,
-        head_dim=None,
-        fused=True,
-    ):
-        super().__init__()
-        self.num_heads = num_heads
-        self.head_dim = dim // num_heads if head_dim is None else head_dim
-        self.scale = self.head_dim**-0.5
-        self.fused = fused
-        inner = self.head_dim * num_heads
-        self.qkv = nn.Linear(dim, inner * 3, bias=qkv_bias)
-        self.q_norm = norm_layer(self.head_dim) if qk_norm else nn.Identity()
-        self.k_norm = norm_layer(self.head_dim) if qk_norm else nn.Identity()
-        self.attn_drop = nn.Dropout(attn_drop)
-        self.proj = nn.Linear(inner, dim)
-        self.proj_drop = nn.Dropout(proj_drop)
-        self.shared_head, self.routed_head = shared_head, routed_head
-        if routed_head > 0:
-            self.wg = nn.Linear(dim, num_heads - shared_head, bias=False)
-            if shared_head > 0:
-                self.wg_0 = nn.Linear(dim, 2, bias=False)
-        if shared_head > 1:
-            self.wg_1 = nn.Linear(dim, shared_head, bias=False)
-        self.losses = []
-
-    def forward(self, x):
-        B, N, C = x.shape
-        flat = x.reshape(B * N, C)
-        if self.routed_head > 0:
-            probs = F.softmax(self.wg(flat), dim=1)
-            _, experts = probs.shape
-            _, idx = torch.topk(probs, k=self.routed_head, dim=1)
-            mask = F.one_hot(idx, num_classes=experts).sum(dim=1)
-            if self.training:
-                self.losses.append(torch.mean(probs.mean(dim=0) * mask.float().mean(dim=0)) * experts * experts)
-            routed = probs * mask
-            denom = torch.clamp(routed.sum(dim=1, keepdim=True), min=torch.finfo(probs.dtype).eps)
-            routed = (routed / denom).reshape(B, N, -1) * self.routed_head
-        q, k, v = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
-        q, k = self.q_norm(q), self.k_norm(k)
-        if self.fused:
-            h = F.scaled_dot_product_attention(q, k, v, dropout_p=self.attn_drop.p if self.training else 0.0)
-        else:
-            h = self.attn_drop((q * self.scale @ k.transpose(-2, -1)).softmax(dim=-1)) @ v
-        h = h.transpose(1, 2)
-        if self.routed_head > 0 and self.shared_head > 0:
-            shared = F.softmax(self.wg_1(flat), dim=1).reshape(B, N, -1) * self.shared_head
-            w0 = F.softmax(self.wg_0(flat), dim=1).reshape(B, N, 2) * 2
-            gates = torch.cat(
-                [torch.einsum("bn,bne->bne", w0[:, :, 0], shared), torch.einsum("bn,bne->bne", w0[:, :, 1], routed)],
-                dim=2,
-            )
-        elif self.routed_head > 0:
-            gates = routed
-        else:
-            gates = F.softmax(self.wg_1(flat), dim=1).reshape(B, N, -1) * self.shared_head
-        h = torch.einsum("bne,bned->bned", gates, h).reshape(B, N, self.head_dim * self.num_heads)
-        return self.proj_drop(self.proj(h))
 
 
 def reference_runs(H, s, k, dim=8):
@@ -180,17 +104,27 @@ def test_invalid_head_counts_raise_and_say_why(counts):
 
 
 @pytest.mark.parametrize(
-    "kwargs,match",
+    "kwargs,error,match",
     [
-        (dict(shared_head=-1, routed_head=2), "shared_head must be an int >= 0"),
-        (dict(shared_head=0, routed_head=-2), "routed_head must be an int >= 0"),
-        (dict(shared_head=1.0, routed_head=2), "shared_head must be an int, got 1.0"),
-        (dict(shared_head=True, routed_head=2), "shared_head must be an int, got True"),
-        (dict(num_heads=0, shared_head=0, routed_head=1), "num_heads must be an int >= 1"),
-        (dict(routed_head=2, head_dim=0), "head_dim must be an int >= 1"),
-        (dict(dim=3, num_heads=4, routed_head=2), r"head_dim = dim // num_heads = 3 // 4 = 0"),
-        (dict(routed_head=2, attn_drop=1.0), r"attn_drop must be a finite number >= 0 and < 1, got 1.0"),
-        (dict(routed_head=2, proj_drop=-0.1), r"proj_drop must be a finite number >= 0 and < 1, got -0.1"),
+        (dict(shared_head=-1, routed_head=2), ValueError, "shared_head must be an int >= 0"),
+        (dict(shared_head=0, routed_head=-2), ValueError, "routed_head must be an int >= 0"),
+        (dict(shared_head=1.0, routed_head=2), TypeError, "shared_head must be an int, got 1.0"),
+        (dict(shared_head=True, routed_head=2), TypeError, "shared_head must be an int, got True"),
+        (dict(num_heads=0, shared_head=0, routed_head=1), ValueError, "num_heads must be an int >= 1"),
+        (dict(num_heads=True, shared_head=0, routed_head=1), TypeError, "num_heads must be an int, got True"),
+        (dict(routed_head=2, head_dim=0), ValueError, "head_dim must be an int >= 1"),
+        (dict(dim=3, num_heads=4, routed_head=2), ValueError, r"head_dim = dim // num_heads = 3 // 4 = 0"),
+        (dict(routed_head=2, attn_drop=1.0), ValueError, r"attn_drop must be a finite number >= 0 and < 1, got 1.0"),
+        (dict(routed_head=2, proj_drop=-0.1), ValueError, r"proj_drop must be a finite number >= 0 and < 1, got -0.1"),
+        (dict(routed_head=2, attn_drop=None), TypeError, r"attn_drop must be a number, got None"),
+        (dict(routed_head=2, qk_norm="yes"), TypeError, r"qk_norm must be True or False, got 'yes'"),
+        (dict(routed_head=2, causal="False"), TypeError, r"causal must be True or False, got 'False'"),
+        (dict(routed_head=2, qk_norm=True, norm_layer=None), TypeError, r"norm_layer must be a normalisation class"),
+        (
+            dict(routed_head=2, qk_norm=True, norm_layer=nn.LayerNorm(2)),
+            TypeError,
+            r"norm_layer must be a normalisation class .*, got a LayerNorm module",
+        ),
     ],
     ids=[
         "neg-shared",
@@ -198,33 +132,43 @@ def test_invalid_head_counts_raise_and_say_why(counts):
         "float-count",
         "bool-count",
         "zero-heads",
+        "bool-heads",
         "zero-head-dim",
         "dim-lt-heads",
         "attn-drop",
         "proj-drop",
+        "none-drop",
+        "string-flag",
+        "string-causal",
+        "no-norm-layer",
+        "norm-layer-instance",
     ],
 )
-def test_invalid_arguments_raise(kwargs, match):
+def test_invalid_arguments_raise(kwargs, error, match):
     args = dict(dim=8, num_heads=4) | kwargs
-    wrong_type = any(isinstance(v, (bool, float)) for k, v in kwargs.items() if k.endswith("head"))
-    with pytest.raises(TypeError if wrong_type else ValueError, match=match):
+    with pytest.raises(error, match=match):
         MoHAttention(**args)
 
 
 @pytest.mark.parametrize(
-    "x,match",
+    "x,error,match",
     [
-        (torch.randn(2, 5), r"expected x of shape \(B, N, dim=8\), got \(2, 5\)"),
-        (torch.randn(2, 5, 7), r"got \(2, 5, 7\)"),
-        (torch.ones(2, 5, 8, dtype=torch.long), "floating point"),
-        (torch.randn(2, 0, 8), r"at least one token .* got \(2, 0, 8\)"),
+        (torch.randn(2, 5), ValueError, r"x must have 3 dimensions \(B, N, dim\), got .* \(2, 5\)"),
+        (torch.randn(2, 5, 7), ValueError, r"x must have the last dimension dim = 8, got .* \(2, 5, 7\)"),
+        (torch.ones(2, 5, 8, dtype=torch.long), TypeError, "x must be a floating-point tensor, got a int64"),
+        (torch.randn(2, 0, 8), ValueError, r"N must be at least 1 .* got x \(2, 0, 8\)"),
+        (torch.randn(0, 5, 8), ValueError, r"B must be at least 1 .* got x \(0, 5, 8\)"),
+        (torch.randn(2, 5, 8, dtype=torch.float64), ValueError, "x must have the layer's dtype torch.float32"),
+        ([[0.0] * 8], TypeError, "x must be a torch.Tensor, got a list of length 1"),
     ],
-    ids=["2d", "wrong-width", "integer", "no-tokens"],
+    ids=["2d", "wrong-width", "integer", "no-tokens", "empty-batch", "float64-into-float32", "list"],
 )
-def test_bad_input_raises(x, match):
+def test_bad_input_raises(x, error, match):
     m = MoHAttention(8, 4, shared_head=1, routed_head=2)
-    with pytest.raises(ValueError, match=match):
+    with pytest.raises(error, match=match):
         m(x)
+    with pytest.raises(error, match=match):
+        m.route(x)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -559,15 +503,18 @@ def test_helper_gathers_losses_from_nested_models_mean_and_sum():
 
 
 def test_helper_errors_and_zero():
-    with pytest.raises(ValueError, match="contains no MoHAttention"):
+    with pytest.raises(ValueError, match="model must contain a MoHAttention layer, got a Linear without one"):
         moh_load_balancing_loss(nn.Linear(2, 2))
+    for not_a_model in (None, "model", [Block(8, shared_head=4)]):
+        with pytest.raises(TypeError, match="model must be an nn.Module, got"):
+            moh_load_balancing_loss(not_a_model)
     model = nn.Sequential(Block(8, shared_head=2, routed_head=2))
-    with pytest.raises(ValueError, match=r"'0.attn' has no load-balancing loss; run a forward in training"):
+    with pytest.raises(ValueError, match=r"layer '0.attn' must have run a forward in training mode"):
         moh_load_balancing_loss(model)
     model.eval()(torch.randn(1, 3, 8))
     with pytest.raises(ValueError, match="training mode"):
         moh_load_balancing_loss(model)
-    with pytest.raises(ValueError, match="reduction must be 'mean' or 'sum'"):
+    with pytest.raises(ValueError, match="reduction must be one of 'mean', 'sum', got 'max'"):
         moh_load_balancing_loss(model, reduction="max")
     only_shared = nn.Sequential(Block(8, shared_head=4))
     only_shared(torch.randn(1, 3, 8))

@@ -6,6 +6,7 @@ from support import tol
 
 from attnbook import _prefix
 from attnbook._prefix import causal_dot_product
+from attnbook.lab.profiling import peak_memory
 
 
 def masked_product(q, k, v):
@@ -86,28 +87,17 @@ def test_half_inputs_do_not_overflow():
     torch.testing.assert_close(out[0, 0, :, 0], 400.0 * torch.arange(1, 2049, dtype=torch.float32))
 
 
-def extra_memory(fn, *existing: torch.Tensor) -> int:
-    """Peak bytes of new tensors while fn() runs (views of the ``existing`` tensors are not new memory)."""
-    from attnbook.lab.profiling import _AllocationTracker
-
-    tracker = _AllocationTracker()
-    tracker._seen.update(x.untyped_storage().data_ptr() for x in existing)
-    with tracker:
-        fn()
-    return tracker.peak
-
-
 def test_memory_is_far_below_an_n_by_n_matrix():
     """Forward and backward need a few copies of q at most, not the N x N matrix (16x more here)."""
     N = 4096
     q, k, v = inputs(N, D=64, Dv=64, dtype=torch.float32, B=1, H=1)
     qkv_bytes = 3 * q.numel() * 4
-    peak = extra_memory(lambda: causal_dot_product(q, k, v, 64), q, k, v)
+    peak = peak_memory(lambda: causal_dot_product(q, k, v, 64), existing=(q, k, v))
     assert peak < 1.5 * qkv_bytes < N * N * 4, peak
     q.requires_grad_()
     out = causal_dot_product(q, k, v, 64)
     grad = torch.ones_like(out)
-    peak_backward = extra_memory(lambda: out.backward(grad), q, k, v, out, grad)
+    peak_backward = peak_memory(lambda: out.backward(grad), existing=(q, k, v, out, grad))
     assert peak_backward < 2.5 * qkv_bytes, peak_backward
 
 

@@ -33,5 +33,5 @@ def test_compare_alternates_and_reports_medians():
     assert calls[:2] == ["a", "b"]  # warm-up
     assert calls[2:] == ["a", "b", "b", "a", "a", "b", "b", "a"]  # alternating order
     assert set(result) == {"a", "b"} and all(len(t.samples) == 4 for t in result.values())
-    with pytest.raises(ValueError, match="nothing to time"):
+    with pytest.raises(ValueError, match="fns must hold at least one callable to time, got an empty dict"):
         compare({})

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from support import BAD_QKV_SHAPES, DEVICES, FLOAT_DTYPES, assert_matches_reference, tol
+from support import DEVICES, FLOAT_DTYPES, assert_matches_reference, qkv, tol
 
 import attnbook
 from attnbook import reference
@@ -18,14 +18,6 @@ SHAPES = {  # (B, H, N, M, D, Dv)
     "more_queries": (2, 1, 9, 4, 4, 3),
     "single_token": (1, 1, 1, 1, 3, 2),
 }
-
-
-def qkv(B, H, N, M, D, Dv, device="cpu"):
-    return (
-        torch.randn(B, H, N, D, device=device),
-        torch.randn(B, H, M, D, device=device),
-        torch.randn(B, H, M, Dv, device=device),
-    )
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -144,22 +136,16 @@ def test_permuting_keys_and_values_together_changes_nothing():
     )
 
 
-@pytest.mark.parametrize("shapes, message", BAD_QKV_SHAPES.values(), ids=BAD_QKV_SHAPES.keys())
-def test_bad_shapes_raise_value_error_naming_them(shapes, message):
-    q, k, v = (torch.randn(*s) for s in shapes)
-    with pytest.raises(ValueError, match=message):
-        attnbook.softmax_attention(q, k, v)
-
 
 def test_bad_masks_raise_value_error():
     q, k, v = qkv(2, 3, 4, 5, 2, 2)
-    with pytest.raises(ValueError, match=r"does not broadcast to \(B, H, N, M\) = \(2, 3, 4, 5\)"):
+    with pytest.raises(ValueError, match=r"mask must broadcast to \(B, H, N, M\) = \(2, 3, 4, 5\), got .*\(4, 4\)"):
         attnbook.softmax_attention(q, k, v, mask=torch.ones(4, 4, dtype=torch.bool))
-    with pytest.raises(ValueError, match="must be a bool tensor"):
+    with pytest.raises(TypeError, match="mask must be a bool tensor"):
         attnbook.softmax_attention(q, k, v, mask=torch.ones(4, 5))
     with pytest.raises(ValueError, match="share a dtype"):
         attnbook.softmax_attention(q.double(), k, v)
-    with pytest.raises(ValueError, match="scale must be a positive number"):
+    with pytest.raises(ValueError, match="scale must be a finite number > 0"):
         attnbook.softmax_attention(q, k, v, scale=-1.0)
 
 
@@ -213,7 +199,7 @@ class TestModule:
 
     @pytest.mark.parametrize(
         "args, message",
-        [((4, 6, 4, 4), "d_model=6 is not divisible by n_heads=4"), ((4, 4, 4, 0), "n_heads must be a positive")],
+        [((4, 6, 4, 4), "d_model must be a multiple of n_heads, got d_model=6, n_heads=4"), ((4, 4, 4, 0), "n_heads must be an int >= 1")],
     )
     def test_bad_construction(self, args, message):
         with pytest.raises(ValueError, match=message):
@@ -221,7 +207,7 @@ class TestModule:
 
     def test_bad_forward_shapes(self):
         m = attnbook.SoftmaxAttention(4, 4, 4, 2)
-        with pytest.raises(ValueError, match=r"last dimension must be d_input=4"):
+        with pytest.raises(ValueError, match=r"queries must have the last dimension d_input = 4"):
             m(torch.randn(1, 3, 5), torch.randn(1, 3, 5), torch.randn(1, 3, 5))
-        with pytest.raises(ValueError, match="same length S"):
+        with pytest.raises(ValueError, match="values must have the length S = 3 of keys"):
             m(torch.randn(1, 3, 4), torch.randn(1, 3, 4), torch.randn(1, 2, 4))

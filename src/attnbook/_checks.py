@@ -5,16 +5,31 @@ internals run, and every message has one shape::
 
     <where>: <argument> must be <what was expected>, got <what was received>
 
-A wrong *type* raises ``TypeError``, a right type with a wrong value ``ValueError``. Shapes are quoted as
-``(B, H, N, D)`` tuples; values with ``repr``.
+A wrong *type* raises ``TypeError`` (a list where a tensor is needed, an int tensor where a floating one is,
+``"False"`` where a bool is); a right type with a wrong value raises ``ValueError`` (a bad shape, an empty
+size, a dtype or device that does not match the other inputs or the layer's parameters). Shapes are quoted
+as ``(B, H, N, D)`` tuples; values with ``repr``.
+
+Rules that hold for every entry point:
+
+* **Sizes.** Every size must be at least 1: B, H, N, M, D, Dv, and for layers B, L and S. An empty batch
+  raises ``ValueError`` naming the empty size, like every other empty size (one rule, no special case whose
+  statistics would be means over nothing).
+* **Dtypes.** q, k, v (and a layer's inputs and parameters) share one floating dtype. Under ``torch.autocast``
+  every floating dtype but float64 counts as the autocast dtype, as for torch's own operators.
+* **Numbers** are finite and, where they reach a float32 computation, representable in float32.
 """
 
 from __future__ import annotations
 
 import math
 import numbers
+from collections.abc import Callable, Iterable, Sequence
 
 import torch
+from torch import nn
+
+from ._runtime import autocast_dtype, result_dtype
 
 __all__ = [
     "shape_str",
@@ -24,15 +39,40 @@ __all__ = [
     "check_bool",
     "check_probability",
     "check_eps",
+    "check_scale",
     "check_chunk_size",
+    "check_choice",
+    "check_instance",
+    "check_callable",
+    "check_seed",
+    "check_generator",
+    "check_device",
+    "check_dtype",
     "check_tensor",
-    "check_step_inputs",
-    "check_moh_heads",
+    "check_last_dim",
+    "check_not_both",
+    "check_sizes",
     "check_qkv",
+    "check_step_inputs",
+    "check_state",
     "check_bool_mask",
     "check_key_padding_mask",
-    "accumulation_dtype",
+    "check_divisible",
+    "check_layer_inputs",
+    "check_tokens",
+    "check_features",
+    "check_feature_widths",
+    "check_drawn_width",
+    "check_feature_map",
+    "check_moh_heads",
+    "check_head_dim",
+    "check_norm_layer",
+    "check_module",
+    "check_callables",
+    "check_found",
 ]
+
+_FLOAT32 = torch.finfo(torch.float32)
 
 
 def shape_str(x: torch.Tensor) -> str:
@@ -41,11 +81,23 @@ def shape_str(x: torch.Tensor) -> str:
 
 
 def describe(value) -> str:
-    """How a received value is quoted: tensors by dtype and shape, everything else by ``repr`` (shortened)."""
+    """How a received value is quoted: tensors by dtype and shape (and device when not the CPU), arrays and
+    containers by type and size, everything else by ``repr`` (shortened)."""
     if isinstance(value, torch.Tensor):
-        return f"a {str(value.dtype).removeprefix('torch.')} tensor of shape {shape_str(value)}"
+        where = "" if value.device.type == "cpu" else f" on {value.device}"
+        return f"a {str(value.dtype).removeprefix('torch.')} tensor of shape {shape_str(value)}{where}"
+    if hasattr(value, "shape") and hasattr(value, "dtype"):  # numpy and friends
+        return f"a {type(value).__module__.split('.')[0]}.{type(value).__name__} of shape {tuple(value.shape)}"
+    if isinstance(value, (list, tuple)) and not hasattr(value, "_fields"):
+        return f"a {type(value).__name__} of length {len(value)}"
+    if isinstance(value, nn.Module):
+        return f"a {type(value).__name__} module"
     text = repr(value)
     return text if len(text) <= 80 else text[:77] + "..."
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Numbers, flags and choices
 
 
 def check_int(value, arg: str, *, name: str, minimum: int | None = None, maximum: int | None = None) -> int:
@@ -104,8 +156,27 @@ def check_probability(value, arg: str, *, name: str) -> float:
 
 
 def check_eps(eps, *, name: str) -> float:
-    """The eps of a normaliser: a finite number >= 0."""
-    return check_number(eps, "eps", name=name, minimum=0.0)
+    """The eps of a normaliser: a finite number >= 0 that float32 can hold (it is added in float32)."""
+    eps = check_number(eps, "eps", name=name, minimum=0.0)
+    if eps > _FLOAT32.max:
+        raise ValueError(f"{name}: eps must be at most float32's largest number {_FLOAT32.max:.4g}, got {eps!r}")
+    return eps
+
+
+def check_scale(scale, *, name: str) -> float | None:
+    """A softmax scale: None (1 / sqrt(D)) or a positive number that float32 holds as a normal number.
+
+    Smaller scales underflow to 0 in the kernels (0 * -inf = NaN rows), larger ones overflow to inf.
+    """
+    if scale is None:
+        return None
+    scale = check_number(scale, "scale", name=name, minimum=0.0, strict_minimum=True)
+    if not _FLOAT32.tiny <= scale <= _FLOAT32.max:
+        raise ValueError(
+            f"{name}: scale must be a normal float32 number, {_FLOAT32.tiny:.4g} to {_FLOAT32.max:.4g} (a smaller "
+            f"one underflows to 0 and gives NaN rows, a larger one overflows), got {scale!r}"
+        )
+    return scale
 
 
 def check_chunk_size(chunk_size, *, name: str) -> int:
@@ -113,35 +184,344 @@ def check_chunk_size(chunk_size, *, name: str) -> int:
     return check_int(chunk_size, "chunk_size", name=name, minimum=1)
 
 
-def check_tensor(x, arg: str, *, name: str, dims: int | None = None, layout: str = "") -> torch.Tensor:
-    """``x`` if it is a floating-point tensor (with ``dims`` dimensions, named by ``layout`` in messages)."""
+def check_choice(value, arg: str, choices: Sequence, *, name: str, why: str = ""):
+    """``value`` if it is one of ``choices`` (compared with ==, of the same type); ``why`` explains the choices."""
+    for choice in choices:
+        if type(value) is type(choice) and value == choice:
+            return value
+    listed = ", ".join(repr(c) for c in choices)
+    kinds = {type(c) for c in choices}
+    error = ValueError if type(value) in kinds else TypeError
+    raise error(f"{name}: {arg} must be {'one of ' if len(choices) > 1 else ''}{listed}{why}, got {describe(value)}")
+
+
+def check_instance(value, arg: str, cls: type | tuple[type, ...], *, name: str, what: str):
+    """``value`` if it is an instance of ``cls`` (``what`` words the expectation), else TypeError."""
+    if not isinstance(value, cls):
+        raise TypeError(f"{name}: {arg} must be {what}, got {describe(value)}")
+    return value
+
+
+def check_callable(value, arg: str, *, name: str, what: str = "a callable") -> Callable:
+    """``value`` if it can be called."""
+    if not callable(value):
+        raise TypeError(f"{name}: {arg} must be {what}, got {describe(value)}")
+    return value
+
+
+def check_seed(seed, *, name: str, arg: str = "seed") -> int:
+    """A random seed: an int in 0..2**64 - 1 (what ``torch.Generator.manual_seed`` accepts)."""
+    return check_int(seed, arg, name=name, minimum=0, maximum=2**64 - 1)
+
+
+def check_generator(generator, *, name: str, arg: str = "generator") -> torch.Generator | None:
+    """None or a ``torch.Generator`` (an int seed is not a generator: pass it as ``seed=``)."""
+    if generator is None:
+        return None
+    return check_instance(generator, arg, torch.Generator, name=name, what="a torch.Generator or None")
+
+
+def check_device(device, *, name: str, arg: str = "device") -> torch.device | None:
+    """None, a ``torch.device`` or a device string such as ``"cuda:0"``; returns a ``torch.device``."""
+    if device is None or isinstance(device, torch.device):
+        return device
+    if not isinstance(device, str):
+        raise TypeError(
+            f"{name}: {arg} must be a torch.device or a device string such as 'cpu', got {describe(device)}"
+        )
+    try:
+        return torch.device(device)
+    except RuntimeError:
+        raise ValueError(f"{name}: {arg} must be a device string such as 'cpu' or 'cuda:0', got {device!r}") from None
+
+
+def check_dtype(dtype, arg: str, *, name: str, floating: bool = True) -> torch.dtype:
+    """A ``torch.dtype`` (a floating one when ``floating``)."""
+    if not isinstance(dtype, torch.dtype):
+        raise TypeError(f"{name}: {arg} must be a torch.dtype, got {describe(dtype)}")
+    if floating and not dtype.is_floating_point:
+        raise ValueError(f"{name}: {arg} must be a floating-point dtype, got {dtype}")
+    return dtype
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Tensors
+
+
+def check_tensor(
+    x, arg: str, *, name: str, dims: int | None = None, layout: str = "", floating: bool = True
+) -> torch.Tensor:
+    """``x`` if it is a tensor (floating-point when ``floating``) with ``dims`` dimensions (named by ``layout``)."""
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name}: {arg} must be a torch.Tensor, got {describe(x)}")
+    if floating and not x.is_floating_point():
+        raise TypeError(f"{name}: {arg} must be a floating-point tensor, got {describe(x)}")
     if dims is not None and x.dim() != dims:
         raise ValueError(f"{name}: {arg} must have {dims} dimensions {layout}".rstrip() + f", got {describe(x)}")
-    if not x.is_floating_point():
-        raise TypeError(f"{name}: {arg} must be a floating-point tensor, got {describe(x)}")
     return x
+
+
+def check_last_dim(x: torch.Tensor, arg: str, size: int, *, name: str, what: str = "") -> torch.Tensor:
+    """x has at least one dimension and its last one has ``size`` entries (``what`` names that size)."""
+    if x.dim() < 1 or x.shape[-1] != size:
+        label = f"{size} ({what})" if what else f"{size}"
+        raise ValueError(f"{name}: {arg} must have a last dimension of size {label}, got {describe(x)}")
+    return x
+
+
+def check_not_both(first, second, first_arg: str, second_arg: str, *, name: str) -> None:
+    """At most one of two alternatives is given."""
+    if first is not None and second is not None:
+        raise ValueError(
+            f"{name}: {second_arg} must be None when {first_arg} is given (pass one of them), got {describe(second)}"
+        )
+
+
+def check_sizes(tensors: dict[str, torch.Tensor], labels: dict[str, tuple[str, ...]], *, name: str) -> None:
+    """Every size of every tensor is at least 1; ``labels[arg]`` names the dimensions of ``tensors[arg]``."""
+    for arg, x in tensors.items():
+        for label, size in zip(labels[arg], x.shape, strict=True):
+            if size < 1:
+                shown = ", ".join(f"{a} {shape_str(t)}" for a, t in tensors.items())
+                raise ValueError(f"{name}: {label} must be at least 1 (every size must be), got {shown}")
+
+
+def _same_dtype(xs: Iterable[torch.Tensor]) -> bool:
+    """One dtype, counting every autocast-eligible dtype as the autocast dtype under autocast."""
+    return len({result_dtype(x) for x in xs}) == 1
+
+
+def _dtypes_and_devices(tensors: dict[str, torch.Tensor], *, name: str) -> None:
+    xs = list(tensors.values())
+    labels = ", ".join(tensors)
+    if not _same_dtype(xs):
+        got = ", ".join(f"{a} {str(x.dtype).removeprefix('torch.')}" for a, x in tensors.items())
+        raise ValueError(f"{name}: {labels} must share a dtype, got {got}")
+    if len({x.device for x in xs}) != 1:
+        got = ", ".join(f"{a} on {x.device}" for a, x in tensors.items())
+        raise ValueError(f"{name}: {labels} must be on one device, got {got}")
+
+
+def check_qkv(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, name: str, same_length: bool = False, why: str = ""
+) -> tuple[int, int, int, int, int, int]:
+    """Validate q (B,H,N,D), k (B,H,M,D), v (B,H,M,Dv); return (B, H, N, M, D, Dv).
+
+    ``same_length`` demands N == M (``why`` says why, in the message).
+    """
+    tensors = {"q": q, "k": k, "v": v}
+    for label, x in tensors.items():
+        check_tensor(x, label, name=name, dims=4, layout="(B, H, N, D)" if label == "q" else "(B, H, M, D)")
+    shapes = f"q {shape_str(q)}, k {shape_str(k)}, v {shape_str(v)}"
+    B, H, N, D = q.shape
+    _, _, M, _ = k.shape
+    Dv = v.shape[-1]
+    if k.shape[0] != B or v.shape[0] != B:
+        raise ValueError(f"{name}: k and v must have the batch size B = {B} of q, got {shapes}")
+    if k.shape[1] != H or v.shape[1] != H:
+        raise ValueError(f"{name}: k and v must have the head count H = {H} of q, got {shapes}")
+    if k.shape[3] != D:
+        raise ValueError(f"{name}: k must have the feature size D = {D} of q, got {shapes}")
+    if v.shape[2] != M:
+        raise ValueError(f"{name}: v must have the key length M = {M} of k, got {shapes}")
+    check_sizes(tensors, {"q": ("B", "H", "N", "D"), "k": ("B", "H", "M", "D"), "v": ("B", "H", "M", "Dv")}, name=name)
+    if same_length and N != M:
+        raise ValueError(f"{name}: k must have as many keys as q has queries (N == M){why}, got {shapes}")
+    _dtypes_and_devices(tensors, name=name)
+    return B, H, N, M, D, Dv
 
 
 def check_step_inputs(
     q_t: torch.Tensor, k_t: torch.Tensor, v_t: torch.Tensor, *, name: str
 ) -> tuple[int, int, int, int]:
     """One token of a recurrent step: q_t, k_t (B, H, D) and v_t (B, H, Dv) alike; returns (B, H, D, Dv)."""
-    for label, x in (("q_t", q_t), ("k_t", k_t), ("v_t", v_t)):
-        check_tensor(x, label, name=name, dims=3, layout="(B, H, D)")
+    tensors = {"q_t": q_t, "k_t": k_t, "v_t": v_t}
+    for label, x in tensors.items():
+        check_tensor(x, label, name=name, dims=3, layout="(B, H, Dv)" if label == "v_t" else "(B, H, D)")
     shapes = f"q_t {shape_str(q_t)}, k_t {shape_str(k_t)}, v_t {shape_str(v_t)}"
     if q_t.shape != k_t.shape or v_t.shape[:2] != q_t.shape[:2]:
         raise ValueError(f"{name}: q_t, k_t must be (B, H, D) of one shape and v_t (B, H, Dv), got {shapes}")
-    if not (q_t.dtype == k_t.dtype == v_t.dtype):
-        raise ValueError(f"{name}: q_t, k_t, v_t must share a dtype, got {q_t.dtype}, {k_t.dtype}, {v_t.dtype}")
-    if not (q_t.device == k_t.device == v_t.device):
-        raise ValueError(f"{name}: q_t, k_t, v_t must be on one device, got {q_t.device}, {k_t.device}, {v_t.device}")
+    check_sizes(tensors, {"q_t": ("B", "H", "D"), "k_t": ("B", "H", "D"), "v_t": ("B", "H", "Dv")}, name=name)
+    _dtypes_and_devices(tensors, name=name)
     B, H, D = q_t.shape
-    Dv = v_t.shape[-1]
-    if D == 0 or Dv == 0:
-        raise ValueError(f"{name}: D and Dv must be at least 1, got {shapes}")
-    return B, H, D, Dv
+    return B, H, D, v_t.shape[-1]
+
+
+def check_state(
+    state,
+    cls: type,
+    fields: dict[str, tuple[int, ...]],
+    *,
+    name: str,
+    dtype: torch.dtype,
+    device: torch.device,
+    counts: Sequence[str] = (),
+):
+    """A recurrent state: an instance of the NamedTuple ``cls`` (a plain tuple is refused), each tensor field
+    of the shape ``fields[field]``, in ``dtype`` on ``device``; each field in ``counts`` an int >= 0."""
+    if not isinstance(state, cls):
+        raise TypeError(f"{name}: state must be a {cls.__name__} (from a previous step) or None, got {describe(state)}")
+    for field in counts:
+        check_int(getattr(state, field), f"state.{field}", name=name, minimum=0)
+    for field, shape in fields.items():
+        x = getattr(state, field)
+        check_tensor(x, f"state.{field}", name=name)
+        if tuple(x.shape) != tuple(shape):
+            raise ValueError(
+                f"{name}: state.{field} must have shape {tuple(shape)} for these inputs, got {describe(x)}"
+            )
+        if x.dtype != dtype:
+            raise ValueError(
+                f"{name}: state.{field} must be in the accumulation dtype {dtype} of these inputs, got {describe(x)}"
+            )
+        if x.device != device:
+            raise ValueError(f"{name}: state.{field} must be on the inputs' device {device}, got {describe(x)}")
+    return state
+
+
+def check_bool_mask(mask, target: tuple[int, int, int, int], *, name: str, arg: str = "mask") -> torch.Tensor:
+    """A bool mask broadcastable to ``target`` (B, H, N, M), True = may attend; returned as given (not expanded)."""
+    check_tensor(mask, arg, name=name, floating=False)
+    if mask.dtype != torch.bool:
+        raise TypeError(f"{name}: {arg} must be a bool tensor (True = may attend), got {describe(mask)}")
+    problem = f"{name}: {arg} must broadcast to (B, H, N, M) = {tuple(target)}, got {describe(mask)}"
+    if mask.dim() > 4:
+        raise ValueError(problem)
+    try:
+        if torch.broadcast_shapes(mask.shape, target) != tuple(target):
+            raise ValueError(problem)
+    except RuntimeError:
+        raise ValueError(problem) from None
+    return mask
+
+
+def check_key_padding_mask(mask, B: int, M: int, *, name: str) -> torch.Tensor:
+    """Validate a (B, M) bool key padding mask, True = real token."""
+    check_tensor(mask, "key_padding_mask", name=name, floating=False)
+    if mask.dtype != torch.bool:
+        raise TypeError(f"{name}: key_padding_mask must be a bool tensor (True = real token), got {describe(mask)}")
+    if tuple(mask.shape) != (B, M):
+        raise ValueError(f"{name}: key_padding_mask must have shape (B, M) = ({B}, {M}), got {describe(mask)}")
+    return mask
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Layers
+
+
+def check_divisible(total: int, parts: int, *, name: str, total_arg: str, parts_arg: str) -> None:
+    """``total`` splits into ``parts`` equal parts (d_model into n_heads heads)."""
+    if total % parts:
+        raise ValueError(
+            f"{name}: {total_arg} must be a multiple of {parts_arg}, got {total_arg}={total}, {parts_arg}={parts}"
+        )
+
+
+def _check_layer_dtype(x: torch.Tensor, arg: str, like: torch.Tensor, *, name: str) -> None:
+    """x's dtype and device are those of the layer's parameter ``like`` (under autocast: both eligible)."""
+    cast = autocast_dtype(x.device)
+    eligible = cast is not None and torch.float64 not in (x.dtype, like.dtype)
+    if x.dtype != like.dtype and not eligible:
+        raise ValueError(
+            f"{name}: {arg} must have the layer's dtype {like.dtype} (convert the input, or the layer with "
+            f".to(dtype)), got {describe(x)}"
+        )
+    if x.device != like.device:
+        raise ValueError(f"{name}: {arg} must be on the layer's device {like.device}, got {describe(x)}")
+
+
+def check_tokens(x, arg: str, *, name: str, width: int, like: torch.Tensor, width_name: str = "dim") -> torch.Tensor:
+    """Tokens x (B, N, width) for a layer whose parameter ``like`` fixes dtype and device."""
+    check_tensor(x, arg, name=name, dims=3, layout=f"(B, N, {width_name})")
+    if x.shape[-1] != width:
+        raise ValueError(f"{name}: {arg} must have the last dimension {width_name} = {width}, got {describe(x)}")
+    check_sizes({arg: x}, {arg: ("B", "N", width_name)}, name=name)
+    _check_layer_dtype(x, arg, like, name=name)
+    return x
+
+
+def check_layer_inputs(
+    queries, keys, values, *, name: str, d_input: int, like: torch.Tensor, same_length: bool = False, why: str = ""
+) -> None:
+    """queries (B, L, d_input), keys and values (B, S, d_input) for a layer whose parameter ``like`` fixes dtype
+    and device; ``same_length`` demands L == S (``why`` says why)."""
+    tensors = {"queries": queries, "keys": keys, "values": values}
+    for arg, x in tensors.items():
+        check_tensor(x, arg, name=name, dims=3, layout="(B, L, d_input)" if arg == "queries" else "(B, S, d_input)")
+    shapes = ", ".join(f"{a} {shape_str(x)}" for a, x in tensors.items())
+    for arg, x in tensors.items():
+        if x.shape[-1] != d_input:
+            raise ValueError(f"{name}: {arg} must have the last dimension d_input = {d_input}, got {shapes}")
+    if not (queries.shape[0] == keys.shape[0] == values.shape[0]):
+        raise ValueError(
+            f"{name}: keys and values must have the batch size B = {queries.shape[0]} of queries, got {shapes}"
+        )
+    if keys.shape[1] != values.shape[1]:
+        raise ValueError(f"{name}: values must have the length S = {keys.shape[1]} of keys, got {shapes}")
+    labels = {"queries": ("B", "L", "d_input"), "keys": ("B", "S", "d_input"), "values": ("B", "S", "d_input")}
+    check_sizes(tensors, labels, name=name)
+    if same_length and queries.shape[1] != keys.shape[1]:
+        raise ValueError(f"{name}: keys must be as long as queries (L == S){why}, got {shapes}")
+    for arg, x in tensors.items():
+        _check_layer_dtype(x, arg, like, name=name)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Feature maps
+
+
+def _lead_shape(x: torch.Tensor, lead: tuple) -> str:
+    """x's shape with its leading dimensions (rows of B H) replaced by ``lead``, as the caller passed them."""
+    return "(" + ", ".join(str(s) for s in (*lead, *x.shape[-2:])) + ")" if lead else shape_str(x)
+
+
+def check_features(fx, x: torch.Tensor, *, name: str, label: str, lead: tuple = ()) -> torch.Tensor:
+    """phi(x) keeps x's leading dimensions and is a floating tensor. ``lead`` replaces the leading dimensions
+    (rows of B H) in messages, so they quote the shapes the caller passed."""
+    if not isinstance(fx, torch.Tensor) or not fx.is_floating_point():
+        raise TypeError(f"{name}: the feature map must return a floating-point tensor, got {describe(fx)}")
+    if fx.dim() != x.dim() or fx.shape[:-1] != x.shape[:-1]:
+        got = _lead_shape(fx, lead) if lead and fx.dim() == x.dim() else shape_str(fx)
+        raise ValueError(
+            f"{name}: the feature map must keep the leading dimensions of {label} {_lead_shape(x, lead)} "
+            f"and map only the last one, got {got}"
+        )
+    if fx.shape[-1] < 1:
+        raise ValueError(f"{name}: the feature map must give at least one feature (R >= 1), got {shape_str(fx)}")
+    return fx
+
+
+def check_feature_widths(fq: torch.Tensor, fk: torch.Tensor, *, name: str, labels=("q", "k"), lead: tuple = ()):
+    """The features of queries and keys have one width R."""
+    if fq.shape[-1] != fk.shape[-1]:
+        raise ValueError(
+            f"{name}: the feature map must give {labels[0]} and {labels[1]} features of one width R, got "
+            f"{labels[0]} features {_lead_shape(fq, lead)} but {labels[1]} features {_lead_shape(fk, lead)}"
+        )
+
+
+def check_drawn_width(drawn: int, D: int, *, name: str, got: str) -> None:
+    """Random features drawn for width ``drawn`` are applied to vectors of width D."""
+    if drawn != D:
+        raise ValueError(
+            f"{name}: the PerformerFeatures must be drawn for the width D of q and k, drawn for D={drawn}, got {got}"
+        )
+
+
+def check_feature_map(spec, known: Sequence[str], *, name: str):
+    """A feature-map spec: one of the ``known`` names or a callable; returns it unchanged."""
+    expected = ", ".join(repr(n) for n in known) + ", a callable or a PerformerFeatures"
+    if isinstance(spec, str):
+        if spec not in known:
+            raise ValueError(f"{name}: feature_map must be {expected}, got {spec!r}")
+        return spec
+    if not callable(spec):
+        raise TypeError(f"{name}: feature_map must be {expected}, got {describe(spec)}")
+    return spec
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Mixture of heads
 
 
 def check_moh_heads(num_heads, shared_head, routed_head, *, name: str) -> tuple[int, int, int]:
@@ -175,68 +555,47 @@ def check_moh_heads(num_heads, shared_head, routed_head, *, name: str) -> tuple[
     return H, s, k
 
 
-def check_qkv(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, name: str, same_length: bool = False
-) -> tuple[int, int, int, int, int, int]:
-    """Validate q (B,H,N,D), k (B,H,M,D), v (B,H,M,Dv); return (B, H, N, M, D, Dv).
-
-    Raises ``ValueError`` naming the offending shapes. ``same_length`` demands N == M.
-    """
-    for label, x in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(x, torch.Tensor):
-            raise ValueError(f"{name}: {label} must be a torch.Tensor, got {type(x).__name__}")
-        if x.dim() != 4:
-            raise ValueError(f"{name}: {label} must have 4 dimensions (B, H, N, D), got shape {shape_str(x)}")
-        if not x.is_floating_point():
-            raise ValueError(f"{name}: {label} must be floating point, got dtype {x.dtype}")
-    shapes = f"q {shape_str(q)}, k {shape_str(k)}, v {shape_str(v)}"
-    B, H, N, D = q.shape
-    _, _, M, _ = k.shape
-    Dv = v.shape[-1]
-    if k.shape[0] != B or v.shape[0] != B:
-        raise ValueError(f"{name}: batch sizes B differ: {shapes}")
-    if k.shape[1] != H or v.shape[1] != H:
-        raise ValueError(f"{name}: head counts H differ: {shapes}")
-    if k.shape[3] != D:
-        raise ValueError(f"{name}: q and k must share the feature size D: {shapes}")
-    if v.shape[2] != M:
-        raise ValueError(f"{name}: k and v must share the key length M: {shapes}")
-    for label, x in (("N", N), ("M", M), ("D", D), ("Dv", Dv)):
-        if x == 0:
-            raise ValueError(f"{name}: {label} must be at least 1: {shapes}")
-    if same_length and N != M:
-        raise ValueError(f"{name}: needs as many queries as keys (N == M): {shapes}")
-    if not (q.dtype == k.dtype == v.dtype):
-        raise ValueError(f"{name}: q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
-    if not (q.device == k.device == v.device):
-        raise ValueError(f"{name}: q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
-    return B, H, N, M, D, Dv
+def check_head_dim(head_dim, dim: int, num_heads: int, *, name: str) -> int:
+    """A head width: given (an int >= 1), or ``dim // num_heads``, which must not be 0."""
+    if head_dim is None:
+        if dim < num_heads:
+            raise ValueError(
+                f"{name}: head_dim must be at least 1, got head_dim = dim // num_heads = {dim} // {num_heads} = 0; "
+                f"pass head_dim or use fewer heads"
+            )
+        return dim // num_heads
+    return check_int(head_dim, "head_dim", name=name, minimum=1)
 
 
-def check_bool_mask(mask: torch.Tensor, target: tuple[int, int, int, int], *, name: str) -> torch.Tensor:
-    """Validate a bool mask broadcastable to ``target`` (B, H, N, M); return it expanded to 4-D view."""
-    if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
-        got = mask.dtype if isinstance(mask, torch.Tensor) else type(mask).__name__
-        raise ValueError(f"{name}: mask must be a bool tensor (True = may attend), got {got}")
-    problem = f"{name}: mask of shape {shape_str(mask)} does not broadcast to (B, H, N, M) = {tuple(target)}"
-    if mask.dim() > 4:
-        raise ValueError(problem)
-    try:
-        return mask.expand(target)
-    except RuntimeError:
-        raise ValueError(problem) from None
+def check_norm_layer(norm_layer, width: int, *, name: str) -> nn.Module:
+    """``norm_layer(width)``: a normalisation class or factory (such as ``nn.LayerNorm``) built for ``width``."""
+    what = "a normalisation class or factory such as nn.LayerNorm, called as norm_layer(head_dim)"
+    if isinstance(norm_layer, nn.Module) or not callable(norm_layer):
+        raise TypeError(f"{name}: norm_layer must be {what}, got {describe(norm_layer)}")
+    layer = norm_layer(width)
+    if not isinstance(layer, nn.Module):
+        raise TypeError(f"{name}: norm_layer(head_dim) must return an nn.Module, got {describe(layer)}")
+    return layer
 
 
-def check_key_padding_mask(mask: torch.Tensor, B: int, M: int, *, name: str) -> torch.Tensor:
-    """Validate a (B, M) bool key padding mask, True = real token."""
-    if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
-        got = mask.dtype if isinstance(mask, torch.Tensor) else type(mask).__name__
-        raise ValueError(f"{name}: key_padding_mask must be a bool tensor (True = real token), got {got}")
-    if tuple(mask.shape) != (B, M):
-        raise ValueError(f"{name}: key_padding_mask must have shape (B, M) = ({B}, {M}), got {shape_str(mask)}")
-    return mask
+def check_callables(fns, arg: str, *, name: str) -> dict:
+    """A non-empty dict of zero-argument callables (name -> callable)."""
+    if not isinstance(fns, dict):
+        raise TypeError(f"{name}: {arg} must be a dict of name -> zero-argument callable, got {describe(fns)}")
+    if not fns:
+        raise ValueError(f"{name}: {arg} must hold at least one callable to time, got an empty dict")
+    for key, fn in fns.items():
+        check_callable(fn, f"{arg}[{key!r}]", name=name, what="a zero-argument callable")
+    return fns
 
 
-def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
-    """At least float32 for sums, softmaxes and states; float64 stays float64 (gradcheck)."""
-    return torch.promote_types(dtype, torch.float32)
+def check_module(model, arg: str, *, name: str) -> nn.Module:
+    """``model`` if it is an ``nn.Module``."""
+    return check_instance(model, arg, nn.Module, name=name, what="an nn.Module")
+
+
+def check_found(items: Sequence, arg: str, *, name: str, expected: str, got: str, minimum: int = 1) -> Sequence:
+    """``items`` (e.g. the layers of a kind found in a model) holds at least ``minimum`` entries."""
+    if len(items) < minimum:
+        raise ValueError(f"{name}: {arg} must {expected}, got {got}")
+    return items

@@ -4,12 +4,25 @@ Every module of the family has the constructor ``(d_input, d_model, d_output, n_
 the parameters ``query_projection``, ``key_projection``, ``value_projection`` and ``out_projection``, as in the
 Flowformer / Mobile-Attention reference code, so the modules are drop-in replacements for one another and
 load the reference checkpoints unchanged. A subclass only says how the heads attend (:meth:`attend`).
+
+Defaults of ``drop_out`` are those of each mechanism's published module: 0.05 for Flow-Attention and
+Mobile-Attention (thuml's ``Flow_Attention`` and ``Mobile_Attention``), 0.0 for softmax and linear attention
+(whose reference layers, torch's and fast-transformers', have no dropout after the output projection). Pass
+``drop_out`` explicitly when swapping one for another; :data:`attnbook.mechanisms.MECHANISMS` builds every
+layer with ``drop_out=0.0``.
+
+Under ``torch.autocast`` a layer behaves like torch's layers: the projections run in the autocast dtype, the
+attention accumulates in float32, and the output is in the autocast dtype. Inputs must have the dtype and
+device of the parameters (under autocast any floating dtype but float64 is accepted, as ``nn.Linear`` does).
 """
 
 from __future__ import annotations
 
 import torch
 from torch import nn
+
+from ._checks import check_divisible, check_int, check_layer_inputs, check_probability
+from ._runtime import linear_in_range
 
 __all__ = ["ProjectedAttention"]
 
@@ -27,18 +40,23 @@ class ProjectedAttention(nn.Module):
 
     Shape:
         queries (B, L, d_input), keys (B, S, d_input), values (B, S, d_input) -> (B, L, d_output);
-        ``layer(x)`` with x (B, L, d_input) is self-attention.
+        ``layer(x)`` with x (B, L, d_input) is self-attention. Every size must be at least 1.
     """
+
+    #: The heads pair query i with key i, so queries and keys need one length (L == S).
+    same_length: bool = False
+    #: Why, for the message when they differ.
+    same_length_reason: str = ""
 
     def __init__(self, d_input: int, d_model: int, d_output: int, n_heads: int, drop_out: float = 0.0):
         super().__init__()
-        for label, value in (("d_input", d_input), ("d_model", d_model), ("d_output", d_output), ("n_heads", n_heads)):
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{type(self).__name__}: {label} must be a positive int, got {value!r}")
-        if d_model % n_heads:
-            raise ValueError(f"{type(self).__name__}: d_model={d_model} is not divisible by n_heads={n_heads}")
-        if not 0.0 <= drop_out < 1.0:
-            raise ValueError(f"{type(self).__name__}: drop_out must be in [0, 1), got {drop_out}")
+        name = type(self).__name__
+        d_input = check_int(d_input, "d_input", name=name, minimum=1)
+        d_model = check_int(d_model, "d_model", name=name, minimum=1)
+        d_output = check_int(d_output, "d_output", name=name, minimum=1)
+        n_heads = check_int(n_heads, "n_heads", name=name, minimum=1)
+        check_divisible(d_model, n_heads, name=name, total_arg="d_model", parts_arg="n_heads")
+        drop_out = check_probability(drop_out, "drop_out", name=name)
         self.d_input, self.d_model, self.d_output, self.n_heads = d_input, d_model, d_output, n_heads
         self.query_projection = nn.Linear(d_input, d_model)
         self.key_projection = nn.Linear(d_input, d_model)
@@ -48,18 +66,6 @@ class ProjectedAttention(nn.Module):
 
     def extra_repr(self) -> str:
         return f"n_heads={self.n_heads}"
-
-    def _check_inputs(self, queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> None:
-        name = type(self).__name__
-        shapes = f"queries {tuple(queries.shape)}, keys {tuple(keys.shape)}, values {tuple(values.shape)}"
-        if queries.dim() != 3 or keys.dim() != 3 or values.dim() != 3:
-            raise ValueError(f"{name}: expected (B, L, d_input) tensors, got {shapes}")
-        if not (queries.shape[-1] == keys.shape[-1] == values.shape[-1] == self.d_input):
-            raise ValueError(f"{name}: last dimension must be d_input={self.d_input}, got {shapes}")
-        if not (queries.shape[0] == keys.shape[0] == values.shape[0]):
-            raise ValueError(f"{name}: batch sizes differ: {shapes}")
-        if keys.shape[1] != values.shape[1]:
-            raise ValueError(f"{name}: keys and values must have the same length S: {shapes}")
 
     def _split(self, x: torch.Tensor) -> torch.Tensor:
         B, L, _ = x.shape
@@ -74,14 +80,24 @@ class ProjectedAttention(nn.Module):
         """
         keys = queries if keys is None else keys
         values = keys if values is None else values
-        self._check_inputs(queries, keys, values)
+        check_layer_inputs(
+            queries,
+            keys,
+            values,
+            name=type(self).__name__,
+            d_input=self.d_input,
+            like=self.query_projection.weight,
+            same_length=self.same_length,
+            why=self.same_length_reason,
+        )
         q = self._split(self.query_projection(queries))  # (B, H, L, D)
         k = self._split(self.key_projection(keys))  # (B, H, S, D)
         v = self._split(self.value_projection(values))  # (B, H, S, D)
-        x = self.attend(q, k, v, **kwargs)  # (B, H, L, D)
+        x = self.attend(q, k, v, **kwargs)  # (B, H, L, D), in q's dtype or a wider (accumulation) one
         B, H, L, D = x.shape
         x = x.transpose(1, 2).reshape(B, L, H * D)  # (B, L, d_model)
-        return self.dropout(self.out_projection(x))  # (B, L, d_output)
+        # The attention output may exceed float16's range where the projected output does not.
+        return self.dropout(linear_in_range(self.out_projection, x, q.dtype))  # (B, L, d_output)
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kwargs) -> torch.Tensor:
         """Per-head attention: q (B,H,L,D), k (B,H,S,D), v (B,H,S,D) -> (B,H,L,D)."""

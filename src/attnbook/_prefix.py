@@ -1,4 +1,4 @@
-"""Causal (prefix) products without an N x N matrix: the machinery shared by causal linear and flow attention.
+"""Causal (prefix) products without an N x N matrix: the numerator of causal linear attention.
 
     out_i = sum_{j <= i} (q_i . k_j) v_j
 
@@ -18,16 +18,21 @@ storing per-chunk states: with g the output gradient,
 
 are three more prefix products (the last two running backwards in time), as in fast-transformers' CUDA
 kernel. Time O(B H N (C + D) Dv) forward, three times that backward; nothing of size N x N or N x D x Dv.
+Because the backward is made of the same (differentiable) products, derivatives of every order are exact:
+``torch.autograd.gradgradcheck`` passes.
+
+Causal Flow-Attention does not use this product: its blocks (:func:`attnbook.flow.flow_attention`) carry more
+prefix sums than k v^T, and compute the in-block masked product themselves.
 """
 
 from __future__ import annotations
 
 import torch
-from torch.autograd.function import once_differentiable
 
-from ._checks import accumulation_dtype, check_chunk_size
+from ._checks import check_chunk_size, check_qkv
+from ._runtime import accumulation_dtype, autocast_disabled
 
-__all__ = ["causal_dot_product"]
+__all__ = ["causal_dot_product", "prefix_product"]
 
 _BLOCK_NUMBERS = 1 << 22  # temporaries of one block of products, in numbers (16 MiB in float32)
 
@@ -46,14 +51,15 @@ def _plan(rows: int, N: int, C: int, D: int, Dv: int) -> tuple[int, int]:
     return 1, min(full, per_block)
 
 
-def _prefix_product(
+def prefix_product(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, C: int, reverse: bool = False, out: torch.Tensor | None = None
 ) -> torch.Tensor:
     """sum_{j <= i} (q_i . k_j) v_j (``reverse``: over j >= i) for q, k (..., N, D), v (..., N, Dv).
 
-    Everything in q's dtype, no autograd (called from the autograd.Function, or under no_grad). Written into
-    ``out`` (contiguous, (..., N, Dv)) when given. Chunks are aligned to the start of the sequence (to its end
-    when ``reverse``); the partial chunk that remains is done last.
+    The unchecked kernel: q, k, v of one dtype and device, already validated; no autograd (it is called from
+    the autograd.Function, or under no_grad) and no autocast (the caller switches it off). Written into
+    ``out`` (contiguous, (..., N, Dv), q's dtype) when given. Chunks are aligned to the start of the sequence
+    (to its end when ``reverse``); the partial chunk that remains is done last.
     """
     *lead, N, D = q.shape
     Dv = v.shape[-1]
@@ -112,33 +118,50 @@ def _prefix_product(
     return result.view(*lead, N, Dv)
 
 
+_prefix_product = prefix_product  # the name chapter 2 prints; new code uses prefix_product
+
+
+def _product(q, k, v, C: int, reverse: bool) -> torch.Tensor:
+    """The prefix product, recorded for autograd when grad mode is on (inside a backward with create_graph)."""
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        return _CausalDotProduct.apply(q, k, v, C, reverse)
+    return prefix_product(q, k, v, C, reverse)
+
+
 class _CausalDotProduct(torch.autograd.Function):
-    """sum_{j<=i} (q_i . k_j) v_j; backward recomputes chunks (three prefix products), saving only q, k, v."""
+    """sum_{j<=i} (q_i . k_j) v_j (``reverse``: j >= i); backward recomputes chunks, saving only q, k, v.
+
+    The backward is three prefix products of the opposite directions, themselves this Function when a graph
+    is being built (``create_graph=True``), so every derivative order is exact.
+    """
 
     @staticmethod
-    def forward(ctx, q, k, v, chunk_size):
+    def forward(ctx, q, k, v, chunk_size, reverse):
         ctx.save_for_backward(q, k, v)
-        ctx.chunk_size = chunk_size
-        return _prefix_product(q, k, v, chunk_size)
+        ctx.chunk_size, ctx.reverse = chunk_size, reverse
+        with autocast_disabled(q.device):
+            return prefix_product(q, k, v, chunk_size, reverse)
 
     @staticmethod
-    @once_differentiable
     def backward(ctx, grad):
         q, k, v = ctx.saved_tensors
-        C = ctx.chunk_size
+        C, rev = ctx.chunk_size, ctx.reverse
         grad = grad.contiguous()
-        dq = _prefix_product(grad, v, k, C) if ctx.needs_input_grad[0] else None
-        dk = _prefix_product(v, grad, q, C, reverse=True) if ctx.needs_input_grad[1] else None
-        dv = _prefix_product(k, q, grad, C, reverse=True) if ctx.needs_input_grad[2] else None
-        return dq, dk, dv, None
+        with autocast_disabled(q.device):
+            dq = _product(grad, v, k, C, rev) if ctx.needs_input_grad[0] else None
+            dk = _product(v, grad, q, C, not rev) if ctx.needs_input_grad[1] else None
+            dv = _product(k, q, grad, C, not rev) if ctx.needs_input_grad[2] else None
+        return dq, dk, dv, None, None
 
 
 def causal_dot_product(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chunk_size: int = 64) -> torch.Tensor:
     """out_i = sum_{j<=i} (q_i . k_j) v_j for q, k (B, H, N, D), v (B, H, N, Dv) -> (B, H, N, Dv).
 
-    Accumulates in at least float32 and returns that accumulation dtype (callers cast back).
-    Differentiable once (the backward pass is itself not differentiable).
+    Accumulates in at least float32 and returns that accumulation dtype (callers cast back); autocast is off
+    inside. Differentiable any number of times (the backward is made of the same products).
     """
-    chunk_size = check_chunk_size(chunk_size, name="causal_dot_product")
+    name = "causal_dot_product"
+    check_qkv(q, k, v, name=name, same_length=True)
+    chunk_size = check_chunk_size(chunk_size, name=name)
     acc = accumulation_dtype(q.dtype)
-    return _CausalDotProduct.apply(q.to(acc), k.to(acc), v.to(acc), chunk_size)
+    return _product(q.to(acc), k.to(acc), v.to(acc), chunk_size, False)

@@ -15,6 +15,8 @@ from typing import TypeVar
 
 import torch
 
+from ._checks import check_choice
+
 __all__ = ["ENV_VAR", "fast", "pick", "device"]
 
 ENV_VAR = "ATTNBOOK_FAST"
@@ -35,7 +37,13 @@ def fast() -> bool:
     if raw in _FALSE:
         return False
     if raw:
-        raise ValueError(f"{ENV_VAR}={os.environ[ENV_VAR]!r}: expected 1 (small sizes) or 0 (full sizes)")
+        check_choice(
+            os.environ[ENV_VAR],
+            f"the environment variable {ENV_VAR}",
+            ("1", "0"),
+            name="attnbook.config",
+            why=" (1: small sizes, 0: full sizes; also true/false, yes/no, on/off)",
+        )
     return not torch.cuda.is_available()
 
 

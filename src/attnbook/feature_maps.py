@@ -23,6 +23,18 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ._checks import (
+    check_bool,
+    check_feature_map,
+    check_generator,
+    check_int,
+    check_last_dim,
+    check_not_both,
+    check_seed,
+    check_tensor,
+)
+from ._runtime import accumulation_dtype, autocast_disabled, result_dtype
+
 __all__ = ["elu_feature_map", "relu_feature_map", "PerformerFeatures", "resolve_feature_map", "FEATURE_MAPS"]
 
 FeatureMap = Callable[[torch.Tensor], torch.Tensor]
@@ -30,11 +42,13 @@ FeatureMap = Callable[[torch.Tensor], torch.Tensor]
 
 def elu_feature_map(x: torch.Tensor) -> torch.Tensor:
     """phi(x) = elu(x) + 1: positive, (..., D) -> (..., D). Katharopoulos et al., ICML 2020, Eq. 7."""
+    check_tensor(x, "x", name="elu_feature_map")
     return F.elu(x).add_(1)  # in place on elu's fresh output: its backward needs only x
 
 
 def relu_feature_map(x: torch.Tensor) -> torch.Tensor:
     """phi(x) = max(x, 0): non-negative, (..., D) -> (..., D). Rows can be all zero; eps keeps them finite."""
+    check_tensor(x, "x", name="relu_feature_map")
     return F.relu(x)
 
 
@@ -73,7 +87,8 @@ class PerformerFeatures(nn.Module):
     Range: each exponent is w_r . x' - |x'|^2 / 2 <= |w_r|^2 / 2, so features overflow float32 (exponent
     above 88) only when some |w_r|^2 > 177, which for D = 64 is ten standard deviations above its mean; for
     very long q or k the features underflow to 0 and the output goes to 0 (the eps in the denominator).
-    ``linear_attention`` evaluates the features in float32 even for half-precision inputs.
+    The features are evaluated in at least float32 (with autocast off) and returned in the input's dtype
+    (under autocast: the autocast dtype); ``linear_attention`` calls them on float32 copies of half inputs.
 
     Cost: O(N D R) time and O(N R) memory for N vectors.
 
@@ -81,7 +96,8 @@ class PerformerFeatures(nn.Module):
         num_features: R, the number of random features.
         dim: D, the query/key width the features are drawn for.
         generator: a ``torch.Generator`` for reproducible draws (drawn on its device, then stored as a buffer).
-        seed: alternatively an int seed (a fresh CPU generator). Neither: torch's global random state.
+        seed: alternatively an int seed in 0..2**64 - 1 (a fresh CPU generator). Neither: torch's global
+            random state.
         orthogonal: draw orthogonal blocks (FAVOR+) rather than independent Gaussian rows.
 
     Shape:
@@ -100,12 +116,14 @@ class PerformerFeatures(nn.Module):
         orthogonal: bool = True,
     ):
         super().__init__()
-        for label, value in (("num_features", num_features), ("dim", dim)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"PerformerFeatures: {label} must be a positive int, got {value!r}")
-        if generator is not None and seed is not None:
-            raise ValueError("PerformerFeatures: pass either generator or seed, not both")
+        name = "PerformerFeatures"
+        num_features = check_int(num_features, "num_features", name=name, minimum=1)
+        dim = check_int(dim, "dim", name=name, minimum=1)
+        generator = check_generator(generator, name=name)
+        orthogonal = check_bool(orthogonal, "orthogonal", name=name)
         if seed is not None:
+            seed = check_seed(seed, name=name)
+            check_not_both(generator, seed, "generator", "seed", name=name)
             generator = torch.Generator().manual_seed(seed)
         self.num_features, self.dim, self.orthogonal = num_features, dim, orthogonal
         self.register_buffer("projection", self._draw(generator))
@@ -120,37 +138,32 @@ class PerformerFeatures(nn.Module):
 
     @torch.no_grad()
     def redraw(self, generator: torch.Generator | None = None) -> None:
-        """Draw a new projection in place (Performers redraw features now and then during training)."""
+        """Draw a new projection in place (Performers redraw features now and then during training).
+
+        ``generator``: a ``torch.Generator`` (its device is where the draw happens) or None (global state).
+        """
+        generator = check_generator(generator, name="PerformerFeatures.redraw")
         self.projection.copy_(self._draw(generator).to(self.projection.device))
 
     def extra_repr(self) -> str:
         return f"num_features={self.num_features}, dim={self.dim}, orthogonal={self.orthogonal}"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.shape[-1] != self.dim:
-            raise ValueError(f"PerformerFeatures: drawn for width D={self.dim}, got input of shape {tuple(x.shape)}")
-        x = x * self.dim**-0.25  # (..., D)
-        w = self.projection.to(dtype=x.dtype, device=x.device)  # (R, D)
-        logits = x @ w.T - 0.5 * (x * x).sum(dim=-1, keepdim=True)  # (..., R)
-        return torch.exp(logits) * (1.0 / math.sqrt(self.num_features))  # (..., R)
+        name = "PerformerFeatures"
+        check_last_dim(check_tensor(x, "x", name=name), "x", self.dim, name=name, what="D it was drawn for")
+        dtype, acc = result_dtype(x), accumulation_dtype(x.dtype)
+        with autocast_disabled(x.device):
+            x = x.to(acc) * self.dim**-0.25  # (..., D)
+            w = self.projection.to(dtype=acc, device=x.device)  # (R, D)
+            logits = x @ w.T - 0.5 * (x * x).sum(dim=-1, keepdim=True)  # (..., R)
+            return (torch.exp(logits) * (1.0 / math.sqrt(self.num_features))).to(dtype)  # (..., R)
 
 
-def resolve_feature_map(spec: str | FeatureMap) -> FeatureMap:
+def resolve_feature_map(spec: str | FeatureMap, *, name: str = "resolve_feature_map") -> FeatureMap:
     """ "elu" | "relu" | any callable (including a :class:`PerformerFeatures`) -> a callable feature map.
 
-    Raises ``ValueError`` for anything else, listing the accepted names.
+    Raises ``ValueError`` for an unknown name and ``TypeError`` for anything else, listing the accepted names;
+    ``name`` is the caller quoted in the message.
     """
-    if isinstance(spec, str):
-        try:
-            return FEATURE_MAPS[spec]
-        except KeyError:
-            raise ValueError(
-                f"unknown feature_map {spec!r}: expected one of {sorted(FEATURE_MAPS)}, a callable "
-                f"or a PerformerFeatures"
-            ) from None
-    if callable(spec):
-        return spec
-    raise ValueError(
-        f"feature_map must be one of {sorted(FEATURE_MAPS)}, a callable or a PerformerFeatures, "
-        f"got {type(spec).__name__}"
-    )
+    spec = check_feature_map(spec, sorted(FEATURE_MAPS), name=name)
+    return FEATURE_MAPS[spec] if isinstance(spec, str) else spec

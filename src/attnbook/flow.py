@@ -40,8 +40,9 @@ from typing import NamedTuple
 
 import torch
 
-from ._checks import accumulation_dtype, check_chunk_size, check_eps, check_qkv, check_step_inputs
+from ._checks import check_bool, check_chunk_size, check_dtype, check_eps, check_qkv, check_state, check_step_inputs
 from ._module import ProjectedAttention
+from ._runtime import accumulation_dtype, autocast_disabled, needs_autograd, result_dtype, rows_per_group
 
 __all__ = ["FlowStats", "FlowState", "flow_attention", "flow_attention_step", "FlowAttention"]
 
@@ -80,7 +81,7 @@ class FlowState(NamedTuple):
     All tensors are in the accumulation dtype (at least float32).
 
     Attributes:
-        t: number of tokens seen (a Python int).
+        t: number of tokens seen (a Python int >= 0).
         key_sum: sum_{j<=t} k~_j, (B, H, D).
         query_sum: sum_{i<=t} q~_i, (B, H, D).
         key_over_outgoing: sum_{j<=t} k~_j / O_j, (B, H, D).
@@ -215,22 +216,23 @@ def _causal_block(state: FlowState, q, k, v, eps: float, tril: torch.Tensor):
     return out, stats, new_state
 
 
-def _flow_causal(q, k, v, eps, chunk_size, acc, return_flows):
-    """Causal Flow-Attention (N == M) block by block: O(B H C (C + D + Dv)) memory beside the output."""
+def _flow_causal(q, k, v, eps, chunk_size, acc, dtype, return_flows):
+    """Causal Flow-Attention (N == M) block by block: O(B H C (C + D + Dv)) memory beside the output, which
+    is in ``dtype``."""
     B, H, N, D = q.shape
     C = min(chunk_size, N)
     tril = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
     state = _initial_state(q, B, H, D, v.shape[-1], acc)
     record = needs_autograd(q, k, v)
     outs, blocks = [], []
-    out = None if record else q.new_empty(B, H, N, v.shape[-1])  # without autograd: written block by block
+    out = None if record else q.new_empty(B, H, N, v.shape[-1], dtype=dtype)  # without autograd: block by block
     for start in range(0, N, C):
         sl = slice(start, start + C)
         block, stats, state = _causal_block(state, q[..., sl, :], k[..., sl, :], v[..., sl, :], eps, tril)
         if record:
-            outs.append(block.to(q.dtype))  # (B, H, c, Dv)
+            outs.append(block.to(dtype))  # (B, H, c, Dv)
         else:
-            out[..., sl, :] = block  # (B, H, c, Dv), cast to the input dtype
+            out[..., sl, :] = block  # (B, H, c, Dv), cast to the result dtype
         if return_flows:
             blocks.append(stats)
     if record:
@@ -250,6 +252,7 @@ def flow_attention(
     eps: float = 1e-6,
     return_flows: bool = False,
     chunk_size: int = 64,
+    out_dtype: torch.dtype | None = None,
 ):
     """Flow-Attention (Wu et al., "Flowformer", ICML 2022): linear attention with flow conservation.
 
@@ -270,50 +273,38 @@ def flow_attention(
         causal: query i sees keys j <= i only; needs N == M.
         eps: added to every component of the flow vectors, as in the published code (>= 0).
         return_flows: also return the :class:`FlowStats`.
-        chunk_size: block length of the causal prefix product (any positive int; the result does not depend
+        chunk_size: block length of the causal prefix sums (any positive int; the result does not depend
             on it beyond rounding).
+        out_dtype: dtype of ``out``; default the inputs' (under autocast: the autocast dtype).
 
     Returns:
-        out (B, H, N, Dv) in the dtype of the inputs (float16/bfloat16 inputs are computed in float32), or
-        ``(out, FlowStats)`` with ``return_flows``; the statistics are in the accumulation dtype.
+        out (B, H, N, Dv) in ``out_dtype`` (computed in at least float32, autocast off), or
+        ``(out, FlowStats)`` with ``return_flows``; the statistics are in the accumulation dtype. A NaN or inf
+        in any input makes the outputs that depend on it NaN (non-causal: every output, since every flow
+        sums over all queries and keys); it is never hidden.
     """
-    check_qkv(q, k, v, name="flow_attention", same_length=causal)
-    eps = check_eps(eps, name="flow_attention")
-    chunk_size = check_chunk_size(chunk_size, name="flow_attention")
+    name = "flow_attention"
+    causal = check_bool(causal, "causal", name=name)
+    return_flows = check_bool(return_flows, "return_flows", name=name)
+    check_qkv(q, k, v, name=name, same_length=causal, why=" (causal attention pairs query i with key i)")
+    eps = check_eps(eps, name=name)
+    chunk_size = check_chunk_size(chunk_size, name=name)
+    dtype = result_dtype(q) if out_dtype is None else check_dtype(out_dtype, "out_dtype", name=name)
     acc = accumulation_dtype(q.dtype)
-    if causal:
-        out, stats = _flow_causal(q, k, v, eps, chunk_size, acc, return_flows)
-    elif needs_autograd(q, k, v):
-        qs = torch.sigmoid(q.to(acc))  # (B, H, N, D)
-        ks = torch.sigmoid(k.to(acc))  # (B, H, M, D)
-        out, stats = _flow_full(qs, ks, v.to(acc), eps)
-        out = out.to(q.dtype)
-    else:
-        out, stats = _flow_full_by_rows(q, k, v, eps, acc, return_flows)
+    with autocast_disabled(q.device):
+        if causal:
+            out, stats = _flow_causal(q, k, v, eps, chunk_size, acc, dtype, return_flows)
+        elif needs_autograd(q, k, v):
+            qs = torch.sigmoid(q.to(acc))  # (B, H, N, D)
+            ks = torch.sigmoid(k.to(acc))  # (B, H, M, D)
+            out, stats = _flow_full(qs, ks, v.to(acc), eps)
+            out = out.to(dtype)
+        else:
+            out, stats = _flow_full_by_rows(q, k, v, eps, acc, dtype, return_flows)
     return (out, stats) if return_flows else out
 
 
-def needs_autograd(*xs: torch.Tensor) -> bool:
-    """True when a graph will be recorded through any of ``xs``."""
-    return torch.is_grad_enabled() and any(x.requires_grad for x in xs)
-
-
-# Positions per group of (b, h) rows on the no-autograd CPU path: small enough for a group's features and
-# temporaries to stay in a shared L3 cache, large enough that a busy machine does not pay a thread wake-up
-# for each of the many small operations (measured at N = 4096: 4096 and 16384 run alike on one thread, but
-# with two threads on a loaded 2-core machine 4096 was 3x slower than 16384).
-ROW_POSITIONS = 16384
-
-
-def rows_per_group(x: torch.Tensor, positions_per_row: int, rows: int) -> int:
-    """How many independent rows to process at once without autograd: on the CPU about ROW_POSITIONS
-    positions, so that a group's temporaries stay in cache; on other devices all of them (one launch)."""
-    if x.device.type != "cpu":
-        return rows
-    return max(1, ROW_POSITIONS // positions_per_row)
-
-
-def _flow_full_by_rows(q, k, v, eps, acc, return_flows):
+def _flow_full_by_rows(q, k, v, eps, acc, dtype, return_flows):
     """Non-causal Flow-Attention without autograd, a few (b, h) rows at a time (the rows are independent).
 
     Same numbers as :func:`_flow_full` on the whole batch; the features and temporaries of one group are small
@@ -332,7 +323,7 @@ def _flow_full_by_rows(q, k, v, eps, acc, return_flows):
         _, stats = _flow_full(qs, ks, v[r].to(acc), eps, out=out[r])
         if return_flows:
             parts.append(stats)
-    out = out.view(B, H, N, Dv).to(q.dtype)
+    out = out.view(B, H, N, Dv).to(dtype)
     if not return_flows:
         return out, None
     return out, FlowStats(*(torch.cat(p).unflatten(0, (B, H)) for p in zip(*parts, strict=True)))
@@ -358,28 +349,35 @@ def flow_attention_step(
         q_t: query of the new token, (B, H, D).
         k_t: key of the new token, (B, H, D).
         v_t: value of the new token, (B, H, Dv).
-        state: the state after the previous tokens, or None before the first token.
+        state: the :class:`FlowState` returned by the previous step (t >= 0; every tensor in the accumulation
+            dtype, on the inputs' device, of the shapes listed there), or None before the first token.
         eps: as in :func:`flow_attention`.
 
     Returns:
-        ``(out_t, new_state)``: out_t (B, H, Dv) in the dtype of the inputs, new_state a :class:`FlowState`.
+        ``(out_t, new_state)``: out_t (B, H, Dv) in the dtype of the inputs (under autocast: the autocast
+        dtype), new_state a :class:`FlowState`.
     """
     name = "flow_attention_step"
+    B, H, D, Dv = check_step_inputs(q_t, k_t, v_t, name=name)
     eps = check_eps(eps, name=name)
-    check_step_inputs(q_t, k_t, v_t, name=name)
-    acc = accumulation_dtype(q_t.dtype)
-    B, H, D = q_t.shape
-    Dv = v_t.shape[-1]
+    dtype, acc = result_dtype(q_t), accumulation_dtype(q_t.dtype)
     if state is None:
         state = _initial_state(q_t, B, H, D, Dv, acc)
-    elif not isinstance(state, FlowState) or tuple(state.kv.shape) != (B, H, D, Dv):
-        got = tuple(state.kv.shape) if isinstance(state, FlowState) else type(state).__name__
-        raise ValueError(
-            f"{name}: state must be a FlowState with kv of shape (B, H, D, Dv) = {(B, H, D, Dv)}, got {got}"
+    else:
+        vectors = (B, H, D)
+        fields = dict(
+            key_sum=vectors,
+            query_sum=vectors,
+            key_over_outgoing=vectors,
+            query_over_incoming=vectors,
+            exp_mean=(B, H),
+            kv=(B, H, D, Dv),
         )
+        check_state(state, FlowState, fields, name=name, dtype=acc, device=q_t.device, counts=("t",))
     q1, k1, v1 = q_t.unsqueeze(-2), k_t.unsqueeze(-2), v_t.unsqueeze(-2)  # one-token blocks (B, H, 1, .)
-    out, _, new_state = _causal_block(state, q1, k1, v1, eps, None)
-    return out.squeeze(-2).to(q_t.dtype), new_state  # (B, H, Dv)
+    with autocast_disabled(q_t.device):
+        out, _, new_state = _causal_block(state, q1, k1, v1, eps, None)
+    return out.squeeze(-2).to(dtype), new_state  # (B, H, Dv)
 
 
 class FlowAttention(ProjectedAttention):
@@ -390,7 +388,8 @@ class FlowAttention(ProjectedAttention):
     its checkpoints load unchanged.
 
     Args:
-        d_input, d_model, d_output, n_heads, drop_out: see :class:`attnbook.ProjectedAttention`.
+        d_input, d_model, d_output, n_heads, drop_out: see :class:`attnbook.ProjectedAttention`; the default
+            ``drop_out=0.05`` is the published module's.
         eps: see :func:`flow_attention`.
         causal: each position attends to itself and earlier positions (needs L == S).
 
@@ -409,11 +408,14 @@ class FlowAttention(ProjectedAttention):
         causal: bool = False,
     ):
         super().__init__(d_input, d_model, d_output, n_heads, drop_out)
-        self.eps = check_eps(eps, name=type(self).__name__)
-        self.causal = causal
+        name = type(self).__name__
+        self.eps = check_eps(eps, name=name)
+        self.causal = check_bool(causal, "causal", name=name)
+        self.same_length, self.same_length_reason = self.causal, " (causal attention pairs query i with key i)"
 
     def extra_repr(self) -> str:
         return f"n_heads={self.n_heads}, eps={self.eps}, causal={self.causal}"
 
     def attend(self, q, k, v):
-        return flow_attention(q, k, v, causal=self.causal, eps=self.eps)
+        # the accumulation dtype: the out-projection rounds (attnbook.ProjectedAttention)
+        return flow_attention(q, k, v, causal=self.causal, eps=self.eps, out_dtype=accumulation_dtype(q.dtype))

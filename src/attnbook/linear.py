@@ -21,39 +21,35 @@ from typing import NamedTuple
 import torch
 
 from ._checks import (
-    accumulation_dtype,
+    check_bool,
     check_chunk_size,
+    check_drawn_width,
+    check_dtype,
     check_eps,
+    check_feature_widths,
+    check_features,
     check_key_padding_mask,
     check_qkv,
+    check_state,
     check_step_inputs,
     shape_str,
 )
 from ._module import ProjectedAttention
-from ._prefix import _prefix_product, causal_dot_product
+from ._prefix import causal_dot_product, prefix_product
+from ._runtime import accumulation_dtype, autocast_disabled, needs_autograd, result_dtype, rows_per_group
 from .feature_maps import FeatureMap, PerformerFeatures, resolve_feature_map
 
 __all__ = ["linear_attention", "LinearState", "linear_attention_step", "LinearAttention"]
 
-
-def _features(phi: FeatureMap, x: torch.Tensor, *, name: str, label: str, lead: tuple = ()) -> torch.Tensor:
-    """phi(x), checked to keep x's leading dimensions. ``lead`` replaces the leading dimensions of x (rows of
-    B H) in messages, so they quote the shapes the caller passed."""
-    fx = phi(x)
-    if not isinstance(fx, torch.Tensor) or fx.dim() != x.dim() or fx.shape[:-1] != x.shape[:-1]:
-        got = shape_str(fx) if isinstance(fx, torch.Tensor) else type(fx).__name__
-        shown = _show(x, lead)
-        if isinstance(fx, torch.Tensor) and lead and fx.dim() == x.dim():
-            got = _show(fx, lead)
-        raise ValueError(
-            f"{name}: the feature map must keep the leading dimensions of {label} {shown} "
-            f"and map only the last one, got {got}"
-        )
-    return fx
+_CAUSAL_PAIRS = " (causal attention pairs query i with key i)"
 
 
-def _show(x: torch.Tensor, lead: tuple) -> str:
-    return "(" + ", ".join(str(s) for s in (*lead, *x.shape[-2:])) + ")" if lead else shape_str(x)
+def _feature_map(feature_map, D: int, *, name: str, got: str) -> FeatureMap:
+    """The resolved feature map; Performer features must be drawn for width D."""
+    phi = resolve_feature_map(feature_map, name=name)
+    if isinstance(phi, PerformerFeatures):
+        check_drawn_width(phi.dim, D, name=name, got=got)
+    return phi
 
 
 def linear_attention(
@@ -66,6 +62,7 @@ def linear_attention(
     key_padding_mask: torch.Tensor | None = None,
     eps: float = 1e-6,
     chunk_size: int = 64,
+    out_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """Kernelized linear attention (Katharopoulos et al., ICML 2020), non-causal or causal.
 
@@ -78,6 +75,7 @@ def linear_attention(
     between chunks): O(B H N (C + R) Dv) time and O(B H (N (R + Dv) + R Dv)) memory; nothing of size N x N
     or N x R x Dv. The result does not depend on C (up to rounding). Without autograd (inference) the work
     runs in groups of (B H) rows written into one output, so the features exist for one group at a time.
+    Differentiable any number of times (causal too: its prefix product's backward is itself differentiable).
 
     Args:
         q: queries (B, H, N, D).
@@ -88,53 +86,45 @@ def linear_attention(
             vector on its own (it may be called on groups of rows, (rows, N, D)), or an
             :class:`attnbook.feature_maps.PerformerFeatures` (FAVOR+ random features approximating softmax).
         key_padding_mask: (B, M) bool, True = real token. Padded keys and values contribute nothing, whatever
-            their values (and get zero gradients).
+            their values (NaN and inf included), and get zero gradients.
         eps: added to the denominator, as in fast-transformers.
         chunk_size: C of the causal algorithm.
+        out_dtype: dtype of the result; default the inputs' (under autocast: the autocast dtype). Pass the
+            accumulation dtype (e.g. float32 for float16 inputs) to keep a result that float16 cannot hold.
 
     Returns:
-        (B, H, N, Dv) in the dtype of the inputs. Feature maps, sums, normalisers and states are computed
-        in at least float32, so float16 / bfloat16 inputs do not overflow where float32 would not.
+        (B, H, N, Dv) in ``out_dtype``. Feature maps, sums, normalisers and states are computed in at least
+        float32 (with autocast off), so float16 / bfloat16 inputs do not overflow where float32 would not.
+        A NaN or inf in a visible input makes the outputs that depend on it NaN; it is never hidden.
     """
     name = "linear_attention"
-    B, H, N, M, D, Dv = check_qkv(q, k, v, name=name, same_length=causal)
+    causal = check_bool(causal, "causal", name=name)
+    B, H, N, M, D, Dv = check_qkv(q, k, v, name=name, same_length=causal, why=_CAUSAL_PAIRS)
     eps = check_eps(eps, name=name)
     chunk_size = check_chunk_size(chunk_size, name=name)
-    phi = resolve_feature_map(feature_map)
-    if isinstance(phi, PerformerFeatures) and phi.dim != D:
-        raise ValueError(
-            f"{name}: the PerformerFeatures were drawn for width D={phi.dim}, got q {shape_str(q)}, k {shape_str(k)}"
-        )
-    dtype, acc = q.dtype, accumulation_dtype(q.dtype)
-    q, k, v = q.to(acc), k.to(acc), v.to(acc)
+    phi = _feature_map(feature_map, D, name=name, got=f"q {shape_str(q)}, k {shape_str(k)}")
     keep = None
     if key_padding_mask is not None:
         keep = check_key_padding_mask(key_padding_mask, B, M, name=name).to(q.device)[:, None, :, None]
-    learnable_phi = isinstance(phi, torch.nn.Module) and any(p.requires_grad for p in phi.parameters())
-    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad or learnable_phi):
-        return _attend(q, k, v, keep, phi, causal, eps, chunk_size, name, (B, H)).to(dtype)  # (B, H, N, Dv)
-    # Without autograd: groups of rows of (B H), each written into one preallocated output and normalised in
-    # place; for large batches the features of q and k then never exist for the whole batch at once.
-    rows = B * H
-    out = q.new_empty(rows, N, Dv)  # (B H, N, Dv)
-    q, k, v = q.reshape(rows, N, D), k.reshape(rows, M, D), v.reshape(rows, M, Dv)
-    if keep is not None:
-        keep = keep.expand(B, H, M, 1).reshape(rows, M, 1)
-    step = max(1, (_ROW_POSITIONS_CAUSAL if causal else _ROW_POSITIONS) // max(N, M))
-    for r0 in range(0, rows, step):
-        r = slice(r0, r0 + step)
-        _attend(q[r], k[r], v[r], None if keep is None else keep[r], phi, causal, eps, chunk_size, name, (B, H), out[r])
-    return out.view(B, H, N, Dv).to(dtype)
-
-
-# Positions per group of rows on the no-autograd path. Groups bound the temporaries (the features of a
-# group) for large batches; they are kept large because every group costs ~10 operations, and on a busy
-# CPU each multi-threaded operation pays a synchronisation (groups of 4096 positions were 1.5x faster on
-# one thread but 5x slower on two contended threads, benchmarks/bench_linear.py).
-_ROW_POSITIONS = 1 << 20
-# Causal: the prefix product works in blocks of a few rows anyway, so smaller groups add few operations
-# and keep the features (and their prefix sums) of a group small.
-_ROW_POSITIONS_CAUSAL = 1 << 16
+    dtype = result_dtype(q) if out_dtype is None else check_dtype(out_dtype, "out_dtype", name=name)
+    acc = accumulation_dtype(q.dtype)
+    with autocast_disabled(q.device):
+        q, k, v = q.to(acc), k.to(acc), v.to(acc)
+        if needs_autograd(q, k, v, phi):
+            return _attend(q, k, v, keep, phi, causal, eps, chunk_size, name, (B, H)).to(dtype)  # (B, H, N, Dv)
+        # Without autograd: groups of rows of (B H), each written into one preallocated output and normalised
+        # in place; for large batches the features of q and k then never exist for the whole batch at once.
+        rows = B * H
+        out = q.new_empty(rows, N, Dv)  # (B H, N, Dv)
+        q, k, v = q.reshape(rows, N, D), k.reshape(rows, M, D), v.reshape(rows, M, Dv)
+        if keep is not None:
+            keep = keep.expand(B, H, M, 1).reshape(rows, M, 1)
+        step = rows_per_group(q, max(N, M), rows)
+        for r0 in range(0, rows, step):
+            r = slice(r0, r0 + step)
+            mask = None if keep is None else keep[r]
+            _attend(q[r], k[r], v[r], mask, phi, causal, eps, chunk_size, name, (B, H), out[r])
+        return out.view(B, H, N, Dv).to(dtype)
 
 
 def _attend(q, k, v, keep, phi, causal, eps, chunk_size, name, lead, out=None):
@@ -148,17 +138,16 @@ def _attend(q, k, v, keep, phi, causal, eps, chunk_size, name, lead, out=None):
         # Zero padded keys and values *before* phi: a huge padded key must not become inf * 0 = NaN.
         k = torch.where(keep, k, 0.0)  # (..., M, D)
         v = torch.where(keep, v, 0.0)  # (..., M, Dv)
-    fq = _features(phi, q, name=name, label="q", lead=lead).to(acc)  # (..., N, R)
-    fk = _features(phi, k, name=name, label="k", lead=lead).to(acc)  # (..., M, R)
-    if fq.shape[-1] != fk.shape[-1]:
-        raise ValueError(f"{name}: the feature map gave q features {_show(fq, lead)} but k features {_show(fk, lead)}")
+    fq = check_features(phi(q), q, name=name, label="q", lead=lead).to(acc)  # (..., N, R)
+    fk = check_features(phi(k), k, name=name, label="k", lead=lead).to(acc)  # (..., M, R)
+    check_feature_widths(fq, fk, name=name, lead=lead)
     if keep is not None:
         fk = torch.where(keep, fk, 0.0)  # (..., M, R), phi(0) need not be 0
     if causal:
         if out is None:
             num = causal_dot_product(fq, fk, v, chunk_size)  # (..., N, Dv)
         else:
-            num = _prefix_product(fq, fk, v, chunk_size, out=out)  # (..., N, Dv), no autograd
+            num = prefix_product(fq, fk, v, chunk_size, out=out)  # (..., N, Dv), no autograd
         z = torch.cumsum(fk, dim=-2)  # (..., N, R): sum_{j <= i} phi(k_j)
         den = torch.linalg.vecdot(fq, z).unsqueeze(-1)  # (..., N, 1)
     else:
@@ -203,40 +192,35 @@ def linear_attention_step(
         q_t: query (B, H, D).
         k_t: key (B, H, D).
         v_t: value (B, H, Dv).
-        state: :class:`LinearState` from the previous step, or None to start from zeros.
+        state: the :class:`LinearState` returned by the previous step (S (B, H, R, Dv) and z (B, H, R) in the
+            accumulation dtype, on the inputs' device), or None to start from zeros.
         feature_map, eps: as in :func:`linear_attention`.
 
     Returns:
-        (out_t (B, H, Dv) in the input dtype, the new :class:`LinearState` in the accumulation dtype).
+        (out_t (B, H, Dv) in the input dtype (under autocast: the autocast dtype), the new
+        :class:`LinearState` in the accumulation dtype).
     """
     name = "linear_attention_step"
-    check_step_inputs(q_t, k_t, v_t, name=name)
-    shapes = f"q_t {shape_str(q_t)}, k_t {shape_str(k_t)}, v_t {shape_str(v_t)}"
+    B, H, D, Dv = check_step_inputs(q_t, k_t, v_t, name=name)
     eps = check_eps(eps, name=name)
-    phi = resolve_feature_map(feature_map)
-    acc = accumulation_dtype(q_t.dtype)
-    fq = _features(phi, q_t.to(acc), name=name, label="q_t").to(acc)  # (B, H, R)
-    fk = _features(phi, k_t.to(acc), name=name, label="k_t").to(acc)  # (B, H, R)
-    B, H, R = fk.shape
-    Dv = v_t.shape[-1]
-    if fq.shape != fk.shape:
-        raise ValueError(f"{name}: the feature map gave q_t features {shape_str(fq)} but k_t features {shape_str(fk)}")
-    if state is None:
-        state = LinearState(fk.new_zeros(B, H, R, Dv), fk.new_zeros(B, H, R))
-    elif not isinstance(state, tuple) or len(state) != 2:
-        raise ValueError(f"{name}: state must be a LinearState(S, z) or None, got {type(state).__name__}")
-    else:
-        S, z = state
-        if tuple(S.shape) != (B, H, R, Dv) or tuple(z.shape) != (B, H, R):
-            raise ValueError(
-                f"{name}: state S {shape_str(S)}, z {shape_str(z)} does not match (B, H, R, Dv) = {(B, H, R, Dv)} "
-                f"and (B, H, R) for {shapes}"
-            )
-    S = state.S.to(acc) + fk.unsqueeze(-1) * v_t.to(acc).unsqueeze(-2)  # (B, H, R, Dv)
-    z = state.z.to(acc) + fk  # (B, H, R)
-    num = (fq.unsqueeze(-2) @ S).squeeze(-2)  # (B, H, Dv)
-    den = (fq * z).sum(dim=-1, keepdim=True)  # (B, H, 1)
-    return (num / (den + eps)).to(v_t.dtype), LinearState(S, z)
+    phi = _feature_map(feature_map, D, name=name, got=f"q_t {shape_str(q_t)}, k_t {shape_str(k_t)}")
+    dtype, acc = result_dtype(q_t), accumulation_dtype(q_t.dtype)
+    with autocast_disabled(q_t.device):
+        q_t, k_t, v_t = q_t.to(acc), k_t.to(acc), v_t.to(acc)
+        fq = check_features(phi(q_t), q_t, name=name, label="q_t").to(acc)  # (B, H, R)
+        fk = check_features(phi(k_t), k_t, name=name, label="k_t").to(acc)  # (B, H, R)
+        check_feature_widths(fq, fk, name=name, labels=("q_t", "k_t"))
+        R = fk.shape[-1]
+        if state is None:
+            state = LinearState(fk.new_zeros(B, H, R, Dv), fk.new_zeros(B, H, R))
+        else:
+            fields = {"S": (B, H, R, Dv), "z": (B, H, R)}
+            check_state(state, LinearState, fields, name=name, dtype=acc, device=q_t.device)
+        S = state.S + fk.unsqueeze(-1) * v_t.unsqueeze(-2)  # (B, H, R, Dv)
+        z = state.z + fk  # (B, H, R)
+        num = (fq.unsqueeze(-2) @ S).squeeze(-2)  # (B, H, Dv)
+        den = (fq * z).sum(dim=-1, keepdim=True)  # (B, H, 1)
+        return (num / (den + eps)).to(dtype), LinearState(S, z)
 
 
 class LinearAttention(ProjectedAttention):
@@ -269,16 +253,14 @@ class LinearAttention(ProjectedAttention):
         chunk_size: int = 64,
     ):
         super().__init__(d_input, d_model, d_output, n_heads, drop_out)
-        eps = check_eps(eps, name=type(self).__name__)
-        phi = resolve_feature_map(feature_map)
-        head_dim = d_model // n_heads
-        if isinstance(phi, PerformerFeatures) and phi.dim != head_dim:
-            raise ValueError(
-                f"{type(self).__name__}: feature map drawn for D={phi.dim}, but heads have "
-                f"D = d_model // n_heads = {head_dim}"
-            )
-        self.feature_map = phi  # an nn.Module (Performer) registers as a submodule
-        self.causal, self.eps, self.chunk_size = causal, eps, chunk_size
+        name = type(self).__name__
+        self.causal = check_bool(causal, "causal", name=name)
+        self.eps = check_eps(eps, name=name)
+        self.chunk_size = check_chunk_size(chunk_size, name=name)
+        head_dim = self.d_model // self.n_heads
+        got = f"heads of width D = d_model // n_heads = {head_dim}"
+        self.feature_map = _feature_map(feature_map, head_dim, name=name, got=got)  # a Performer is a submodule
+        self.same_length, self.same_length_reason = self.causal, _CAUSAL_PAIRS
 
     def extra_repr(self) -> str:
         return f"n_heads={self.n_heads}, causal={self.causal}, eps={self.eps}"
@@ -302,4 +284,5 @@ class LinearAttention(ProjectedAttention):
             key_padding_mask=key_padding_mask,
             eps=self.eps,
             chunk_size=self.chunk_size,
+            out_dtype=accumulation_dtype(q.dtype),  # the out-projection rounds (module docstring)
         )

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from torch import nn
 
 from . import reference
+from ._checks import check_bool, check_choice, check_int
 from .flow import FlowAttention, flow_attention, flow_attention_step
 from .linear import LinearAttention, linear_attention, linear_attention_step
 from .mobile import MobileAttention, mobile_attention
@@ -72,12 +73,12 @@ class Mechanism:
         return self.function(*args, **kwargs)
 
 
-def _family(cls, **fixed) -> Callable[..., nn.Module]:
+def _family(cls, key: str, **fixed) -> Callable[..., nn.Module]:
     """Factory for the softmax / linear / flow / mobile module family: (dim, n_heads, causal) -> layer."""
 
     def make(dim: int, n_heads: int, causal: bool = False, **kwargs) -> nn.Module:
         options = {"drop_out": 0.0, **fixed, **kwargs}
-        if causal:
+        if check_bool(causal, "causal", name=f"MECHANISMS[{key!r}].module"):
             options["causal"] = True
         return cls(dim, dim, dim, n_heads, **options)
 
@@ -87,21 +88,28 @@ def _family(cls, **fixed) -> Callable[..., nn.Module]:
 
 def _mobile_module(dim: int, n_heads: int, causal: bool = False, **kwargs) -> nn.Module:
     """MobileAttention(dim, dim, dim, n_heads, drop_out=0.0); it has no causal form."""
-    if causal:
-        raise ValueError(
-            "Mobile-Attention has no causal form: its competition is a softmax over the whole sequence and its "
-            "flows are sums over the heads of every position, with no prefix version published"
-        )
+    check_choice(
+        causal,
+        "causal",
+        (False,),
+        name="MECHANISMS['mobile'].module",
+        why=(
+            " (Mobile-Attention has no causal form: its competition is a softmax over the whole sequence and "
+            "its flows are sums over the heads of every position, with no prefix version published)"
+        ),
+    )
     return MobileAttention(dim, dim, dim, n_heads, **{"drop_out": 0.0, **kwargs})
 
 
 def moh_heads(n_heads: int) -> dict[str, int]:
     """The MoH head split the registry uses: a quarter of the heads shared, each token picks half the rest."""
+    n_heads = check_int(n_heads, "n_heads", name="moh_heads", minimum=1)
     return {"shared_head": max(1, n_heads // 4), "routed_head": max(1, n_heads // 2)}
 
 
 def _moh_module(dim: int, n_heads: int, causal: bool = False, **kwargs) -> nn.Module:
     """MoHAttention(dim, n_heads, qkv_bias=True, causal=causal, **moh_heads(n_heads))."""
+    check_int(n_heads, "n_heads", name="MECHANISMS['moh'].module", minimum=1)
     return MoHAttention(dim, n_heads, **{"qkv_bias": True, **moh_heads(n_heads), "causal": causal, **kwargs})
 
 
@@ -122,7 +130,7 @@ MECHANISMS: dict[str, Mechanism] = {
             same_length=False,
             function=softmax_attention,
             reference=reference.softmax_attention,
-            module=_family(SoftmaxAttention),
+            module=_family(SoftmaxAttention, "softmax"),
         ),
         Mechanism(
             "linear",
@@ -133,7 +141,7 @@ MECHANISMS: dict[str, Mechanism] = {
             same_length=False,
             function=linear_attention,
             reference=reference.linear_attention,
-            module=_family(LinearAttention),
+            module=_family(LinearAttention, "linear"),
             step=linear_attention_step,
         ),
         Mechanism(
@@ -145,7 +153,7 @@ MECHANISMS: dict[str, Mechanism] = {
             same_length=False,
             function=flow_attention,
             reference=reference.flow_attention,
-            module=_family(FlowAttention),
+            module=_family(FlowAttention, "flow"),
             step=flow_attention_step,
         ),
         Mechanism(
@@ -176,12 +184,12 @@ MECHANISMS: dict[str, Mechanism] = {
 
 def names(*, causal: bool = False, inputs: str | None = None) -> list[str]:
     """Names in registry order; ``causal=True`` keeps those with a causal form, ``inputs`` one input kind."""
+    check_bool(causal, "causal", name="names")
+    if inputs is not None:
+        check_choice(inputs, "inputs", ("qkv", "x"), name="names")
     return [n for n, m in MECHANISMS.items() if (m.causal or not causal) and (inputs is None or m.inputs == inputs)]
 
 
 def get(name: str) -> Mechanism:
-    """The entry called ``name``; a ``ValueError`` listing the known names otherwise."""
-    try:
-        return MECHANISMS[name]
-    except (KeyError, TypeError):
-        raise ValueError(f"unknown mechanism {name!r}; choose from {list(MECHANISMS)}") from None
+    """The entry called ``name``; a ``ValueError`` (``TypeError`` for a non-string) listing the known names."""
+    return MECHANISMS[check_choice(name, "name", tuple(MECHANISMS), name="mechanisms.get")]

@@ -20,17 +20,26 @@ and silently broadcasts when one length is 1). :class:`attnbook.FlowStats` holds
 (I, not 1 / I).
 
 Cost: O(B H N D Dv) time, O(B H N (D + Dv)) memory, like linear attention.
+
+Range: the flows are sums over the H heads of one position, not over the sequence, so the weights
+(q~_hi . k~_hj) / I_hi of one query sum to about N / H and the output can grow like N |v| (for small D
+and long sequences it exceeds float16's 65504 long before float32's range). Everything is computed in
+float32; :class:`MobileAttention` feeds that float32 result to its output projection without rounding it to
+float16 first.
 """
 
 from __future__ import annotations
 
 import torch
 
-from ._checks import accumulation_dtype, check_eps, check_qkv
+from ._checks import check_bool, check_dtype, check_eps, check_qkv
 from ._module import ProjectedAttention
-from .flow import FlowStats, needs_autograd, rows_per_group
+from ._runtime import accumulation_dtype, autocast_disabled, needs_autograd, result_dtype, rows_per_group
+from .flow import FlowStats
 
 __all__ = ["mobile_attention", "MobileAttention"]
+
+_PAIRS = " (the heads compete for each position: query i pairs with key i)"
 
 
 def _head_gram(qs: torch.Tensor, ks: torch.Tensor) -> torch.Tensor:
@@ -50,6 +59,7 @@ def mobile_attention(
     *,
     eps: float = 1e-6,
     return_flows: bool = False,
+    out_dtype: torch.dtype | None = None,
 ):
     """Mobile-Attention (Yao et al., ICML 2024): Flow-Attention with the heads competing for each token.
 
@@ -65,39 +75,46 @@ def mobile_attention(
         v: values (B, H, M, Dv).
         eps: added to every component of the flow vectors, as in the published code (>= 0).
         return_flows: also return the :class:`attnbook.FlowStats` (every field (B, H, N)).
+        out_dtype: dtype of ``out``; default the inputs' (under autocast: the autocast dtype). The output can
+            exceed float16's range (module docstring): pass float32 to keep it.
 
     Returns:
-        out (B, H, N, Dv) in the dtype of the inputs (float16/bfloat16 computed in float32), or
+        out (B, H, N, Dv) in ``out_dtype`` (computed in at least float32, autocast off), or
         ``(out, FlowStats)``; the statistics are in the accumulation dtype.
 
     Raises:
         ValueError: bad shapes, including N != M.
     """
-    check_qkv(q, k, v, name="mobile_attention", same_length=True)
-    eps = check_eps(eps, name="mobile_attention")
+    name = "mobile_attention"
+    return_flows = check_bool(return_flows, "return_flows", name=name)
+    check_qkv(q, k, v, name=name, same_length=True, why=_PAIRS)
+    eps = check_eps(eps, name=name)
+    dtype = result_dtype(q) if out_dtype is None else check_dtype(out_dtype, "out_dtype", name=name)
     acc = accumulation_dtype(q.dtype)
-    if needs_autograd(q, k, v):
-        out, stats = _mobile(q, k, v, eps, acc)
-    else:
-        # Without autograd, a few batch elements at a time (they are independent; the heads of one element
-        # are not): the temporaries of a group stay small enough to remain in cache and be recycled.
-        B, H, N, _ = q.shape
-        out = q.new_empty(B, H, N, v.shape[-1], dtype=acc)  # (B, H, N, Dv)
-        parts = []
-        step = rows_per_group(q, H * N, B)
-        for b0 in range(0, B, step):
-            b = slice(b0, b0 + step)
-            _, stats = _mobile(q[b], k[b], v[b], eps, acc, out=out[b])
-            if return_flows:
-                parts.append(stats)
-        out = out.to(q.dtype)
-        stats = FlowStats(*(torch.cat(p) for p in zip(*parts, strict=True))) if return_flows else None
+    with autocast_disabled(q.device):
+        if needs_autograd(q, k, v):
+            out, stats = _mobile(q, k, v, eps, acc)
+            out = out.to(dtype)
+        else:
+            # Without autograd, a few batch elements at a time (they are independent; the heads of one
+            # element are not): the temporaries of a group stay small enough to remain in cache.
+            B, H, N, _ = q.shape
+            out = q.new_empty(B, H, N, v.shape[-1], dtype=acc)  # (B, H, N, Dv)
+            parts = []
+            step = rows_per_group(q, H * N, B)
+            for b0 in range(0, B, step):
+                b = slice(b0, b0 + step)
+                _, stats = _mobile(q[b], k[b], v[b], eps, acc, out=out[b])
+                if return_flows:
+                    parts.append(stats)
+            out = out.to(dtype)
+            stats = FlowStats(*(torch.cat(p) for p in zip(*parts, strict=True))) if return_flows else None
     return (out, stats) if return_flows else out
 
 
 def _mobile(q, k, v, eps, acc, out=None):
-    """Mobile-Attention on q, k (B, H, N, D), v (B, H, N, Dv); returns (out, FlowStats), out written to
-    ``out`` (in the accumulation dtype, no autograd) when given, else in the input dtype."""
+    """Mobile-Attention on q, k (B, H, N, D), v (B, H, N, Dv); returns (out, FlowStats), out in the
+    accumulation dtype, written to ``out`` (no autograd) when given."""
     qs = torch.sigmoid(q.to(acc))  # (B, H, N, D)
     ks = torch.sigmoid(k.to(acc))  # (B, H, M, D)
     N, M, D = qs.shape[-2], ks.shape[-2], qs.shape[-1]
@@ -129,7 +146,7 @@ def _mobile(q, k, v, eps, acc, out=None):
     kv = ks.transpose(-2, -1) @ (v.to(acc) * competition.unsqueeze(-1))  # (B, H, D, Dv)
     scale = (allocation / incoming).unsqueeze(-1)  # (B, H, N, 1)
     if out is None:
-        out = ((qs @ kv) * scale).to(q.dtype)  # (B, H, N, Dv)
+        out = (qs @ kv) * scale  # (B, H, N, Dv)
     else:
         torch.matmul(qs, kv, out=out).mul_(scale)  # (B, H, N, Dv), in place: no autograd here
     stats = (
@@ -151,13 +168,17 @@ class MobileAttention(ProjectedAttention):
     unchanged and give the same outputs.
 
     Args:
-        d_input, d_model, d_output, n_heads, drop_out: see :class:`attnbook.ProjectedAttention`.
+        d_input, d_model, d_output, n_heads, drop_out: see :class:`attnbook.ProjectedAttention`; the default
+            ``drop_out=0.05`` is the published module's.
         eps: see :func:`mobile_attention`.
 
     Shape:
         queries (B, L, d_input), keys (B, L, d_input), values (B, L, d_input) -> (B, L, d_output); queries and
         keys of different lengths raise ``ValueError``.
     """
+
+    same_length = True
+    same_length_reason = _PAIRS
 
     def __init__(
         self,
@@ -174,14 +195,6 @@ class MobileAttention(ProjectedAttention):
     def extra_repr(self) -> str:
         return f"n_heads={self.n_heads}, eps={self.eps}"
 
-    def _check_inputs(self, queries, keys, values):
-        super()._check_inputs(queries, keys, values)
-        if queries.shape[1] != keys.shape[1]:
-            raise ValueError(
-                f"{type(self).__name__}: the heads compete for each position, so queries and keys "
-                f"need the same length (L == S), got queries {tuple(queries.shape)}, keys "
-                f"{tuple(keys.shape)}"
-            )
-
     def attend(self, q, k, v):
-        return mobile_attention(q, k, v, eps=self.eps)
+        # the accumulation dtype: the output can exceed float16's range where the projected output does not
+        return mobile_attention(q, k, v, eps=self.eps, out_dtype=accumulation_dtype(q.dtype))

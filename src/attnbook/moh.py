@@ -33,7 +33,16 @@ Fixes with respect to the reference code, each explained where it is made:
   heads that no token can ever use;
 * routing comes back from the call (``forward(x, return_routing=True)`` -> ``(out, HeadRouting)``), with no
   hooks and no global state;
-* the router runs in at least float32 (also under autocast); the output has the input's dtype.
+* the router runs in at least float32 (also under autocast); the output has the input's dtype (under autocast
+  the autocast dtype, like timm's layer);
+* the gates multiply the heads in float32 and the output projection sees that product unrounded
+  (:func:`attnbook._runtime.linear_in_range`): in float16 a gate times a head can exceed 65504 where the
+  layer's output does not;
+* masks follow :func:`attnbook.softmax_attention`'s rule on the fused and on the explicit path: keys no query
+  may attend to contribute nothing whatever they hold, a query with nothing to attend to gets zero heads, and
+  a NaN in a visible input stays NaN (the reference's ``nan_to_num`` would turn it into zeros). The router
+  sees every token, so garbage in a padding token's x still reaches that token's own output and the
+  load-balancing loss (a mean over all tokens).
 
 Note that, like the reference, this computes every head densely and then multiplies unselected heads by 0:
 it saves no FLOPs. Real savings would need gathering each head's selected tokens (a ragged batch per head).
@@ -41,7 +50,6 @@ it saves no FLOPs. Real savings would need gathering each head's selected tokens
 
 from __future__ import annotations
 
-import contextlib
 from typing import NamedTuple
 
 import torch
@@ -49,14 +57,20 @@ import torch.nn.functional as F
 from torch import nn
 
 from ._checks import (
-    accumulation_dtype,
     check_bool,
     check_bool_mask,
+    check_choice,
+    check_found,
+    check_head_dim,
     check_int,
+    check_module,
     check_moh_heads,
+    check_norm_layer,
     check_probability,
+    check_tokens,
 )
-from .softmax import softmax_attention
+from ._runtime import accumulation_dtype, autocast_disabled, linear_in_range
+from .softmax import softmax_attention, zero_unseen_keys
 
 __all__ = ["HeadRouting", "MoHAttention", "moh_load_balancing_loss"]
 
@@ -90,15 +104,6 @@ class HeadRouting(NamedTuple):
     loss: torch.Tensor
     shared_weight: torch.Tensor
     routed_weight: torch.Tensor
-
-
-def _no_autocast(x: torch.Tensor):
-    """Disable autocast for the router so its matmuls and softmaxes really run in float32."""
-    try:
-        enabled = torch.is_autocast_enabled(x.device.type)
-    except (RuntimeError, TypeError):  # a device type autocast does not know
-        enabled = False
-    return torch.autocast(x.device.type, enabled=False) if enabled else contextlib.nullcontext()
 
 
 class MoHAttention(nn.Module):
@@ -172,13 +177,7 @@ class MoHAttention(nn.Module):
         name = type(self).__name__
         dim = check_int(dim, "dim", name=name, minimum=1)
         num_heads, shared_head, routed_head = check_moh_heads(num_heads, shared_head, routed_head, name=name)
-        if head_dim is None:
-            if dim < num_heads:
-                raise ValueError(
-                    f"{name}: head_dim = dim // num_heads = {dim} // {num_heads} = 0; pass head_dim or use fewer heads"
-                )
-            head_dim = dim // num_heads
-        head_dim = check_int(head_dim, "head_dim", name=name, minimum=1)
+        head_dim = check_head_dim(head_dim, dim, num_heads, name=name)
         attn_drop = check_probability(attn_drop, "attn_drop", name=name)
         proj_drop = check_probability(proj_drop, "proj_drop", name=name)
         qkv_bias = check_bool(qkv_bias, "qkv_bias", name=name)
@@ -197,7 +196,7 @@ class MoHAttention(nn.Module):
 
         inner = num_heads * head_dim
         self.qkv = nn.Linear(dim, 3 * inner, bias=qkv_bias)
-        self.q_norm = norm_layer(head_dim) if qk_norm else nn.Identity()
+        self.q_norm = check_norm_layer(norm_layer, head_dim, name=name) if qk_norm else nn.Identity()
         self.k_norm = norm_layer(head_dim) if qk_norm else nn.Identity()
         self.attn_drop = nn.Dropout(attn_drop)
         self.proj = nn.Linear(inner, dim)
@@ -218,26 +217,17 @@ class MoHAttention(nn.Module):
             f"shared_head={self.shared_head}, routed_head={self.routed_head}, causal={self.causal}"
         )
 
-    def _check_input(self, x: torch.Tensor) -> None:
-        if not isinstance(x, torch.Tensor) or x.dim() != 3 or x.shape[-1] != self.dim:
-            got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
-            raise ValueError(f"MoHAttention: expected x of shape (B, N, dim={self.dim}), got {got}")
-        if not x.is_floating_point():
-            raise ValueError(f"MoHAttention: x must be floating point, got dtype {x.dtype}")
-        if x.shape[0] == 0 or x.shape[1] == 0:
-            raise ValueError(f"MoHAttention: needs at least one token (B, N >= 1), got {tuple(x.shape)}")
-
     def route(self, x: torch.Tensor) -> HeadRouting:
         """The router alone: per-token head gates for x (B, N, dim), without computing attention.
 
         Runs in ``accumulation_dtype(x.dtype)`` (at least float32), autocast disabled, so that top-k choices
         and softmaxes do not suffer from half precision.
         """
-        self._check_input(x)
+        check_tokens(x, "x", name=type(self).__name__, width=self.dim, like=self.qkv.weight)
         B, N, _ = x.shape
         acc = accumulation_dtype(x.dtype)
         s, k, E = self.shared_head, self.routed_head, self.num_routed
-        with _no_autocast(x):
+        with autocast_disabled(x.device):
             xr = x.to(acc)
             ones = xr.new_ones(B, N)
 
@@ -322,32 +312,53 @@ class MoHAttention(nn.Module):
             is_causal: token t attends only to tokens <= t (also when the layer was built with ``causal``).
             return_routing: also return the :class:`HeadRouting`.
         """
-        routing = self.route(x)
+        name = type(self).__name__
+        is_causal = check_bool(is_causal, "is_causal", name=name)
+        return_routing = check_bool(return_routing, "return_routing", name=name)
+        routing = self.route(x)  # validates x
         B, N, _ = x.shape
         H, D = self.num_heads, self.head_dim
-        causal = bool(is_causal) or self.causal
+        causal = is_causal or self.causal
+        if attn_mask is not None:
+            attn_mask = check_bool_mask(attn_mask, (B, H, N, N), name=name, arg="attn_mask").to(x.device)
         q, k, v = self.qkv(x).view(B, N, 3, H, D).permute(2, 0, 3, 1, 4).unbind(0)  # 3 x (B, H, N, D)
         q, k = self.q_norm(q), self.k_norm(k)
+        dtype = v.dtype  # the projections' dtype: the layer's, or the autocast dtype
         p = self.attn_drop.p if self.training else 0.0
-        if not self.fused_attn or (p > 0 and (attn_mask is not None or causal)):
-            # The explicit matrix (timm's unfused path): also where dropout on the weights meets a mask.
-            allowed = _allowed(attn_mask, causal, B, H, N, x.device)  # (B, H, N, N) or None
-            scores = (q * self.scale) @ k.transpose(-2, -1)  # (B, H, N, N)
-            if allowed is not None:
-                scores = scores.masked_fill(~allowed, float("-inf"))
-            weights = scores.softmax(dim=-1)
-            if allowed is not None:
-                weights = weights.nan_to_num(0.0)  # a row with nothing allowed: zero weights, not NaN
-            heads = self.attn_drop(weights) @ v  # (B, H, N, D)
+        half_on_cpu = dtype == torch.float16 and x.device.type != "cuda"  # CPU SDPA forms float16 scores
+        if not self.fused_attn or (p > 0 and (attn_mask is not None or causal or half_on_cpu)):
+            heads = self._explicit_attention(q, k, v, attn_mask, causal)  # (B, H, N, D)
         elif p > 0:
             heads = F.scaled_dot_product_attention(q, k, v, dropout_p=p)  # (B, H, N, D)
         else:
             heads = softmax_attention(q, k, v, causal=causal, mask=attn_mask)  # (B, H, N, D)
-        gates = routing.gates.to(heads.dtype)  # (B, N, H)
-        heads = heads.transpose(1, 2) * gates.unsqueeze(-1)  # (B, N, H, D)
-        out = self.proj_drop(self.proj(heads.reshape(B, N, H * D)))  # (B, N, dim)
+        gates = routing.gates  # (B, N, H), in the router's (accumulation) dtype
+        with autocast_disabled(x.device):
+            gated = heads.transpose(1, 2).to(gates.dtype) * gates.unsqueeze(-1)  # (B, N, H, D)
+        out = self.proj_drop(linear_in_range(self.proj, gated.reshape(B, N, H * D), dtype))  # (B, N, dim)
         self.load_balancing_loss = routing.loss if self.training and self.routed_head > 0 else None
         return (out, routing) if return_routing else out
+
+    def _explicit_attention(self, q, k, v, attn_mask, causal: bool) -> torch.Tensor:
+        """timm's unfused path, the (B, H, N, N) matrix written out, in the accumulation dtype; also the path
+        for dropout on the weights together with a mask. Same mask rules as :func:`attnbook.softmax_attention`."""
+        N = q.shape[-2]
+        allowed = attn_mask
+        if causal:
+            tril = torch.ones(N, N, dtype=torch.bool, device=q.device).tril()
+            allowed = tril if allowed is None else allowed & tril  # (b, h, N, N)
+        acc = accumulation_dtype(v.dtype)
+        with autocast_disabled(q.device):
+            q, k, v = q.to(acc), k.to(acc), v.to(acc)
+            if allowed is not None:
+                k, v = zero_unseen_keys(k, v, allowed)
+            scores = (q * self.scale) @ k.transpose(-2, -1)  # (B, H, N, N)
+            if allowed is not None:
+                scores = scores.masked_fill(~allowed, float("-inf"))
+            weights = scores.softmax(dim=-1)
+            if allowed is not None:  # a row with nothing allowed: zero weights (a NaN from the inputs stays)
+                weights = torch.where(allowed.any(dim=-1, keepdim=True), weights, 0.0)
+            return self.attn_drop(weights) @ v  # (B, H, N, D)
 
     def __getstate__(self):
         # The last training loss is attached to that forward's autograd graph, which cannot be copied or
@@ -356,17 +367,6 @@ class MoHAttention(nn.Module):
         state = self.__dict__.copy()
         state["load_balancing_loss"] = None
         return state
-
-
-def _allowed(attn_mask, causal: bool, B: int, H: int, N: int, device) -> torch.Tensor | None:
-    """The (B, H, N, N) bool matrix of allowed (query, key) pairs, or None when everything is allowed."""
-    allowed = None
-    if attn_mask is not None:
-        allowed = check_bool_mask(attn_mask, (B, H, N, N), name="MoHAttention")
-    if causal:
-        tril = torch.ones(N, N, dtype=torch.bool, device=device).tril()
-        allowed = tril.expand(B, H, N, N) if allowed is None else allowed & tril
-    return allowed
 
 
 def moh_load_balancing_loss(model: nn.Module, reduction: str = "mean") -> torch.Tensor:
@@ -386,20 +386,28 @@ def moh_load_balancing_loss(model: nn.Module, reduction: str = "mean") -> torch.
         a scalar tensor attached to the autograd graph; zero (on the model's device) when no layer has
         routed heads.
     """
-    if reduction not in ("mean", "sum"):
-        raise ValueError(f"moh_load_balancing_loss: reduction must be 'mean' or 'sum', got {reduction!r}")
+    where = "moh_load_balancing_loss"
+    check_module(model, "model", name=where)
+    check_choice(reduction, "reduction", ("mean", "sum"), name=where)
     layers = [(name, m) for name, m in model.named_modules() if isinstance(m, MoHAttention)]
-    if not layers:
-        raise ValueError(f"moh_load_balancing_loss: {type(model).__name__} contains no MoHAttention layer")
+    check_found(
+        layers,
+        "model",
+        name=where,
+        expected="contain a MoHAttention layer",
+        got=f"a {type(model).__name__} without one",
+    )
     losses = []
     for name, m in layers:
         if m.routed_head == 0:
             continue
-        if m.load_balancing_loss is None:
-            raise ValueError(
-                f"moh_load_balancing_loss: layer {name or '<model>'!r} has no load-balancing loss; run a "
-                f"forward in training mode (model.train()) before asking for it"
-            )
+        check_found(
+            [] if m.load_balancing_loss is None else [m.load_balancing_loss],
+            f"layer {name or '<model>'!r}",
+            name=where,
+            expected="have run a forward in training mode (model.train()) before its loss is gathered",
+            got="no load-balancing loss",
+        )
         losses.append(m.load_balancing_loss)
     if not losses:
         return next(layers[0][1].parameters()).new_zeros((), dtype=torch.float32)

@@ -12,6 +12,8 @@ import math
 
 import torch
 
+from ._checks import check_feature_map, check_qkv
+
 __all__ = [
     "softmax_attention",
     "linear_attention",
@@ -41,6 +43,7 @@ def softmax_attention(
     q (B,H,N,D), k (B,H,M,D), v (B,H,M,Dv) -> (B,H,N,Dv) float64 (and A (B,H,N,M) with
     ``return_weights``). A row with no allowed key has all-zero weights.
     """
+    check_qkv(q, k, v, name="reference.softmax_attention")
     q, k, v = _f64(q, k, v)
     N, M, D = q.shape[-2], k.shape[-2], q.shape[-1]
     scale = 1.0 / math.sqrt(D) if scale is None else scale
@@ -62,13 +65,12 @@ def softmax_attention(
 
 def _linear_phi(feature_map, x: torch.Tensor) -> torch.Tensor:
     """The feature map written out for the oracles: elu(x) + 1, max(x, 0), or the given callable."""
+    check_feature_map(feature_map, ("elu", "relu"), name="reference")
     if feature_map == "elu":
         return torch.where(x > 0, x + 1, torch.exp(x))
     if feature_map == "relu":
         return torch.clamp(x, min=0)
-    if callable(feature_map):
-        return feature_map(x).to(torch.float64)
-    raise ValueError(f"unknown feature_map {feature_map!r}")
+    return feature_map(x).to(torch.float64)
 
 
 def linear_attention(
@@ -89,6 +91,7 @@ def linear_attention(
     True = real token), and j <= i when ``causal``. q (B,H,N,D), k (B,H,M,D), v (B,H,M,Dv) -> (B,H,N,Dv)
     float64 (and A (B,H,N,M) with ``return_weights``).
     """
+    check_qkv(q, k, v, name="reference.linear_attention", same_length=causal)
     q, k, v = _f64(q, k, v)
     N, M = q.shape[-2], k.shape[-2]
     fq, fk = _linear_phi(feature_map, q), _linear_phi(feature_map, k)  # (B, H, N, R), (B, H, M, R)
@@ -119,6 +122,7 @@ def linear_attention_loop(
 
     q, k (B,H,N,D), v (B,H,N,Dv) -> (B,H,N,Dv) float64. Padded keys (``key_padding_mask`` False) are skipped.
     """
+    check_qkv(q, k, v, name="reference.linear_attention_loop", same_length=True)
     q, k, v = _f64(q, k, v)
     B, H, N, _ = q.shape
     fq, fk = _linear_phi(feature_map, q), _linear_phi(feature_map, k)  # (B, H, N, R)
@@ -298,6 +302,7 @@ def flow_attention(
     """
     from .flow import FlowStats  # the result type only
 
+    check_qkv(q, k, v, name="reference.flow_attention", same_length=causal)
     q, k, v = _f64(q, k, v)
     qs, ks = torch.sigmoid(q), torch.sigmoid(k)
     N, M = qs.shape[-2], ks.shape[-2]
@@ -312,8 +317,6 @@ def flow_attention(
         competition = e / e.sum(-1, keepdim=True) * M
         flow = (allocation / incoming)[..., :, None] * (qs @ ks.transpose(-2, -1)) * competition[..., None, :]
     else:
-        if N != M:
-            raise ValueError(f"reference.flow_attention: causal needs N == M, got N={N}, M={M}")
         I, O = [], []
         for i in range(N):
             t = i + 1
@@ -362,11 +365,10 @@ def mobile_attention(
     """
     from .flow import FlowStats  # the result type only
 
+    check_qkv(q, k, v, name="reference.mobile_attention", same_length=True)
     q, k, v = _f64(q, k, v)
     qs, ks = torch.sigmoid(q), torch.sigmoid(k)
     N, M = qs.shape[-2], ks.shape[-2]
-    if N != M:
-        raise ValueError(f"reference.mobile_attention: needs N == M, got N={N}, M={M}")
     incoming = _flow_dot(qs, ks.sum(1, keepdim=True), eps)  # (B, H, N)
     outgoing = _flow_dot(ks, qs.sum(1, keepdim=True), eps)  # (B, H, N)
     conserved_incoming = _flow_dot(qs, (ks / outgoing[..., None]).sum(1, keepdim=True), eps)

@@ -5,6 +5,18 @@
 Vaswani et al., "Attention Is All You Need", NeurIPS 2017. The fast path is torch's
 ``scaled_dot_product_attention`` (flash / memory-efficient kernels where they apply); the literal
 definition, with the N x M matrix written out, is :func:`attnbook.reference.softmax_attention`.
+
+Masked positions and non-finite numbers (the rule every masked entry point of the package follows):
+
+* A key that *no* query of its (batch, head) may attend to -- a padding position -- contributes nothing,
+  whatever its key and value hold (NaN and inf included): it is replaced by zeros before any arithmetic, and
+  gets zero gradients (:func:`zero_unseen_keys`). Zeroing is exact only for such keys: a key masked for some
+  queries but visible to others must keep its value for those others.
+* A query with no key it may attend to returns zeros (and zero gradients), whatever it holds.
+* A NaN or inf in a *visible* input (a query with something to attend to, a key or value some query may
+  attend to) is never hidden: the outputs of the queries that attend to it are NaN (or inf), and the fused
+  kernels, which multiply zero weights by the values of masked keys, may carry it to other queries of the
+  same (batch, head) as well. It is never replaced by zeros.
 """
 
 from __future__ import annotations
@@ -12,10 +24,23 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ._checks import check_bool_mask, check_qkv
+from ._checks import check_bool, check_bool_mask, check_qkv, check_scale
 from ._module import ProjectedAttention
+from ._runtime import autocast_disabled, result_dtype
 
-__all__ = ["softmax_attention", "SoftmaxAttention"]
+__all__ = ["softmax_attention", "SoftmaxAttention", "zero_unseen_keys"]
+
+
+def zero_unseen_keys(k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """k and v with every key that no query may attend to replaced by zeros.
+
+    ``allowed`` (..., N, M) bool, broadcastable against the scores (B, H, N, M); k (B, H, M, D), v (B, H, M, Dv).
+    A masked key's score is excluded from the softmax, but the weighted sum still multiplies its weight 0 by its
+    value (0 * NaN = NaN), and additive masks add -inf to its score (NaN + -inf = NaN): zeroing the keys that
+    nobody sees is what makes garbage in padding harmless. Cost O(B H (N M + M (D + Dv))).
+    """
+    seen = allowed.any(dim=-2).unsqueeze(-1)  # (..., M, 1): some query may attend to key j
+    return torch.where(seen, k, 0.0), torch.where(seen, v, 0.0)
 
 
 def softmax_attention(
@@ -39,26 +64,46 @@ def softmax_attention(
         k: keys (B, H, M, D).
         v: values (B, H, M, Dv).
         causal: query i attends only to keys j <= i (top-left aligned when N != M, as in SDPA).
-        mask: bool, broadcastable to (B, H, N, M); True = may attend. Combined with ``causal``.
-        scale: multiplies the scores; defaults to 1 / sqrt(D).
+        mask: bool, broadcastable to (B, H, N, M); True = may attend. Combined with ``causal``. Keys that no
+            query may attend to contribute nothing, whatever they hold (module docstring).
+        scale: multiplies the scores; defaults to 1 / sqrt(D). A positive number float32 holds as a normal
+            number (about 1.2e-38 to 3.4e38).
 
     Returns:
-        (B, H, N, Dv) in the dtype of the inputs. A query with no key it may attend to gets zeros
-        (and zero gradients), never NaN.
+        (B, H, N, Dv) in the dtype of the inputs (under autocast: the autocast dtype, as SDPA). A query with no
+        key it may attend to gets zeros (and zero gradients), never NaN. float16 on the CPU is computed in
+        float32, whose CPU kernels do not form the scores in float16 (where q . k overflows at |q|, |k| ~ 1e3).
+        Twice differentiable only on SDPA's math backend (``torch.nn.attention.sdpa_kernel``); the fused
+        kernels raise on a second derivative.
     """
-    B, H, N, M, D, _ = check_qkv(q, k, v, name="softmax_attention")
-    if scale is not None and not (isinstance(scale, (int, float)) and scale > 0):
-        raise ValueError(f"softmax_attention: scale must be a positive number, got {scale!r}")
+    name = "softmax_attention"
+    B, H, N, M, _, _ = check_qkv(q, k, v, name=name)
+    causal = check_bool(causal, "causal", name=name)
+    scale = check_scale(scale, name=name)
+    if mask is not None:
+        mask = check_bool_mask(mask, (B, H, N, M), name=name).to(q.device)
+        mask = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))  # (b, h, n, M), each 1 or full size
+    dtype = result_dtype(q)
+    if dtype == torch.float16 and q.device.type != "cuda":
+        with autocast_disabled(q.device):
+            return _attend(q.float(), k.float(), v.float(), causal, mask, scale).to(dtype)
+    return _attend(q, k, v, causal, mask, scale)
+
+
+def _attend(q, k, v, causal: bool, mask: torch.Tensor | None, scale: float | None) -> torch.Tensor:
+    """SDPA with the package's rules for masks: keys nobody sees are zeroed, empty rows are zero."""
     if mask is None:
         # The fused kernels handle the causal mask themselves; every row has key 0, so none is empty.
         return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
-    allowed = check_bool_mask(mask, (B, H, N, M), name="softmax_attention")
+    allowed = mask  # (b, h, n, M)
     if causal:
-        allowed = allowed & torch.ones(N, M, dtype=torch.bool, device=q.device).tril()
+        N, M = q.shape[-2], k.shape[-2]
+        allowed = allowed & torch.ones(N, M, dtype=torch.bool, device=q.device).tril()  # (b, h, N, M)
+    has_key = allowed.any(dim=-1, keepdim=True)  # (b, h, n, 1)
+    k, v = zero_unseen_keys(k, v, allowed)
     # A fully masked row would be softmax over nothing (NaN): let it attend to everything, then zero it.
-    has_key = allowed.any(dim=-1, keepdim=True)  # (B, H, N, 1)
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed | ~has_key, scale=scale)
-    return out * has_key.to(out.dtype)
+    return torch.where(has_key, out, 0.0)  # (B, H, N, Dv)
 
 
 class SoftmaxAttention(ProjectedAttention):
@@ -78,7 +123,7 @@ class SoftmaxAttention(ProjectedAttention):
         self, d_input: int, d_model: int, d_output: int, n_heads: int, drop_out: float = 0.0, causal: bool = False
     ):
         super().__init__(d_input, d_model, d_output, n_heads, drop_out)
-        self.causal = causal
+        self.causal = check_bool(causal, "causal", name=type(self).__name__)
 
     def forward(
         self,

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import torch
 
+from ._checks import check_choice
+
 __all__ = ["TOLERANCES", "tol", "assert_matches_reference"]
 
 TOLERANCES: dict[torch.dtype, dict[str, float]] = {
@@ -22,10 +24,7 @@ TOLERANCES: dict[torch.dtype, dict[str, float]] = {
 
 def tol(dtype: torch.dtype) -> dict[str, float]:
     """``{"rtol": ..., "atol": ...}`` for ``dtype``; a ValueError naming the known dtypes otherwise."""
-    try:
-        return dict(TOLERANCES[dtype])
-    except KeyError:
-        raise ValueError(f"tol: no tolerance for {dtype}; known: {list(TOLERANCES)}") from None
+    return dict(TOLERANCES[check_choice(dtype, "dtype", tuple(TOLERANCES), name="tol")])
 
 
 def assert_matches_reference(fast_fn, ref_fn, inputs: list[torch.Tensor], *, dtype: torch.dtype) -> None:

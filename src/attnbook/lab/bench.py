@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .._checks import check_bool, check_choice, check_device, check_dtype, check_found, check_int, check_number
 from ..mechanisms import MECHANISMS, Mechanism
 from .profiling import compare, peak_memory
 
@@ -232,17 +233,20 @@ def run_benchmark(
         ``forward_backward_samples_s``, ``forward_peak_bytes``, ``forward_backward_peak_bytes`` (None when not
         measured) and ``skipped`` (None, or why it was not run). Times are medians in seconds.
     """
+    name = "run_benchmark"
     names = list(CASES) if mechanisms is None else list(mechanisms)
-    unknown = [n for n in names if n not in CASES]
-    if unknown:
-        raise ValueError(f"run_benchmark: unknown mechanisms {unknown}; choose from {list(CASES)}")
-    lengths = [int(n) for n in lengths]
-    if not lengths or min(lengths) < 1:
-        raise ValueError(f"run_benchmark: lengths must be positive ints, got {lengths}")
-    for label, value in (("batch", batch), ("heads", heads), ("head_dim", head_dim)):
-        if value < 1:
-            raise ValueError(f"run_benchmark: {label} must be >= 1, got {value}")
-    device = torch.device(device)
+    for i, n in enumerate(names):
+        check_choice(n, f"mechanisms[{i}]", tuple(CASES), name=name)
+    lengths = [check_int(n, f"lengths[{i}]", name=name, minimum=1) for i, n in enumerate(lengths)]
+    check_found(lengths, "lengths", name=name, expected="hold at least one sequence length", got="none")
+    batch = check_int(batch, "batch", name=name, minimum=1)
+    heads = check_int(heads, "heads", name=name, minimum=1)
+    head_dim = check_int(head_dim, "head_dim", name=name, minimum=1)
+    device = check_device(device, name=name) or torch.device("cpu")
+    dtype = check_dtype(dtype, "dtype", name=name)
+    for label, flag in (("backward", backward), ("memory", memory), ("compile", compile), ("progress", progress)):
+        check_bool(flag, label, name=name)
+    max_matrix_bytes = check_number(max_matrix_bytes, "max_matrix_bytes", name=name, minimum=0.0)
     itemsize = torch.empty((), dtype=dtype).element_size()
     per_n = 1 + int(backward) + int(memory) * (1 + int(backward))
     bar = _Progress(len(lengths) * per_n, progress)
@@ -333,8 +337,7 @@ def series(result: dict, metric: str = "forward_s") -> tuple[list[int], dict[str
     lengths = list(result["config"]["lengths"])
     out: dict[str, list[float]] = {}
     for r in result["records"]:
-        if metric not in r:
-            raise ValueError(f"series: no metric {metric!r} in the records; have {sorted(r)}")
+        check_choice(metric, "metric", tuple(sorted(r)), name="series")
         out.setdefault(r["mechanism"], [math.nan] * len(lengths))
         value = r[metric]
         out[r["mechanism"]][lengths.index(r["N"])] = math.nan if value is None else float(value)
@@ -344,13 +347,12 @@ def series(result: dict, metric: str = "forward_s") -> tuple[list[int], dict[str
 def loglog_slope(ns: Sequence[float], ys: Sequence[float]) -> float:
     """Least-squares slope p of log y against log N (y ~ N^p), ignoring NaN points; needs two points."""
     pts = [(math.log(n), math.log(y)) for n, y in zip(ns, ys, strict=True) if y == y and y > 0]
-    if len(pts) < 2:
-        raise ValueError(f"loglog_slope: need at least two positive points, got N={list(ns)}, y={list(ys)}")
+    got = f"N={list(ns)}, y={list(ys)}"
+    check_found(pts, "ns, ys", name="loglog_slope", expected="hold at least two positive points", got=got, minimum=2)
+    check_found(set(x for x, _ in pts), "ns", name="loglog_slope", expected="hold two different N", got=got, minimum=2)
     mx = sum(x for x, _ in pts) / len(pts)
     my = sum(y for _, y in pts) / len(pts)
     sxx = sum((x - mx) ** 2 for x, _ in pts)
-    if sxx == 0:
-        raise ValueError(f"loglog_slope: all N are equal: {list(ns)}")
     return sum((x - mx) * (y - my) for x, y in pts) / sxx
 
 

@@ -12,12 +12,14 @@ from __future__ import annotations
 import statistics
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
+
+from .._checks import check_callable, check_callables, check_device, check_instance, check_int
 
 __all__ = ["Timing", "compare", "peak_memory"]
 
@@ -46,11 +48,10 @@ def compare(
 
     ``device`` (e.g. ``"cuda"``) synchronises around each call so GPU work is counted.
     """
-    if not fns:
-        raise ValueError("compare: nothing to time")
-    if repeats < 1 or warmup < 0:
-        raise ValueError(f"compare: repeats must be >= 1 and warmup >= 0, got {repeats}, {warmup}")
-    device = torch.device(device) if isinstance(device, str) else device
+    check_callables(fns, "fns", name="compare")
+    repeats = check_int(repeats, "repeats", name="compare", minimum=1)
+    warmup = check_int(warmup, "warmup", name="compare", minimum=0)
+    device = check_device(device, name="compare")
     for fn in fns.values():
         for _ in range(warmup):
             fn()
@@ -69,13 +70,16 @@ def compare(
 
 
 class _AllocationTracker(TorchDispatchMode):
-    """Counts bytes of tensors produced by torch operators while alive; remembers the peak."""
+    """Counts bytes of tensors produced by torch operators while alive; remembers the peak.
 
-    def __init__(self):
+    Storages in ``existing`` (data pointers) are not new memory: outputs that are views of them count nothing.
+    """
+
+    def __init__(self, existing: set[int] = frozenset()):
         super().__init__()
         self.live = 0
         self.peak = 0
-        self._seen: set[int] = set()
+        self._seen: set[int] = set(existing)
 
     def _release(self, key: int, nbytes: int) -> None:
         self._seen.discard(key)
@@ -103,13 +107,21 @@ class _AllocationTracker(TorchDispatchMode):
         return out
 
 
-def peak_memory(fn: Callable[[], object], device: torch.device | str = "cpu") -> int:
+def peak_memory(
+    fn: Callable[[], object], device: torch.device | str = "cpu", *, existing: Sequence[torch.Tensor] = ()
+) -> int:
     """Peak bytes allocated while ``fn()`` runs, above what was allocated before it started.
 
     On CUDA this is the caching allocator's peak. On the CPU it counts tensors returned by torch operators
     (a tensor is released when its Python object is; storage private to a fused kernel is invisible).
+    ``existing`` (CPU) lists tensors that are already there, such as the inputs: an operator's output that
+    shares one of their storages (a view, a reshape, an in-place write) is not new memory, even when the
+    operator's own arguments did not include that tensor.
     """
-    device = torch.device(device)
+    check_callable(fn, "fn", name="peak_memory", what="a zero-argument callable")
+    device = check_device(device, name="peak_memory") or torch.device("cpu")
+    for i, x in enumerate(existing):
+        check_instance(x, f"existing[{i}]", torch.Tensor, name="peak_memory", what="a torch.Tensor")
     if device.type == "cuda":
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)
@@ -117,7 +129,7 @@ def peak_memory(fn: Callable[[], object], device: torch.device | str = "cpu") ->
         fn()
         torch.cuda.synchronize(device)
         return torch.cuda.max_memory_allocated(device) - before
-    tracker = _AllocationTracker()
+    tracker = _AllocationTracker({x.untyped_storage().data_ptr() for x in existing})
     with tracker:
         fn()
     return tracker.peak
