@@ -11,9 +11,10 @@ Targets, CPU float32, B=4, H=8, N=4096, D=Dv=64, forward pass:
 Implementations alternate in one run (attnbook.lab.profiling.compare); medians and ratios are reported and written
 to benchmarks/results/flow.json.
 
-The functions named ``published_*`` below are DIRECT PORTS of the published core code (Flowformer's
+The functions named ``published_*`` are DIRECT PORTS of the published core code (Flowformer's
 ``Flow_Attention`` / ``Flow_Attention_Causal``, Wu et al. 2022; thuml's ``Mobile_Attention``, Yao et al.
-2024), kept here, in the benchmark only, as the baseline to beat. The package never uses them.
+2024), the baseline to beat. They live once, in ``tests/published.py``, which the tests check the package
+against; the package never uses them.
 
 Thread wake-ups: on a 2-core machine shared with other busy processes, OpenMP's default spin-waiting lets
 the idle worker thread compete with the main thread for a core after every parallel region, and mechanisms
@@ -43,77 +44,15 @@ import torch
 import attnbook
 from attnbook.lab.profiling import compare
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from published import (  # noqa: E402  (the one copy of the ports, beside the tests)
+    published_causal_flow_attention,
+    published_flow_attention,
+    published_mobile_attention,
+)
+
 # ----------------------------------------------------------------------------------------------------------
-# Baselines (benchmark only). Layout (B, H, N, D) as in attnbook; the published code uses the same einsum
-# letters with n = batch, l = position.
-
-
-def published_flow_attention(queries, keys, values, eps=1e-6):
-    """DIRECT PORT of the published Flowformer ``Flow_Attention`` core (after the projections)."""
-    queries, keys = torch.sigmoid(queries), torch.sigmoid(keys)
-    sink_incoming = 1.0 / torch.einsum("nhld,nhd->nhl", queries + eps, keys.sum(dim=2) + eps)
-    source_outgoing = 1.0 / torch.einsum("nhld,nhd->nhl", keys + eps, queries.sum(dim=2) + eps)
-    conserved_sink = torch.einsum(
-        "nhld,nhd->nhl", queries + eps, (keys * source_outgoing[:, :, :, None]).sum(dim=2) + eps
-    )
-    conserved_source = torch.einsum(
-        "nhld,nhd->nhl", keys + eps, (queries * sink_incoming[:, :, :, None]).sum(dim=2) + eps
-    )
-    conserved_source = torch.clamp(conserved_source, min=-1.0, max=1.0)
-    sink_allocation = torch.sigmoid(conserved_sink * (float(queries.shape[2]) / float(keys.shape[2])))
-    source_competition = torch.softmax(conserved_source, dim=-1) * float(keys.shape[2])
-    kv = torch.einsum("nhld,nhlm->nhdm", keys, values * source_competition[:, :, :, None])
-    qkv = torch.einsum("nhld,nhdm->nhlm", queries * sink_incoming[:, :, :, None], kv)
-    return qkv * sink_allocation[:, :, :, None]
-
-
-def published_mobile_attention(queries, keys, values, eps=1e-6):
-    """DIRECT PORT of the published ``Mobile_Attention`` core (after the projections)."""
-    H = queries.shape[1]
-    queries, keys = torch.sigmoid(queries), torch.sigmoid(keys)
-    sink_incoming = 1.0 / torch.sum((queries + eps) * (keys.sum(dim=1, keepdim=True).repeat(1, H, 1, 1) + eps), dim=-1)
-    source_outgoing = 1.0 / torch.sum(
-        (keys + eps) * (queries.sum(dim=1, keepdim=True).repeat(1, H, 1, 1) + eps), dim=-1
-    )
-    conserved_sink = torch.sum(
-        (queries + eps) * ((keys * source_outgoing[:, :, :, None]).sum(dim=1, keepdim=True).repeat(1, H, 1, 1) + eps),
-        dim=-1,
-    )
-    conserved_source = torch.sum(
-        (keys + eps) * ((queries * sink_incoming[:, :, :, None]).sum(dim=1, keepdim=True).repeat(1, H, 1, 1) + eps),
-        dim=-1,
-    )
-    conserved_source = torch.clamp(conserved_source, min=-1.0, max=1.0)
-    sink_allocation = torch.sigmoid(conserved_sink * (float(queries.shape[2]) / float(keys.shape[2])))
-    source_competition = torch.softmax(conserved_source, dim=-1) * float(keys.shape[2])
-    kv = torch.einsum("nhld,nhlm->nhdm", keys, values * source_competition[:, :, :, None])
-    qkv = torch.einsum("nhld,nhdm->nhlm", queries * sink_incoming[:, :, :, None], kv)
-    return qkv * sink_allocation[:, :, :, None]
-
-
-def published_causal_flow_attention(queries, keys, values, eps=1e-6):
-    """DIRECT PORT of the published ``Flow_Attention_Causal`` core: builds a (B, H, N, D, Dv) tensor."""
-    queries, keys = torch.sigmoid(queries), torch.sigmoid(keys)
-    sink_incoming = 1.0 / torch.einsum("nhld,nhld->nhl", queries + eps, keys.cumsum(dim=2) + eps)
-    source_outgoing = 1.0 / torch.einsum("nhld,nhld->nhl", keys + eps, queries.cumsum(dim=2) + eps)
-    normal = (torch.arange(queries.shape[2]).float() + 1.0).to(queries.device)[None, None, :]
-    sink_incoming = sink_incoming * normal
-    source_outgoing = source_outgoing * normal
-    conserved_sink = (
-        torch.einsum("nhld,nhld->nhl", queries + eps, (keys * source_outgoing[:, :, :, None]).cumsum(dim=2) + eps)
-        / normal
-    )
-    conserved_source = (
-        torch.einsum("nhld,nhld->nhl", keys + eps, (queries * sink_incoming[:, :, :, None]).cumsum(dim=2) + eps)
-        / normal
-    )
-    conserved_source = torch.clamp(conserved_source, min=-1.0, max=1.0)
-    sink_allocation = torch.sigmoid(conserved_sink)
-    conserved_source = torch.exp(conserved_source)
-    source_competition = (conserved_source / conserved_source.cumsum(dim=-1)) * normal
-    kv = torch.einsum("nhld,nhlm->nhldm", keys, values * source_competition[:, :, :, None]).cumsum(dim=2)
-    qkv = torch.einsum("nhld,nhldm->nhlm", queries * (sink_incoming / normal)[:, :, :, None], kv)
-    return qkv * sink_allocation[:, :, :, None]
+# The dense baseline (benchmark only). Layout (B, H, N, D) as in attnbook.
 
 
 def dense_masked_causal_flow(q, k, v, eps=1e-6):
