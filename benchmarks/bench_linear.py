@@ -37,7 +37,6 @@ def make_inputs(B, H, N, D, Dv, seed=0, requires_grad=False):
     return tuple(x.requires_grad_(requires_grad) for x in (q, k, v))
 
 
-
 def masked_quadratic(q, k, v, eps=1e-6):
     """Causal linear attention through the masked N x N matrix, one (b, h) slice at a time (same flops as all
     at once; one slice of 8192 x 8192 is 256 MiB, all 32 would be 8 GiB)."""

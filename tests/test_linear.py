@@ -87,7 +87,7 @@ def test_key_padding_mask_matches_reference_outputs_and_gradients(causal):
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_without_autograd_groups_of_rows_give_the_same_numbers(monkeypatch, causal, fmap, row_positions):
     """Under no_grad the work runs a few (B H) rows at a time, into one output: same result as with autograd."""
-    monkeypatch.setattr(_runtime, "ROW_POSITIONS", row_positions)
+    monkeypatch.setattr(_runtime, "PRODUCT_ROW_POSITIONS", row_positions)
     phi = feature_map(fmap, 4)
     B, H, N, D, Dv = 2, 3, 9, 4, 5
     pad = torch.rand(B, N) > 0.3
@@ -380,7 +380,9 @@ def test_bad_step_arguments_raise_value_error():
         attnbook.linear_attention_step(q[:, :, None], k, v)
     with pytest.raises(ValueError, match=r"q_t \(2, 3, 4\), k_t \(2, 3, 6\)"):
         attnbook.linear_attention_step(q, torch.randn(2, 3, 6), v)
-    with pytest.raises(ValueError, match=r"state.S must have shape \(2, 3, 4, 6\) for these inputs, got .*\(2, 3, 4, 5\)"):
+    with pytest.raises(
+        ValueError, match=r"state.S must have shape \(2, 3, 4, 6\) for these inputs, got .*\(2, 3, 4, 5\)"
+    ):
         attnbook.linear_attention_step(q, k, torch.randn(2, 3, 6), state)
     with pytest.raises(TypeError, match="state must be a LinearState .*, got a float32 tensor"):
         attnbook.linear_attention_step(q, k, v, state.S)

@@ -159,7 +159,9 @@ class TestModule:
 
     def test_different_query_and_key_lengths_raise(self):
         m = attnbook.MobileAttention(4, 4, 4, 2)
-        with pytest.raises(ValueError, match=r"as long as queries \(L == S\) \(the heads compete.*\(1, 3, 4\).*\(1, 5, 4\)"):
+        with pytest.raises(
+            ValueError, match=r"as long as queries \(L == S\) \(the heads compete.*\(1, 3, 4\).*\(1, 5, 4\)"
+        ):
             m(torch.randn(1, 3, 4), torch.randn(1, 5, 4), torch.randn(1, 5, 4))
         with pytest.raises(ValueError, match=r"L == S"):  # length-1 queries would broadcast in the published code
             m(torch.randn(1, 1, 4), torch.randn(1, 5, 4), torch.randn(1, 5, 4))
@@ -170,3 +172,39 @@ class TestModule:
         assert (m(x, x, x) == 0).float().mean() > 0.3
         m.eval()
         assert (m(x, x, x) != 0).all()
+
+
+def test_float16_module_output_is_finite_where_float64_says_it_is_representable():
+    """With small D and long sequences the attention output grows like N |v| and passes float16's 65504,
+    while the out-projection brings it back into range: the float32 attention output must reach the
+    projection unrounded (before, the module returned inf)."""
+    torch.manual_seed(0)
+    layer = attnbook.MobileAttention(8, 8, 8, 1, drop_out=0.0).double().eval()
+    with torch.no_grad():
+        layer.out_projection.weight.mul_(1e-3)
+    x = torch.randn(2, 2048, 8, dtype=torch.float64) * 10
+    expected = layer(x)
+    assert expected.abs().max() < 65504  # representable in float16
+    heads = attnbook.mobile_attention(
+        *(
+            p(x).view(2, 2048, 1, 8).transpose(1, 2)
+            for p in (layer.query_projection, layer.key_projection, layer.value_projection)
+        )
+    )
+    assert heads.abs().max() > 65504  # ... although the attention output itself is not
+    out = layer.half()(x.half())
+    assert out.dtype == torch.float16 and torch.isfinite(out).all()
+    torch.testing.assert_close(
+        out.double() / expected.abs().max(), expected / expected.abs().max(), **tol(torch.float16)
+    )
+
+
+def test_float16_function_keeps_a_large_output_when_asked_for_float32():
+    q, k, v = qkv(1, 1, 2048, 2048, 4, 4, scale=10.0)
+    v = v * 10
+    expected = reference.mobile_attention(q, k, v)
+    assert expected.abs().max() > 65504
+    out = attnbook.mobile_attention(q.half(), k.half(), v.half(), out_dtype=torch.float32)
+    assert out.dtype == torch.float32 and torch.isfinite(out).all()
+    ref16 = reference.mobile_attention(q.half(), k.half(), v.half())  # the same rounded inputs
+    torch.testing.assert_close(out.double() / ref16.abs().max(), ref16 / ref16.abs().max(), **tol(torch.float32))

@@ -592,3 +592,31 @@ def test_deepcopy_and_pickle_work_after_a_training_forward():
     x = torch.randn(1, 3, 32)
     torch.testing.assert_close(clone.eval()(x), layer.eval()(x))
     torch.save(layer, io.BytesIO())
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "explicit"])
+def test_float16_layer_at_large_magnitudes_is_finite_where_float64_is_representable(fused):
+    """x ~ 1e4: a gate times a head exceeds 65504 although the projected output does not; before, inf."""
+    torch.manual_seed(0)
+    layer = MoHAttention(64, 4, shared_head=1, routed_head=2).double().eval()
+    layer.fused_attn = fused
+    x = torch.randn(2, 16, 64, dtype=torch.float64) * 1e4
+    expected = layer(x)
+    assert expected.abs().max() < 65504
+    out = layer.half()(x.half())
+    assert out.dtype == torch.float16 and torch.isfinite(out).all()
+    scale = expected.abs().max()
+    torch.testing.assert_close(out.double() / scale, expected / scale, **tol(torch.float16))
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "explicit"])
+def test_a_nan_token_is_never_turned_into_zeros(fused):
+    """The explicit path's softmax of a NaN row is NaN; the reference's nan_to_num would hide it as zeros."""
+    layer = MoHAttention(8, 4, shared_head=1, routed_head=2).eval()
+    layer.fused_attn = fused
+    x = torch.randn(2, 5, 8)
+    x[1, 3, 0] = float("nan")
+    mask = torch.ones(5, 5, dtype=torch.bool).tril()  # a mask takes the masked path on both
+    out = layer(x, attn_mask=mask)
+    assert out[1, 3:].isnan().all(), "token 3 and the tokens that attend to it are NaN"
+    assert torch.isfinite(out[0]).all()

@@ -136,7 +136,6 @@ def test_permuting_keys_and_values_together_changes_nothing():
     )
 
 
-
 def test_bad_masks_raise_value_error():
     q, k, v = qkv(2, 3, 4, 5, 2, 2)
     with pytest.raises(ValueError, match=r"mask must broadcast to \(B, H, N, M\) = \(2, 3, 4, 5\), got .*\(4, 4\)"):
@@ -199,7 +198,10 @@ class TestModule:
 
     @pytest.mark.parametrize(
         "args, message",
-        [((4, 6, 4, 4), "d_model must be a multiple of n_heads, got d_model=6, n_heads=4"), ((4, 4, 4, 0), "n_heads must be an int >= 1")],
+        [
+            ((4, 6, 4, 4), "d_model must be a multiple of n_heads, got d_model=6, n_heads=4"),
+            ((4, 4, 4, 0), "n_heads must be an int >= 1"),
+        ],
     )
     def test_bad_construction(self, args, message):
         with pytest.raises(ValueError, match=message):
@@ -211,3 +213,38 @@ class TestModule:
             m(torch.randn(1, 3, 5), torch.randn(1, 3, 5), torch.randn(1, 3, 5))
         with pytest.raises(ValueError, match="values must have the length S = 3 of keys"):
             m(torch.randn(1, 3, 4), torch.randn(1, 3, 4), torch.randn(1, 2, 4))
+
+
+def test_masked_rule_for_keys_some_queries_see():
+    """A key masked for some queries but visible to others cannot be zeroed: its NaN value reaches the queries
+    that see it (never hidden), and rows that see nothing are zeros whatever they hold."""
+    q, k, v = qkv(1, 1, 4, 5, 3, 2)
+    mask = torch.ones(4, 5, dtype=torch.bool)
+    mask[:2, 4] = False  # key 4: hidden from queries 0 and 1, visible to 2 and 3
+    mask[3] = False  # query 3 sees nothing
+    v[..., 4, 0] = float("nan")
+    q[..., 3, :] = float("nan")
+    out = attnbook.softmax_attention(q, k, v, mask=mask)
+    assert out[0, 0, 2, 0].isnan()  # query 2 sees the NaN value
+    assert torch.equal(out[0, 0, 3], torch.zeros(2))  # query 3 sees nothing: zeros, its NaN is irrelevant
+    assert torch.isfinite(out[0, 0, :3, 1]).all()  # the NaN is in value channel 0 only
+
+
+@pytest.mark.parametrize(
+    "scale, error",
+    [
+        (float("inf"), ValueError),
+        (float("nan"), ValueError),
+        (1e-300, ValueError),
+        (1e39, ValueError),
+        (0.0, ValueError),
+        ("0.5", TypeError),
+        (True, TypeError),
+        (torch.tensor(0.5), TypeError),
+    ],
+    ids=["inf", "nan", "underflows_float32", "overflows_float32", "zero", "string", "bool", "tensor"],
+)
+def test_scales_that_would_give_nan_are_refused(scale, error):
+    q, k, v = qkv(1, 1, 3, 3, 2, 2)
+    with pytest.raises(error, match="softmax_attention: scale must be"):
+        attnbook.softmax_attention(q, k, v, scale=scale, causal=True)

@@ -32,6 +32,7 @@ __all__ = [
     "autocast_disabled",
     "needs_autograd",
     "ROW_POSITIONS",
+    "PRODUCT_ROW_POSITIONS",
     "rows_per_group",
     "linear_in_range",
 ]
@@ -80,19 +81,30 @@ def needs_autograd(*xs) -> bool:
     return False
 
 
-# Positions per group of independent rows on the no-autograd CPU path, for every mechanism: small enough for a
-# group's features and temporaries to stay in a shared L3 cache, large enough that a busy machine does not pay
-# a thread wake-up for each of the many small operations (measured at N = 4096 with flow attention: 4096 and
-# 16384 run alike on one thread, but with two threads on a loaded 2-core machine 4096 was 3x slower).
+# Positions per group of independent rows on the no-autograd CPU path. One rule (:func:`rows_per_group`), two
+# budgets for the two kinds of work:
+#
+# * ROW_POSITIONS for work made of many O(N D) passes (the flows of Flow- and Mobile-Attention): small enough
+#   for a group's features and temporaries to stay in a shared L3 cache, large enough that a busy machine does
+#   not pay a thread wake-up for each of the many small operations (measured at N = 4096 with flow attention:
+#   4096 and 16384 run alike on one thread, but with two threads on a loaded 2-core machine 4096 was 3x
+#   slower);
+# * PRODUCT_ROW_POSITIONS for work made of a few large products (linear attention, causal or not): there the
+#   groups only bound the memory of the features for large batches, and every group costs ~10 operations
+#   that each pay a thread synchronisation on a busy CPU (B=4, H=8, N=4096, D=64, 2 contended threads:
+#   groups of 16384 positions were 2.4x slower than one group of all rows non-causal, 1.4x causal).
 ROW_POSITIONS = 16384
+PRODUCT_ROW_POSITIONS = 1 << 20
 
 
-def rows_per_group(x: torch.Tensor, positions_per_row: int, rows: int) -> int:
+def rows_per_group(x: torch.Tensor, positions_per_row: int, rows: int, *, products: bool = False) -> int:
     """How many independent rows to process at once without autograd: on the CPU about :data:`ROW_POSITIONS`
-    positions (so that a group's temporaries stay in cache), on other devices all of them (one launch)."""
+    positions (:data:`PRODUCT_ROW_POSITIONS` for work made of large ``products``), on other devices all of them
+    (one launch)."""
     if x.device.type != "cpu":
         return rows
-    return max(1, min(rows, ROW_POSITIONS // max(1, positions_per_row)))
+    budget = PRODUCT_ROW_POSITIONS if products else ROW_POSITIONS
+    return max(1, min(rows, budget // max(1, positions_per_row)))
 
 
 def linear_in_range(layer: nn.Linear, x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -119,7 +119,7 @@ def linear_attention(
         q, k, v = q.reshape(rows, N, D), k.reshape(rows, M, D), v.reshape(rows, M, Dv)
         if keep is not None:
             keep = keep.expand(B, H, M, 1).reshape(rows, M, 1)
-        step = rows_per_group(q, max(N, M), rows)
+        step = rows_per_group(q, max(N, M), rows, products=True)
         for r0 in range(0, rows, step):
             r = slice(r0, r0 + step)
             mask = None if keep is None else keep[r]

@@ -325,8 +325,7 @@ class MoHAttention(nn.Module):
         q, k = self.q_norm(q), self.k_norm(k)
         dtype = v.dtype  # the projections' dtype: the layer's, or the autocast dtype
         p = self.attn_drop.p if self.training else 0.0
-        half_on_cpu = dtype == torch.float16 and x.device.type != "cuda"  # CPU SDPA forms float16 scores
-        if not self.fused_attn or (p > 0 and (attn_mask is not None or causal or half_on_cpu)):
+        if not self.fused_attn or (p > 0 and (attn_mask is not None or causal)):
             heads = self._explicit_attention(q, k, v, attn_mask, causal)  # (B, H, N, D)
         elif p > 0:
             heads = F.scaled_dot_product_attention(q, k, v, dropout_p=p)  # (B, H, N, D)

@@ -26,7 +26,6 @@ import torch.nn.functional as F
 
 from ._checks import check_bool, check_bool_mask, check_qkv, check_scale
 from ._module import ProjectedAttention
-from ._runtime import autocast_disabled, result_dtype
 
 __all__ = ["softmax_attention", "SoftmaxAttention", "zero_unseen_keys"]
 
@@ -71,10 +70,9 @@ def softmax_attention(
 
     Returns:
         (B, H, N, Dv) in the dtype of the inputs (under autocast: the autocast dtype, as SDPA). A query with no
-        key it may attend to gets zeros (and zero gradients), never NaN. float16 on the CPU is computed in
-        float32, whose CPU kernels do not form the scores in float16 (where q . k overflows at |q|, |k| ~ 1e3).
-        Twice differentiable only on SDPA's math backend (``torch.nn.attention.sdpa_kernel``); the fused
-        kernels raise on a second derivative.
+        key it may attend to gets zeros (and zero gradients), never NaN. SDPA's kernels form the scores and
+        the softmax in float32 for half-precision inputs. Twice differentiable only on SDPA's math backend
+        (``torch.nn.attention.sdpa_kernel(SDPBackend.MATH)``); the fused kernels raise on a second derivative.
     """
     name = "softmax_attention"
     B, H, N, M, _, _ = check_qkv(q, k, v, name=name)
@@ -83,18 +81,17 @@ def softmax_attention(
     if mask is not None:
         mask = check_bool_mask(mask, (B, H, N, M), name=name).to(q.device)
         mask = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))  # (b, h, n, M), each 1 or full size
-    dtype = result_dtype(q)
-    if dtype == torch.float16 and q.device.type != "cuda":
-        with autocast_disabled(q.device):
-            return _attend(q.float(), k.float(), v.float(), causal, mask, scale).to(dtype)
     return _attend(q, k, v, causal, mask, scale)
 
 
 def _attend(q, k, v, causal: bool, mask: torch.Tensor | None, scale: float | None) -> torch.Tensor:
-    """SDPA with the package's rules for masks: keys nobody sees are zeroed, empty rows are zero."""
+    """SDPA with the package's rules for masks: keys nobody sees are zeroed, empty rows are zero, a
+    non-finite query that attends to something gives NaN (some CPU kernels return zeros for it)."""
+    broken = ~torch.isfinite(q).all(dim=-1, keepdim=True)  # (B, H, N, 1)
     if mask is None:
         # The fused kernels handle the causal mask themselves; every row has key 0, so none is empty.
-        return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
+        return torch.where(broken, float("nan"), out)  # (B, H, N, Dv)
     allowed = mask  # (b, h, n, M)
     if causal:
         N, M = q.shape[-2], k.shape[-2]
@@ -103,6 +100,7 @@ def _attend(q, k, v, causal: bool, mask: torch.Tensor | None, scale: float | Non
     k, v = zero_unseen_keys(k, v, allowed)
     # A fully masked row would be softmax over nothing (NaN): let it attend to everything, then zero it.
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed | ~has_key, scale=scale)
+    out = torch.where(broken, float("nan"), out)
     return torch.where(has_key, out, 0.0)  # (B, H, N, Dv)
 
 

@@ -1,0 +1,461 @@
+"""Every public entry point rejects bad arguments with one wording, from the one validation module.
+
+Each case is an argument class found by trying bad values for every argument of every entry point: string
+booleans, bools and floats as counts, tensors and None as numbers, numbers that would give NaN, recurrent
+states of the wrong kind, shape, dtype or count, non-tensors, non-modules, bad generators and seeds. The
+error must be a TypeError (wrong type) or ValueError (wrong value), worded
+``<where>: <argument> must be <expected>, got <received>``, and raised by ``attnbook/_checks.py`` itself:
+before any torch internals run.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import torch
+from support import qkv
+from torch import nn
+
+import attnbook
+from attnbook import _checks, mechanisms, reference, testing
+from attnbook._prefix import causal_dot_product
+from attnbook.feature_maps import PerformerFeatures, elu_feature_map, relu_feature_map, resolve_feature_map
+from attnbook.lab import bench, profiling
+
+NAN, INF = float("nan"), float("inf")
+
+
+def _qkv():
+    return qkv(2, 3, 5, 5, 4, 6)
+
+
+def _step_inputs():
+    return torch.randn(2, 3, 4), torch.randn(2, 3, 4), torch.randn(2, 3, 5)
+
+
+def _linear_state():
+    return attnbook.linear_attention_step(*_step_inputs())[1]
+
+
+def _flow_state():
+    return attnbook.flow_attention_step(*_step_inputs())[1]
+
+
+def _linear_step(state):
+    return lambda: attnbook.linear_attention_step(*_step_inputs(), state)
+
+
+def _flow_step(state):
+    return lambda: attnbook.flow_attention_step(*_step_inputs(), state)
+
+
+FUNCTIONS = {
+    "softmax_attention": attnbook.softmax_attention,
+    "linear_attention": attnbook.linear_attention,
+    "flow_attention": attnbook.flow_attention,
+    "mobile_attention": attnbook.mobile_attention,
+}
+FAMILY = {
+    "SoftmaxAttention": attnbook.SoftmaxAttention,
+    "LinearAttention": attnbook.LinearAttention,
+    "FlowAttention": attnbook.FlowAttention,
+    "MobileAttention": attnbook.MobileAttention,
+}
+BAD_BOOLS = {"string_False": "False", "int_1": 1, "None": None, "tensor": torch.tensor(True)}
+BAD_COUNTS = {"bool": True, "float": 2.0, "string": "2", "tensor": torch.tensor(2), "zero": 0, "negative": -1}
+BAD_PROBABILITIES = {"None": None, "string": "0.1", "tensor": torch.tensor(0.1), "one": 1.0, "nan": NAN}
+BAD_EPS = {"inf": INF, "nan": NAN, "negative": -1e-6, "beyond_float32": 1e39, "string": "1e-6", "None": None}
+
+CASES: dict[str, tuple] = {}  # id -> (call, error, message regex)
+
+
+def case(id_: str, call, error, message: str) -> None:
+    assert id_ not in CASES, id_
+    CASES[id_] = (call, error, message)
+
+
+def _error(value) -> type:
+    """The class a bad value belongs to: a wrong type or a wrong value."""
+    if isinstance(value, bool) or value is None or isinstance(value, (str, torch.Tensor)):
+        return TypeError
+    return ValueError
+
+
+# Booleans: a string "False" must not be taken as True, nor 1 as a flag.
+for fn_name, fn in FUNCTIONS.items():
+    flags = ["causal"] if fn_name != "mobile_attention" else []
+    flags += ["return_flows"] if fn_name in ("flow_attention", "mobile_attention") else []
+    for flag in flags:
+        for bad_id, bad in BAD_BOOLS.items():
+            case(
+                f"{fn_name}-{flag}-{bad_id}",
+                lambda fn=fn, flag=flag, bad=bad: fn(*_qkv(), **{flag: bad}),
+                TypeError,
+                rf"{fn_name}: {flag} must be True or False",
+            )
+for cls_name, cls in FAMILY.items():
+    if cls_name != "MobileAttention":
+        for bad_id, bad in BAD_BOOLS.items():
+            case(
+                f"{cls_name}-causal-{bad_id}",
+                lambda cls=cls, bad=bad: cls(8, 8, 8, 2, causal=bad),
+                TypeError,
+                rf"{cls_name}: causal must be True or False",
+            )
+for flag in ("qkv_bias", "qk_norm", "causal"):
+    case(
+        f"MoHAttention-{flag}-string",
+        lambda flag=flag: attnbook.MoHAttention(8, 4, shared_head=4, **{flag: "False"}),
+        TypeError,
+        rf"MoHAttention: {flag} must be True or False, got 'False'",
+    )
+for flag in ("is_causal", "return_routing"):
+    case(
+        f"MoHAttention.forward-{flag}-int",
+        lambda flag=flag: attnbook.MoHAttention(8, 4, shared_head=4)(torch.randn(1, 3, 8), **{flag: 1}),
+        TypeError,
+        rf"MoHAttention: {flag} must be True or False, got 1",
+    )
+case("PerformerFeatures-orthogonal-string", lambda: PerformerFeatures(4, 4, orthogonal="yes"), TypeError, "orthogonal")
+case("mechanisms.names-causal-string", lambda: mechanisms.names(causal="True"), TypeError, "names: causal must be")
+case("mechanisms.names-inputs", lambda: mechanisms.names(inputs="tokens"), ValueError, "inputs must be one of")
+for name in mechanisms.MECHANISMS:
+    case(
+        f"MECHANISMS[{name}].module-causal-string",
+        lambda name=name: mechanisms.MECHANISMS[name].module(8, 2, causal="False"),
+        TypeError,
+        "MoHAttention: causal must be" if name == "moh" else rf"MECHANISMS\['{name}'\].module: causal must be",
+    )
+
+# Counts: True is not 1 head, 2.0 is not 2, and sizes start at 1.
+for cls_name, cls in FAMILY.items():
+    for arg in ("d_input", "d_model", "d_output", "n_heads"):
+        for bad_id, bad in BAD_COUNTS.items():
+            args = dict(d_input=8, d_model=8, d_output=8, n_heads=2) | {arg: bad}
+            case(
+                f"{cls_name}-{arg}-{bad_id}",
+                lambda cls=cls, args=args: cls(**args),
+                TypeError if not isinstance(bad, int) or isinstance(bad, bool) else ValueError,
+                rf"{cls_name}: {arg} must be an int",
+            )
+for arg in ("dim", "num_heads", "head_dim"):
+    for bad_id, bad in BAD_COUNTS.items():
+        case(
+            f"MoHAttention-{arg}-{bad_id}",
+            lambda arg=arg, bad=bad: attnbook.MoHAttention(**(dict(dim=8, num_heads=4, shared_head=4) | {arg: bad})),
+            TypeError if not isinstance(bad, int) or isinstance(bad, bool) else ValueError,
+            rf"MoHAttention: {arg} must be an int",
+        )
+for fn_name in ("linear_attention", "flow_attention"):
+    for bad_id, bad in BAD_COUNTS.items():
+        case(
+            f"{fn_name}-chunk_size-{bad_id}",
+            lambda fn=FUNCTIONS[fn_name], bad=bad: fn(*_qkv(), causal=True, chunk_size=bad),
+            TypeError if not isinstance(bad, int) or isinstance(bad, bool) else ValueError,
+            rf"{fn_name}: chunk_size must be an int",
+        )
+case("LinearAttention-chunk_size-string", lambda: attnbook.LinearAttention(8, 8, 8, 2, chunk_size="64"), TypeError, "")
+case("causal_dot_product-chunk_size-float", lambda: causal_dot_product(*_qkv(), 2.5), TypeError, "chunk_size")
+for arg in ("num_features", "dim"):
+    for bad_id, bad in BAD_COUNTS.items():
+        case(
+            f"PerformerFeatures-{arg}-{bad_id}",
+            lambda arg=arg, bad=bad: PerformerFeatures(**(dict(num_features=4, dim=4) | {arg: bad})),
+            TypeError if not isinstance(bad, int) or isinstance(bad, bool) else ValueError,
+            rf"PerformerFeatures: {arg} must be an int",
+        )
+
+# Probabilities.
+for cls_name, cls in FAMILY.items():
+    for bad_id, bad in BAD_PROBABILITIES.items():
+        case(
+            f"{cls_name}-drop_out-{bad_id}",
+            lambda cls=cls, bad=bad: cls(8, 8, 8, 2, drop_out=bad),
+            _error(bad),
+            rf"{cls_name}: drop_out must be a (finite )?number",
+        )
+for arg in ("attn_drop", "proj_drop"):
+    for bad_id, bad in BAD_PROBABILITIES.items():
+        case(
+            f"MoHAttention-{arg}-{bad_id}",
+            lambda arg=arg, bad=bad: attnbook.MoHAttention(8, 4, shared_head=4, **{arg: bad}),
+            _error(bad),
+            rf"MoHAttention: {arg} must be a (finite )?number",
+        )
+
+# Numbers that would give NaN or zeros.
+for fn_name in ("linear_attention", "flow_attention", "mobile_attention"):
+    for bad_id, bad in BAD_EPS.items():
+        case(f"{fn_name}-eps-{bad_id}", lambda fn=FUNCTIONS[fn_name], bad=bad: fn(*_qkv(), eps=bad), _error(bad), "eps")
+for cls_name in ("LinearAttention", "FlowAttention", "MobileAttention"):
+    for bad_id, bad in BAD_EPS.items():
+        case(
+            f"{cls_name}-eps-{bad_id}",
+            lambda cls=FAMILY[cls_name], bad=bad: cls(8, 8, 8, 2, eps=bad),
+            _error(bad),
+            "eps",
+        )
+for step_name, step in (
+    ("linear_attention_step", attnbook.linear_attention_step),
+    ("flow_attention_step", attnbook.flow_attention_step),
+):
+    case(f"{step_name}-eps-inf", lambda step=step: step(*_step_inputs(), eps=INF), ValueError, "eps must be")
+
+# out_dtype
+for fn_name in ("linear_attention", "flow_attention", "mobile_attention"):
+    case(
+        f"{fn_name}-out_dtype-string",
+        lambda fn=FUNCTIONS[fn_name]: fn(*_qkv(), out_dtype="float32"),
+        TypeError,
+        "out_dtype must be a torch.dtype",
+    )
+    case(
+        f"{fn_name}-out_dtype-int",
+        lambda fn=FUNCTIONS[fn_name]: fn(*_qkv(), out_dtype=torch.int64),
+        ValueError,
+        "out_dtype must be a floating-point dtype",
+    )
+
+# Recurrent states: a plain tuple, fields of the wrong shape, dtype or kind, a negative count.
+case("linear_attention_step-state-tuple", lambda: _linear_step(tuple(_linear_state()))(), TypeError, "LinearState")
+case("linear_attention_step-state-list", lambda: _linear_step(list(_linear_state()))(), TypeError, "LinearState")
+case("linear_attention_step-state-FlowState", lambda: _linear_step(_flow_state())(), TypeError, "LinearState")
+case("flow_attention_step-state-tuple", lambda: _flow_step(tuple(_flow_state()))(), TypeError, "FlowState")
+case("flow_attention_step-state-LinearState", lambda: _flow_step(_linear_state())(), TypeError, "FlowState")
+for field in ("S", "z"):
+    case(
+        f"linear_attention_step-state.{field}-shape",
+        lambda field=field: _linear_step(_linear_state()._replace(**{field: torch.zeros(2, 3, 1)}))(),
+        ValueError,
+        rf"state.{field} must have shape",
+    )
+    case(
+        f"linear_attention_step-state.{field}-float64",
+        lambda field=field: _linear_step(
+            _linear_state()._replace(**{field: getattr(_linear_state(), field).double()})
+        )(),
+        ValueError,
+        rf"state.{field} must be in the accumulation dtype torch.float32",
+    )
+    case(
+        f"linear_attention_step-state.{field}-None",
+        lambda field=field: _linear_step(_linear_state()._replace(**{field: None}))(),
+        TypeError,
+        rf"state.{field} must be a torch.Tensor",
+    )
+for field in ("key_sum", "query_sum", "key_over_outgoing", "query_over_incoming", "exp_mean", "kv"):
+    case(
+        f"flow_attention_step-state.{field}-shape",
+        lambda field=field: _flow_step(_flow_state()._replace(**{field: torch.zeros(2, 3, 1, 1)}))(),
+        ValueError,
+        rf"state.{field} must have shape",
+    )
+    case(
+        f"flow_attention_step-state.{field}-float64",
+        lambda field=field: _flow_step(_flow_state()._replace(**{field: getattr(_flow_state(), field).double()}))(),
+        ValueError,
+        rf"state.{field} must be in the accumulation dtype",
+    )
+    case(
+        f"flow_attention_step-state.{field}-int",
+        lambda field=field: _flow_step(_flow_state()._replace(**{field: getattr(_flow_state(), field).long()}))(),
+        TypeError,
+        rf"state.{field} must be a floating-point tensor",
+    )
+for bad_id, bad, error in (
+    ("negative", -1, ValueError),
+    ("float", 1.5, TypeError),
+    ("bool", True, TypeError),
+    ("None", None, TypeError),
+):
+    case(
+        f"flow_attention_step-state.t-{bad_id}",
+        lambda bad=bad: _flow_step(_flow_state()._replace(t=bad))(),
+        error,
+        r"state.t must be an int",
+    )
+
+# Non-tensors and tensors of the wrong kind, where the tables of test_mechanisms do not reach.
+for fn_name, fn in FUNCTIONS.items():
+    for arg in ("q", "k", "v"):
+        for bad_id, bad in (("list", [[1.0]]), ("None", None), ("int", torch.ones(2, 3, 5, 4, dtype=torch.long))):
+            case(
+                f"{fn_name}-{arg}-{bad_id}",
+                lambda fn=fn, arg=arg, bad=bad: fn(**(dict(zip("qkv", _qkv(), strict=True)) | {arg: bad})),
+                TypeError,
+                rf"{fn_name}: {arg} must be a (torch.Tensor|floating-point tensor)",
+            )
+    q, k, v = _qkv()
+    case(
+        f"{fn_name}-dtypes", lambda fn=fn, q=q, k=k, v=v: fn(q, k.double(), v), ValueError, "q, k, v must share a dtype"
+    )
+    case(
+        f"{fn_name}-devices",
+        lambda fn=fn, q=q, k=k, v=v: fn(q, k.to("meta"), v),
+        ValueError,
+        "q, k, v must be on one device",
+    )
+case("causal_dot_product-list", lambda: causal_dot_product([1.0], *_qkv()[1:]), TypeError, "q must be a torch.Tensor")
+case("causal_dot_product-lengths", lambda: causal_dot_product(*qkv(1, 1, 3, 4, 2, 2)), ValueError, r"N == M")
+case(
+    "softmax_attention-mask-float",
+    lambda: attnbook.softmax_attention(*_qkv(), mask=torch.ones(5, 5)),
+    TypeError,
+    "bool tensor",
+)
+case(
+    "softmax_attention-mask-list",
+    lambda: attnbook.softmax_attention(*_qkv(), mask=[[True]]),
+    TypeError,
+    "mask must be a torch.Tensor",
+)
+case(
+    "linear_attention-key_padding_mask-list",
+    lambda: attnbook.linear_attention(*_qkv(), key_padding_mask=[[True] * 5] * 2),
+    TypeError,
+    "key_padding_mask must be a torch.Tensor",
+)
+case(
+    "linear_attention-feature_map-int",
+    lambda: attnbook.linear_attention(*_qkv(), feature_map=3),
+    TypeError,
+    "feature_map",
+)
+case(
+    "linear_attention-feature_map-returns-list",
+    lambda: attnbook.linear_attention(*_qkv(), feature_map=lambda x: x.tolist()),
+    TypeError,
+    "the feature map must return a floating-point tensor",
+)
+case("elu_feature_map-list", lambda: elu_feature_map([1.0]), TypeError, "elu_feature_map: x must be a torch.Tensor")
+case("relu_feature_map-int", lambda: relu_feature_map(torch.ones(2, dtype=torch.long)), TypeError, "floating-point")
+case("resolve_feature_map-None", lambda: resolve_feature_map(None), TypeError, "feature_map must be")
+case("PerformerFeatures-seed-float", lambda: PerformerFeatures(4, 4, seed=1.5), TypeError, "seed must be an int")
+case("PerformerFeatures-seed-negative", lambda: PerformerFeatures(4, 4, seed=-1), ValueError, "seed must be an int in")
+case("PerformerFeatures-generator-int", lambda: PerformerFeatures(4, 4, generator=0), TypeError, "generator must be")
+case("PerformerFeatures.redraw-int", lambda: PerformerFeatures(4, 4, seed=0).redraw(0), TypeError, "generator must be")
+case("PerformerFeatures.forward-list", lambda: PerformerFeatures(4, 4, seed=0)([1.0] * 4), TypeError, "x must be")
+case(
+    "MoHAttention-norm_layer-None",
+    lambda: attnbook.MoHAttention(8, 4, shared_head=4, qk_norm=True, norm_layer=None),
+    TypeError,
+    "norm_layer must be a normalisation class or factory",
+)
+case(
+    "MoHAttention-norm_layer-returns-int",
+    lambda: attnbook.MoHAttention(8, 4, shared_head=4, qk_norm=True, norm_layer=lambda d: d),
+    TypeError,
+    r"norm_layer\(head_dim\) must return an nn.Module",
+)
+case(
+    "MoHAttention.forward-attn_mask-float",
+    lambda: attnbook.MoHAttention(8, 4, shared_head=4)(torch.randn(1, 3, 8), attn_mask=torch.ones(3, 3)),
+    TypeError,
+    "attn_mask must be a bool tensor",
+)
+for bad_id, bad in (("None", None), ("string", "model"), ("tensor", torch.ones(2)), ("list", [nn.Linear(2, 2)])):
+    case(
+        f"moh_load_balancing_loss-model-{bad_id}",
+        lambda bad=bad: attnbook.moh_load_balancing_loss(bad),
+        TypeError,
+        "model must be an nn.Module",
+    )
+case("mechanisms.get-int", lambda: mechanisms.get(3), TypeError, "name must be one of")
+case("mechanisms.get-unknown", lambda: mechanisms.get("sofmax"), ValueError, "name must be one of")
+case("testing.tol-string", lambda: testing.tol("float32"), TypeError, "tol: dtype must be one of")
+case("testing.tol-int64", lambda: testing.tol(torch.int64), ValueError, "tol: dtype must be one of")
+case("profiling.compare-list", lambda: profiling.compare([lambda: None]), TypeError, "fns must be a dict")
+case(
+    "profiling.compare-not-callable",
+    lambda: profiling.compare({"a": 3}),
+    TypeError,
+    r"fns\['a'\] must be a zero-argument",
+)
+case(
+    "profiling.compare-repeats-float", lambda: profiling.compare({"a": lambda: None}, repeats=2.5), TypeError, "repeats"
+)
+case(
+    "profiling.compare-warmup-negative", lambda: profiling.compare({"a": lambda: None}, warmup=-1), ValueError, "warmup"
+)
+case(
+    "profiling.compare-device-int",
+    lambda: profiling.compare({"a": lambda: None}, device=0),
+    TypeError,
+    "device must be",
+)
+case(
+    "profiling.compare-device-unknown",
+    lambda: profiling.compare({"a": lambda: None}, device="gpu"),
+    ValueError,
+    "device",
+)
+case("profiling.peak_memory-not-callable", lambda: profiling.peak_memory(3), TypeError, "fn must be")
+case("bench.run_benchmark-batch-zero", lambda: bench.run_benchmark([8], batch=0, progress=False), ValueError, "batch")
+case(
+    "bench.run_benchmark-dtype-string",
+    lambda: bench.run_benchmark([8], dtype="float32", progress=False),
+    TypeError,
+    "dtype",
+)
+case(
+    "reference.softmax_attention-rank",
+    lambda: reference.softmax_attention(torch.randn(2, 5, 4), *_qkv()[1:]),
+    ValueError,
+    "q must have 4",
+)
+case(
+    "reference.flow_attention-causal-lengths",
+    lambda: reference.flow_attention(*qkv(1, 1, 3, 4, 2, 2), causal=True),
+    ValueError,
+    "N == M",
+)
+case(
+    "reference.mobile_attention-lengths",
+    lambda: reference.mobile_attention(*qkv(1, 1, 3, 4, 2, 2)),
+    ValueError,
+    "N == M",
+)
+case(
+    "reference.linear_attention-feature_map",
+    lambda: reference.linear_attention(*_qkv(), feature_map="x"),
+    ValueError,
+    "feature_map",
+)
+
+CHECKS = Path(_checks.__file__).resolve()
+
+
+@pytest.mark.parametrize("case_id", list(CASES))
+def test_bad_argument_raises_one_wording_from_the_validation_module(case_id):
+    call, error, message = CASES[case_id]
+    with pytest.raises((TypeError, ValueError)) as info:
+        call()
+    assert info.type is error, f"{info.type.__name__} instead of {error.__name__}: {info.value}"
+    text = str(info.value)
+    assert ": " in text and " must " in text and (", got " in text or "got " in text), text
+    assert re.search(message, text), f"{message!r} not in {text!r}"
+    raised_in = Path(info.traceback[-1].path).resolve()
+    assert raised_in == CHECKS, f"raised in {raised_in}, not by the validation module"
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The wording itself
+
+
+def test_describe_quotes_what_was_received():
+    assert _checks.describe(torch.zeros(2, 3)) == "a float32 tensor of shape (2, 3)"
+    assert _checks.describe(torch.zeros(1, device="meta")) == "a float32 tensor of shape (1) on meta"
+    assert _checks.describe([1, 2]) == "a list of length 2"
+    assert _checks.describe(torch.zeros(2).numpy()) == "a numpy.ndarray of shape (2,)"
+    assert _checks.describe(nn.Linear(2, 2)) == "a Linear module"
+    assert _checks.describe("x" * 100).endswith("...") and len(_checks.describe("x" * 100)) == 80
+    assert _checks.describe(2.5) == "2.5"
+
+
+def test_one_rule_for_empty_sizes_names_the_size():
+    with pytest.raises(ValueError, match=r"flow_attention: B must be at least 1 \(every size must be\), got q \(0"):
+        attnbook.flow_attention(*qkv(0, 2, 3, 3, 2, 2), return_flows=True)
+    with pytest.raises(ValueError, match=r"mobile_attention: H must be at least 1"):
+        attnbook.mobile_attention(*qkv(1, 0, 3, 3, 2, 2))
