@@ -32,6 +32,16 @@ def fast_transformers_linear_attention(queries, keys, values, eps=1e-6):
     return torch.einsum("nlhd,nhmd,nlh->nlhm", Q, KV, Z).contiguous()
 
 
+def _published_competition_and_allocation(queries, keys, values, sink_incoming, conserved_sink, conserved_source):
+    """The end of both published non-causal cores (Mobile-Attention's is Flowformer's, line for line)."""
+    conserved_source = torch.clamp(conserved_source, min=-1.0, max=1.0)
+    sink_allocation = torch.sigmoid(conserved_sink * (float(queries.shape[2]) / float(keys.shape[2])))
+    source_competition = torch.softmax(conserved_source, dim=-1) * float(keys.shape[2])
+    kv = torch.einsum("nhld,nhlm->nhdm", keys, values * source_competition[:, :, :, None])
+    qkv = torch.einsum("nhld,nhdm->nhlm", queries * sink_incoming[:, :, :, None], kv)
+    return qkv * sink_allocation[:, :, :, None]
+
+
 def published_flow_attention(queries, keys, values, eps=1e-6):
     """DIRECT PORT of the published Flowformer ``Flow_Attention`` core (after the projections)."""
     queries, keys = torch.sigmoid(queries), torch.sigmoid(keys)
@@ -43,12 +53,7 @@ def published_flow_attention(queries, keys, values, eps=1e-6):
     conserved_source = torch.einsum(
         "nhld,nhd->nhl", keys + eps, (queries * sink_incoming[:, :, :, None]).sum(dim=2) + eps
     )
-    conserved_source = torch.clamp(conserved_source, min=-1.0, max=1.0)
-    sink_allocation = torch.sigmoid(conserved_sink * (float(queries.shape[2]) / float(keys.shape[2])))
-    source_competition = torch.softmax(conserved_source, dim=-1) * float(keys.shape[2])
-    kv = torch.einsum("nhld,nhlm->nhdm", keys, values * source_competition[:, :, :, None])
-    qkv = torch.einsum("nhld,nhdm->nhlm", queries * sink_incoming[:, :, :, None], kv)
-    return qkv * sink_allocation[:, :, :, None]
+    return _published_competition_and_allocation(queries, keys, values, sink_incoming, conserved_sink, conserved_source)
 
 
 def published_causal_flow_attention(queries, keys, values, eps=1e-6):
@@ -92,12 +97,7 @@ def published_mobile_attention(queries, keys, values, eps=1e-6):
         (keys + eps) * ((queries * sink_incoming[:, :, :, None]).sum(dim=1, keepdim=True).repeat(1, H, 1, 1) + eps),
         dim=-1,
     )
-    conserved_source = torch.clamp(conserved_source, min=-1.0, max=1.0)
-    sink_allocation = torch.sigmoid(conserved_sink * (float(queries.shape[2]) / float(keys.shape[2])))
-    source_competition = torch.softmax(conserved_source, dim=-1) * float(keys.shape[2])
-    kv = torch.einsum("nhld,nhlm->nhdm", keys, values * source_competition[:, :, :, None])
-    qkv = torch.einsum("nhld,nhdm->nhlm", queries * sink_incoming[:, :, :, None], kv)
-    return qkv * sink_allocation[:, :, :, None]
+    return _published_competition_and_allocation(queries, keys, values, sink_incoming, conserved_sink, conserved_source)
 
 
 class _PublishedModule(nn.Module):

@@ -39,22 +39,19 @@ def test_get_names_the_known_mechanisms_when_asked_for_an_unknown_one():
         mechanisms.get("sofmax")
 
 
-@pytest.mark.parametrize("name", QKV)
-@pytest.mark.parametrize("case", list(BAD_QKV_SHAPES), ids=str)
-def test_every_qkv_function_rejects_bad_shapes_naming_them(name, case):
-    shapes, message = BAD_QKV_SHAPES[case]
-    q, k, v = (torch.randn(*s) for s in shapes)
-    with pytest.raises(ValueError, match=message):
-        MECHANISMS[name](q, k, v)
+BAD_SHAPES = [
+    *(pytest.param(n, "function", c, id=f"{n}-{c}") for n in QKV for c in BAD_QKV_SHAPES),
+    *(pytest.param(n, "step", c, id=f"{n}_step-{c}") for n in STEPS for c in BAD_STEP_SHAPES),
+]
 
 
-@pytest.mark.parametrize("name", STEPS)
-@pytest.mark.parametrize("case", list(BAD_STEP_SHAPES), ids=str)
-def test_every_step_function_rejects_bad_shapes_naming_them(name, case):
-    shapes, message = BAD_STEP_SHAPES[case]
+@pytest.mark.parametrize("name, form, case", BAD_SHAPES)
+def test_every_function_and_step_rejects_bad_shapes_naming_them(name, form, case):
+    shapes, message = (BAD_QKV_SHAPES if form == "function" else BAD_STEP_SHAPES)[case]
     q, k, v = (torch.randn(*s) for s in shapes)
+    fn = MECHANISMS[name].function if form == "function" else MECHANISMS[name].step
     with pytest.raises(ValueError, match=message):
-        MECHANISMS[name].step(q, k, v)
+        fn(q, k, v)
 
 
 # id -> (inputs of layer(x) for a layer of width 8, error, message). The family quotes queries/keys/values,
@@ -225,7 +222,7 @@ def test_moh_with_qk_norm_runs_under_autocast():
 
 @pytest.mark.parametrize("name,causal", params(QKV_FORMS))
 def test_every_qkv_function_has_exact_second_derivatives(name, causal):
-    q, k, v = qkv(1, 2, 5, 5, 3, 2, dtype=torch.float64)
+    q, k, v = qkv(1, 1, 3, 3, 2, 2, dtype=torch.float64)  # chunk_size 2: a whole and a partial chunk
     inputs = [x.requires_grad_() for x in (q, k, v)]
     kwargs = {"chunk_size": 2} if causal and name != "softmax" else {}
     with sdpa_kernel(SDPBackend.MATH):  # torch's fused SDPA kernels are differentiable once only

@@ -109,3 +109,20 @@ def test_bad_chunk_size_raises_a_clear_error():
     for bad in (2.5, True, "64"):  # a wrong type is a TypeError
         with pytest.raises(TypeError, match="chunk_size must be an int, got"):
             causal_dot_product(q, k, v, bad)
+
+
+@pytest.mark.parametrize("N, chunk_size", [(5, 2), (4, 4)], ids=["partial_chunk", "one_chunk"])
+def test_second_derivatives_are_exact(N, chunk_size):
+    """The backward is made of the same products (forwards and backwards in time), so it differentiates again;
+    before, it was once_differentiable and causal linear attention's second derivative silently lost a term."""
+    q, k, v = (x.requires_grad_() for x in inputs(N, D=2, Dv=2, B=1, H=1))
+    assert torch.autograd.gradgradcheck(lambda q, k, v: causal_dot_product(q, k, v, chunk_size), (q, k, v))
+
+
+def test_runs_with_autocast_on_and_accumulates_in_float32():
+    q, k, v = inputs(9, dtype=torch.float32)
+    for dtype in (torch.bfloat16, torch.float16):
+        with torch.autocast("cpu", dtype=dtype):
+            out = causal_dot_product(q, k, v, 4)
+        assert out.dtype == torch.float32
+        torch.testing.assert_close(out.double(), masked_product(q, k, v), **tol(torch.float32))

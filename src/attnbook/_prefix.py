@@ -164,4 +164,5 @@ def causal_dot_product(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chunk_
     check_qkv(q, k, v, name=name, same_length=True)
     chunk_size = check_chunk_size(chunk_size, name=name)
     acc = accumulation_dtype(q.dtype)
-    return _product(q.to(acc), k.to(acc), v.to(acc), chunk_size, False)
+    with autocast_disabled(q.device):
+        return _product(q.to(acc), k.to(acc), v.to(acc), chunk_size, False)
