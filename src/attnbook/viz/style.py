@@ -52,7 +52,10 @@ COLOURS: dict[str, str] = {
     "reference": "#999999",
 }
 
-PAGE_WIDTH = 7.5  # inches: the text column of the book's pages at DPI
+# The website's text column is 704 CSS px wide at a 1300 px window (sphinx-book-theme 1.3: measured in
+# chromium, tests/browser), and the theme never scales an image up. A figure PAGE_WIDTH inches wide rendered at
+# DPI is 700 px: it is shown at its natural size, 100 %, and its MIN_FONT text at MIN_FONT * DPI / 72 = 12.5 px.
+PAGE_WIDTH = 7.0  # inches
 DPI = 100
 MIN_FONT = 9  # points
 
