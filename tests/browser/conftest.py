@@ -53,7 +53,9 @@ def site_url():
     server.shutdown()
 
 
-@pytest.fixture(scope="module", params=PAGES)
+# One load per page for the whole session (pytest groups the tests of every module by page); tests that need
+# the page as first loaded (folds closed) open a fresh one.
+@pytest.fixture(scope="session", params=PAGES)
 def visit(request, browser, site_url):
     context = browser.new_context(viewport=WINDOW)
     page = context.new_page()
