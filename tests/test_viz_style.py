@@ -118,3 +118,40 @@ def test_other_formats_are_left_alone(book_style):
 def test_use_book_style_sets_the_book_sizes(book_style):
     assert mpl.rcParams["figure.dpi"] == style.DPI
     assert mpl.rcParams["xtick.labelsize"] == style.MIN_FONT
+
+
+def _figure(b: float):
+    fig, ax = plt.subplots(figsize=(6, 2))
+    ax.plot([0, 1, 2], [0, b, 1])
+    ax.imshow([[0, b], [1, 2]])
+    ax.bar([0, 1], [b, 2])
+    ax.set_title(f"b = {b}")
+    fig.draw_without_rendering()
+    return fig
+
+
+def test_one_figure_has_one_fingerprint_at_any_resolution(book_style):
+    at_90 = _png_text(static.figure_to_png(_figure(1.0), dpi=90))[style.STAMP_FINGERPRINT]
+    buf = io.BytesIO()
+    _figure(1.0).canvas.print_figure(buf, format="png", dpi=100, bbox_inches="tight")
+    assert _png_text(buf.getvalue())[style.STAMP_FINGERPRINT] == at_90
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda fig: fig.axes[0].lines[0].set_ydata([0, 2, 1]),
+        lambda fig: fig.axes[0].images[0].set_data([[0, 1], [1, 2]]),
+        lambda fig: fig.axes[0].patches[0].set_height(5),
+        lambda fig: fig.axes[0].set_title("another title"),
+        lambda fig: fig.set_size_inches(6, 3),
+    ],
+    ids=["line data", "image data", "bar height", "title", "size"],
+)
+def test_a_different_figure_has_a_different_fingerprint(change):
+    fig = _figure(1.0)
+    before = style.figure_fingerprint(fig)
+    change(fig)
+    fig.draw_without_rendering()
+    assert style.figure_fingerprint(fig) != before
+    plt.close("all")
