@@ -357,7 +357,9 @@ class TestModule:
 
     def test_causal_module_rejects_different_lengths(self):
         m = attnbook.FlowAttention(4, 4, 4, 2, causal=True)
-        with pytest.raises(ValueError, match=r"FlowAttention: keys must be as long as queries \(L == S\) \(causal"):
+        with pytest.raises(
+            ValueError, match=r"FlowAttention: keys must have the same length as queries \(L == S\) \(causal"
+        ):
             m(torch.randn(1, 3, 4), torch.randn(1, 5, 4), torch.randn(1, 5, 4))
 
     def test_dropout_is_active_in_training_only(self):

@@ -440,7 +440,7 @@ class TestModule:
     def test_cross_attention_lengths(self):
         m = attnbook.LinearAttention(6, 8, 5, 2)
         assert m(torch.randn(2, 3, 6), torch.randn(2, 9, 6), torch.randn(2, 9, 6)).shape == (2, 3, 5)
-        with pytest.raises(ValueError, match=r"keys must be as long as queries \(L == S\) \(causal"):
+        with pytest.raises(ValueError, match=r"keys must have the same length as queries \(L == S\) \(causal"):
             attnbook.LinearAttention(6, 8, 5, 2, causal=True)(
                 torch.randn(2, 3, 6), torch.randn(2, 9, 6), torch.randn(2, 9, 6)
             )

@@ -160,7 +160,7 @@ class TestModule:
     def test_different_query_and_key_lengths_raise(self):
         m = attnbook.MobileAttention(4, 4, 4, 2)
         with pytest.raises(
-            ValueError, match=r"as long as queries \(L == S\) \(the heads compete.*\(1, 3, 4\).*\(1, 5, 4\)"
+            ValueError, match=r"the same length as queries \(L == S\) \(the heads compete.*\(1, 3, 4\).*\(1, 5, 4\)"
         ):
             m(torch.randn(1, 3, 4), torch.randn(1, 5, 4), torch.randn(1, 5, 4))
         with pytest.raises(ValueError, match=r"L == S"):  # length-1 queries would broadcast in the published code

@@ -9,6 +9,23 @@ Tensor legend (used in every docstring, einsum string and shape comment)::
 
 Layout is head-first, ``(B, H, N, D)``, as in ``torch.nn.functional.scaled_dot_product_attention``.
 Boolean masks use True = "may attend".
+
+Rules every function, step and layer follows:
+
+* **Bad input** raises ``TypeError`` (wrong type) or ``ValueError`` (wrong value) from one validation
+  module, worded ``<where>: <argument> must be <expected>, got <received>``, before torch runs. Every size
+  must be at least 1 (an empty batch too).
+* **Precision.** Softmaxes, sums, normalisers and states accumulate in at least float32; results come back
+  in the inputs' dtype. Under ``torch.autocast`` a function returns the autocast dtype (float64 inputs stay
+  float64), exactly as torch's SDPA, and a layer behaves like a torch layer (autocast-dtype output, float32
+  parameters and gradients). Where an intermediate would leave float16's range but the result would not
+  (Mobile-Attention's output before its projection, MoH's gated heads), it stays in float32 until the
+  output projection.
+* **Masks.** A key no query may attend to (padding) contributes nothing whatever it holds, NaN included; a
+  query with nothing to attend to returns zeros. A NaN in a visible input is never hidden: the outputs that
+  depend on it are NaN (see :mod:`attnbook.softmax` for the exact rule).
+* **Derivatives.** Every function is differentiable twice (``gradgradcheck`` passes), except softmax
+  attention on torch's fused SDPA kernels, which raise on a second derivative (the math backend works).
 """
 
 from importlib import metadata as _metadata

@@ -461,7 +461,7 @@ def check_layer_inputs(
     labels = {"queries": ("B", "L", "d_input"), "keys": ("B", "S", "d_input"), "values": ("B", "S", "d_input")}
     check_sizes(tensors, labels, name=name)
     if same_length and queries.shape[1] != keys.shape[1]:
-        raise ValueError(f"{name}: keys must be as long as queries (L == S){why}, got {shapes}")
+        raise ValueError(f"{name}: keys must have the same length as queries (L == S){why}, got {shapes}")
     for arg, x in tensors.items():
         _check_layer_dtype(x, arg, like, name=name)
 

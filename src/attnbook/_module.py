@@ -5,11 +5,12 @@ the parameters ``query_projection``, ``key_projection``, ``value_projection`` an
 Flowformer / Mobile-Attention reference code, so the modules are drop-in replacements for one another and
 load the reference checkpoints unchanged. A subclass only says how the heads attend (:meth:`attend`).
 
-Defaults of ``drop_out`` are those of each mechanism's published module: 0.05 for Flow-Attention and
-Mobile-Attention (thuml's ``Flow_Attention`` and ``Mobile_Attention``), 0.0 for softmax and linear attention
-(whose reference layers, torch's and fast-transformers', have no dropout after the output projection). Pass
-``drop_out`` explicitly when swapping one for another; :data:`attnbook.mechanisms.MECHANISMS` builds every
-layer with ``drop_out=0.0``.
+The defaults of ``drop_out`` differ on purpose: each is that of the mechanism's published layer, so that a
+published checkpoint, loaded with its default arguments, behaves as it did. Flow-Attention and
+Mobile-Attention: 0.05 (thuml's ``Flow_Attention`` and ``Mobile_Attention``); softmax and linear attention:
+0.0 (torch's ``nn.MultiheadAttention`` and fast-transformers' attention layer default to no dropout). Pass
+``drop_out`` explicitly when swapping one mechanism for another; :data:`attnbook.mechanisms.MECHANISMS`
+builds every layer with ``drop_out=0.0``.
 
 Under ``torch.autocast`` a layer behaves like torch's layers: the projections run in the autocast dtype, the
 attention accumulates in float32, and the output is in the autocast dtype. Inputs must have the dtype and

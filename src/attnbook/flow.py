@@ -279,9 +279,9 @@ def flow_attention(
 
     Returns:
         out (B, H, N, Dv) in ``out_dtype`` (computed in at least float32, autocast off), or
-        ``(out, FlowStats)`` with ``return_flows``; the statistics are in the accumulation dtype. A NaN or inf
-        in any input makes the outputs that depend on it NaN (non-causal: every output, since every flow
-        sums over all queries and keys); it is never hidden.
+        ``(out, FlowStats)`` with ``return_flows``; the statistics are in the accumulation dtype. A NaN in any
+        input makes the outputs that depend on it NaN (non-causal: every output, since every flow sums over
+        all queries and keys); it is never hidden. (An infinite q or k is a finite feature: sigmoid(inf) = 1.)
     """
     name = "flow_attention"
     causal = check_bool(causal, "causal", name=name)

@@ -80,7 +80,8 @@ def mobile_attention(
 
     Returns:
         out (B, H, N, Dv) in ``out_dtype`` (computed in at least float32, autocast off), or
-        ``(out, FlowStats)``; the statistics are in the accumulation dtype.
+        ``(out, FlowStats)``; the statistics are in the accumulation dtype. A NaN in any input makes the
+        outputs that depend on it NaN (every output of its batch element); it is never hidden.
 
     Raises:
         ValueError: bad shapes, including N != M.

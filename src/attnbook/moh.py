@@ -35,9 +35,8 @@ Fixes with respect to the reference code, each explained where it is made:
   hooks and no global state;
 * the router runs in at least float32 (also under autocast); the output has the input's dtype (under autocast
   the autocast dtype, like timm's layer);
-* the gates multiply the heads in float32 and the output projection sees that product unrounded
-  (:func:`attnbook._runtime.linear_in_range`): in float16 a gate times a head can exceed 65504 where the
-  layer's output does not;
+* the gates multiply the heads in float32 and the output projection sees that product unrounded: in
+  float16 a gate times a head can exceed 65504 where the layer's output does not;
 * masks follow :func:`attnbook.softmax_attention`'s rule on the fused and on the explicit path: keys no query
   may attend to contribute nothing whatever they hold, a query with nothing to attend to gets zero heads, and
   a NaN in a visible input stays NaN (the reference's ``nan_to_num`` would turn it into zeros). The router
