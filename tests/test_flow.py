@@ -313,9 +313,6 @@ def test_permuting_keys_and_values_together_changes_nothing_and_queries_are_equi
 @pytest.mark.parametrize(
     "kwargs, shapes, message",
     [
-        ({}, ((2, 3, 4), (2, 3, 4, 5), (2, 3, 4, 5)), r"q must have 4 dimensions .* \(2, 3, 4\)"),
-        ({}, ((2, 3, 4, 5), (2, 3, 4, 6), (2, 3, 4, 5)), r"feature size D = 5"),
-        ({}, ((2, 3, 4, 5), (2, 3, 4, 5), (2, 3, 6, 5)), r"key length M"),
         (
             {"causal": True},
             ((1, 2, 4, 3), (1, 2, 5, 3), (1, 2, 5, 3)),
@@ -324,7 +321,7 @@ def test_permuting_keys_and_values_together_changes_nothing_and_queries_are_equi
         ({"eps": -1.0}, ((1, 1, 2, 2),) * 3, r"eps must be a finite number >= 0, got -1.0"),
         ({"causal": True, "chunk_size": 0}, ((1, 1, 2, 2),) * 3, r"chunk_size must be an int >= 1, got 0"),
     ],
-    ids=["rank", "width", "key_length", "causal_lengths", "negative_eps", "chunk_size"],
+    ids=["causal_lengths", "negative_eps", "chunk_size"],
 )
 def test_bad_input_raises_value_error_naming_it(kwargs, shapes, message):
     q, k, v = (torch.randn(*s) for s in shapes)

@@ -620,3 +620,14 @@ def test_a_nan_token_is_never_turned_into_zeros(fused):
     out = layer(x, attn_mask=mask)
     assert out[1, 3:].isnan().all(), "token 3 and the tokens that attend to it are NaN"
     assert torch.isfinite(out[0]).all()
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "explicit"])
+def test_every_broadcastable_mask_shape_works_on_both_paths(fused):
+    layer = MoHAttention(8, 4, shared_head=1, routed_head=2).double().eval()
+    layer.fused_attn = fused
+    x = torch.randn(2, 5, 8, dtype=torch.float64)
+    keys = torch.tensor([True, True, False, True, False])
+    expected = reference.moh_layer(layer, x, mask=keys.expand(2, 4, 5, 5))[0]
+    for mask in (keys, keys[None], keys.expand(5, 5), keys.expand(2, 1, 5, 5)):
+        torch.testing.assert_close(layer(x, attn_mask=mask), expected, **tol(torch.float64))

@@ -380,7 +380,8 @@ def check_state(
 
 
 def check_bool_mask(mask, target: tuple[int, int, int, int], *, name: str, arg: str = "mask") -> torch.Tensor:
-    """A bool mask broadcastable to ``target`` (B, H, N, M), True = may attend; returned as given (not expanded)."""
+    """A bool mask broadcastable to ``target`` (B, H, N, M), True = may attend; returned as a 4-D view (each
+    dimension 1 or full size, not expanded)."""
     check_tensor(mask, arg, name=name, floating=False)
     if mask.dtype != torch.bool:
         raise TypeError(f"{name}: {arg} must be a bool tensor (True = may attend), got {describe(mask)}")
@@ -392,7 +393,7 @@ def check_bool_mask(mask, target: tuple[int, int, int, int], *, name: str, arg: 
             raise ValueError(problem)
     except RuntimeError:
         raise ValueError(problem) from None
-    return mask
+    return mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))
 
 
 def check_key_padding_mask(mask, B: int, M: int, *, name: str) -> torch.Tensor:

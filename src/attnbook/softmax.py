@@ -79,19 +79,17 @@ def softmax_attention(
     causal = check_bool(causal, "causal", name=name)
     scale = check_scale(scale, name=name)
     if mask is not None:
-        mask = check_bool_mask(mask, (B, H, N, M), name=name).to(q.device)
-        mask = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))  # (b, h, n, M), each 1 or full size
+        mask = check_bool_mask(mask, (B, H, N, M), name=name).to(q.device)  # (b, h, n, M), 1 or full size
     return _attend(q, k, v, causal, mask, scale)
 
 
 def _attend(q, k, v, causal: bool, mask: torch.Tensor | None, scale: float | None) -> torch.Tensor:
-    """SDPA with the package's rules for masks: keys nobody sees are zeroed, empty rows are zero, a
-    non-finite query that attends to something gives NaN (some CPU kernels return zeros for it)."""
-    broken = ~torch.isfinite(q).all(dim=-1, keepdim=True)  # (B, H, N, 1)
+    """SDPA with the package's rules for masks: keys nobody sees are zeroed, empty rows are zero, and a query
+    with a NaN or inf that attends to something gives a NaN row (torch's CPU kernel returns zeros for it)."""
     if mask is None:
         # The fused kernels handle the causal mask themselves; every row has key 0, so none is empty.
         out = F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
-        return torch.where(broken, float("nan"), out)  # (B, H, N, Dv)
+        return _keep_broken_queries(q, out, k.shape[-2])  # (B, H, N, Dv)
     allowed = mask  # (b, h, n, M)
     if causal:
         N, M = q.shape[-2], k.shape[-2]
@@ -100,8 +98,22 @@ def _attend(q, k, v, causal: bool, mask: torch.Tensor | None, scale: float | Non
     k, v = zero_unseen_keys(k, v, allowed)
     # A fully masked row would be softmax over nothing (NaN): let it attend to everything, then zero it.
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed | ~has_key, scale=scale)
-    out = torch.where(broken, float("nan"), out)
-    return torch.where(has_key, out, 0.0)  # (B, H, N, Dv)
+    return torch.where(has_key, _keep_broken_queries(q, out, k.shape[-2]), 0.0)  # (B, H, N, Dv)
+
+
+# Below this many keys, torch's CPU SDPA kernel returns zeros for a query holding a NaN (measured with torch
+# 2.13: its vectorised loop over keys propagates the NaN, the scalar tail for M < 8 does not); with more keys
+# the kernels propagate it themselves, and the tests check both sides of the bound.
+_SHORT_KEYS = 64
+
+
+def _keep_broken_queries(q: torch.Tensor, out: torch.Tensor, M: int) -> torch.Tensor:
+    """``out`` with the row of every query holding a NaN or inf set to NaN, for short key lengths M (above,
+    SDPA does it). Elementwise, no host sync; O(B H N D), next to the attention's O(B H N M D)."""
+    if M >= _SHORT_KEYS:
+        return out
+    broken = ~torch.isfinite(q.detach()).all(dim=-1, keepdim=True)  # (B, H, N, 1)
+    return torch.where(broken, float("nan"), out)
 
 
 class SoftmaxAttention(ProjectedAttention):
