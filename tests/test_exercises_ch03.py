@@ -6,8 +6,7 @@ import pytest
 import torch
 
 import attnbook
-from attnbook.exercises import check, registered
-from attnbook.exercises import ch03
+from attnbook.exercises import ch03, check, registered
 from attnbook.viz import flow as flow_viz
 
 

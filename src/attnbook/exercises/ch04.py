@@ -106,9 +106,7 @@ CONSERVED_OUTGOING_MISTAKES = [
     Diagnosis(
         "it is the outgoing flow O: each query head must first be divided by its incoming flow I", _outgoing_only
     ),
-    Diagnosis(
-        "the incoming flow I sums the query heads instead of the key heads at the token", _incoming_from_queries
-    ),
+    Diagnosis("the incoming flow I sums the query heads instead of the key heads at the token", _incoming_from_queries),
     Diagnosis("eps is left out (the published code adds it to every component of both vectors)", _no_eps),
     Diagnosis("the sigmoid features are missing: q and k are used as they are", _no_sigmoid),
 ]
