@@ -255,7 +255,7 @@ def check_largest_competition(answer) -> Result:
 @exercise("3.5")
 def check_clamp_similarity(answer) -> Result:
     """Exercise 3.5: the toy similarity from which on the clamp no longer changes the competition."""
-    name = "3.5 similarity at which the clamp stops acting"
+    name = "3.5 similarity"
     if answer is not None and not isinstance(answer, bool) and isinstance(answer, (int, float)) and answer < 0.995:
         return Result(
             False,
