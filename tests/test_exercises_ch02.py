@@ -19,16 +19,16 @@ def named(r, diagnosis):
 # --- 2.1 the recurrent step -----------------------------------------------------------------------------------
 
 
-def step_with_the_package(q_t, k_t, v_t, S, z):
-    out, state = attnbook.linear_attention_step(q_t, k_t, v_t, attnbook.LinearState(S, z))
-    return out, state.S, state.z
+def step_with_the_package(q, k, v, state):
+    return attnbook.linear_attention_step(q, k, v, attnbook.LinearState(*state))
 
 
-def step_by_einsum(q_t, k_t, v_t, S, z):
-    fq, fk = elu_feature_map(q_t), elu_feature_map(k_t)
-    S = S + torch.einsum("bhr,bhv->bhrv", fk, v_t)
+def step_by_einsum(q, k, v, state):
+    S, z = state
+    fq, fk = elu_feature_map(q), elu_feature_map(k)
+    S = S + torch.einsum("bhr,bhv->bhrv", fk, v)
     z = z + fk
-    return torch.einsum("bhr,bhrv->bhv", fq, S) / (torch.einsum("bhr,bhr->bh", fq, z)[..., None] + 1e-6), S, z
+    return torch.einsum("bhr,bhrv->bhv", fq, S) / (torch.einsum("bhr,bhr->bh", fq, z)[..., None] + 1e-6), (S, z)
 
 
 @pytest.mark.parametrize("answer", [linear_step_solution, step_with_the_package, step_by_einsum])
@@ -41,27 +41,29 @@ def test_the_solution_is_the_package_step_and_walks_the_reference_loop():
     B, H, N, D, Dv = 2, 2, 7, 3, 4
     q, k, v = (torch.randn(B, H, N, d, dtype=torch.float64) for d in (D, D, Dv))
     S, z = torch.zeros(B, H, D, Dv, dtype=torch.float64), torch.zeros(B, H, D, dtype=torch.float64)
-    outs = []
+    outs, state = [], (S, z)
     for t in range(N):
-        out, S, z = linear_step_solution(q[:, :, t], k[:, :, t], v[:, :, t], S, z)
+        out, state = linear_step_solution(q[:, :, t], k[:, :, t], v[:, :, t], state)
         outs.append(out)
     torch.testing.assert_close(torch.stack(outs, dim=2), reference.linear_attention_loop(q, k, v))
 
 
-def before_update(q_t, k_t, v_t, S, z):
-    fq, fk = elu_feature_map(q_t), elu_feature_map(k_t)
+def before_update(q, k, v, state):
+    S, z = state
+    fq, fk = elu_feature_map(q), elu_feature_map(k)
     out = (fq[..., None, :] @ S).squeeze(-2) / ((fq * z).sum(-1, keepdim=True) + 1e-6)
-    return out, S + fk[..., :, None] * v_t[..., None, :], z + fk
+    return out, (S + fk[..., :, None] * v[..., None, :], z + fk)
 
 
 def change(out=None, phi_q=True, transpose=False, update_z=True):
-    def answer(q_t, k_t, v_t, S, z):
-        fq = elu_feature_map(q_t) if phi_q else q_t
-        fk = elu_feature_map(k_t)
-        S = S + (v_t[..., :, None] * fk[..., None, :] if transpose else fk[..., :, None] * v_t[..., None, :])
+    def answer(q, k, v, state):
+        S, z = state
+        fq = elu_feature_map(q) if phi_q else q
+        fk = elu_feature_map(k)
+        S = S + (v[..., :, None] * fk[..., None, :] if transpose else fk[..., :, None] * v[..., None, :])
         z = z + fk if update_z else z
         num, den = (fq[..., None, :] @ S).squeeze(-2), (fq * z).sum(-1, keepdim=True)
-        return (num / (den + 1e-6) if out is None else out(num, den)), S, z
+        return (num / (den + 1e-6) if out is None else out(num, den)), (S, z)
 
     return answer
 
@@ -84,14 +86,16 @@ def test_linear_step_mistakes_are_named(answer, diagnosis):
 
 
 def test_linear_step_reports_shapes_tuples_exceptions_and_stubs():
-    r = check("2.1", lambda q, k, v, S, z: linear_step_solution(q, k, v, S, z).out)
-    assert not r.passed and "expected a tuple of 3 (out, S, z)" in r.message
-    r = check("2.1", lambda q, k, v, S, z: (q, S, z))
+    r = check("2.1", lambda q, k, v, state: linear_step_solution(q, k, v, state).out)
+    assert not r.passed and "expected a tuple of 2 (out, state)" in r.message
+    r = check("2.1", lambda q, k, v, state: (q, state))
     assert not r.passed and "the result.out" in r.message
-    r = check("2.1", lambda q, k, v, S, z: (q @ S, S, z))
+    r = check("2.1", lambda q, k, v, state: (linear_step_solution(q, k, v, state).out, state))
+    assert not r.passed and "the result.state.S" in r.message  # the state was not updated
+    r = check("2.1", lambda q, k, v, state: (q @ state[0], state))
     assert not r.passed and r.message.startswith("linear_step raised RuntimeError on the first token")
 
-    def stub(q_t, k_t, v_t, S, z):
+    def stub(q, k, v, state):
         raise NotImplementedError
 
     assert "not written yet" in check("2.1", stub).message

@@ -176,7 +176,7 @@ def test_maps_are_drawn_for_the_page_and_wrap_instead_of_shrinking():
     fig = attention_maps_figure(maps)
     assert fig.get_size_inches()[0] == pytest.approx(PAGE_WIDTH)
     rows = {round(ax.get_position().y0, 3) for ax in fig.axes if ax.images}
-    assert len(rows) == 2  # 3 + 2 panels on two rows
+    assert len(rows) == 3  # 2 + 2 + 1 panels on three rows
     assert len([ax for ax in fig.axes if ax.images]) == 5  # the sixth, empty cell is removed
     plt.close(fig)
     fig = attention_maps_figure(maps, ncols=5, labels=list("pqrs"))

@@ -1,6 +1,6 @@
 """Checkers for the exercises of chapter 2 (linear attention).
 
-* 2.1 ``linear_step(q_t, k_t, v_t, S, z)``: one token of causal linear attention as an RNN.
+* 2.1 ``linear_step(q, k, v, state)``: one token of causal linear attention as an RNN, state = (S, z).
 * 2.2 ``taylor_features(x)``: a feature map whose dot products are 1 + x.y + (x.y)^2 / 2.
 * 2.3 ``best_chunk(R, Dv)``: the chunk length ell that minimises the chunked algorithm's multiply-adds.
 * 2.4 ``relative_variance(x, y)``: Var / mean^2 of one positive random feature estimate of exp(x.y).
@@ -21,6 +21,7 @@ from ..testing import tol
 from ._core import Case, Diagnosis, Result, check_function, exercise
 
 __all__ = [
+    "State",
     "Step",
     "linear_step_solution",
     "check_linear_step",
@@ -49,42 +50,50 @@ def _randn(*shape: int, seed: int) -> torch.Tensor:
 # --- 2.1 the recurrent step ----------------------------------------------------------------------------------
 
 
+class State(NamedTuple):
+    """The recurrent state after the tokens so far."""
+
+    S: torch.Tensor  # (B, H, R, Dv): sum of phi(k_j) v_j^T
+    z: torch.Tensor  # (B, H, R): sum of phi(k_j)
+
+
 class Step(NamedTuple):
     """What a step returns: the output of token t and the state after it."""
 
     out: torch.Tensor  # (B, H, Dv)
-    S: torch.Tensor  # (B, H, R, Dv)
-    z: torch.Tensor  # (B, H, R)
+    state: State
 
 
-def linear_step_solution(q_t, k_t, v_t, S, z) -> Step:
+def linear_step_solution(q, k, v, state) -> Step:
     """S_t = S + phi(k_t) v_t^T, z_t = z + phi(k_t), out = phi(q_t)^T S_t / (phi(q_t)^T z_t + eps)."""
-    fq, fk = _phi(q_t), _phi(k_t)  # (B, H, R)
-    S = S + fk[..., :, None] * v_t[..., None, :]  # (B, H, R, Dv)
+    S, z = state
+    fq, fk = _phi(q), _phi(k)  # (B, H, R)
+    S = S + fk[..., :, None] * v[..., None, :]  # (B, H, R, Dv)
     z = z + fk  # (B, H, R)
     num = (fq[..., None, :] @ S).squeeze(-2)  # (B, H, Dv)
     den = (fq * z).sum(dim=-1, keepdim=True)  # (B, H, 1)
-    return Step(num / (den + EPS), S, z)
+    return Step(num / (den + EPS), State(S, z))
 
 
-def _readout_first(q_t, k_t, v_t, S, z):
-    fq, fk = _phi(q_t), _phi(k_t)
+def _readout_first(q, k, v, state):
+    S, z = state
+    fq, fk = _phi(q), _phi(k)
     out = (fq[..., None, :] @ S).squeeze(-2) / ((fq * z).sum(-1, keepdim=True) + EPS)
-    return Step(out, S + fk[..., :, None] * v_t[..., None, :], z + fk)
+    return Step(out, State(S + fk[..., :, None] * v[..., None, :], z + fk))
 
 
 def _variant(*, out=None, S_outer=None, phi_q=True, update_z=True):
     """The solution with one piece changed: how the output is formed, the outer product, phi on q, z's update."""
 
-    def step(q_t, k_t, v_t, S, z):
-        fq = _phi(q_t) if phi_q else q_t
-        fk = _phi(k_t)
-        outer = fk[..., :, None] * v_t[..., None, :] if S_outer is None else S_outer(fk, v_t)
-        S = S + outer
+    def step(q, k, v, state):
+        S, z = state
+        fq = _phi(q) if phi_q else q
+        fk = _phi(k)
+        S = S + (fk[..., :, None] * v[..., None, :] if S_outer is None else S_outer(fk, v))
         z = z + fk if update_z else z
         num = (fq[..., None, :] @ S).squeeze(-2)
         den = (fq * z).sum(dim=-1, keepdim=True)
-        return Step(num / (den + EPS) if out is None else out(num, den, fq, z), S, z)
+        return Step(num / (den + EPS) if out is None else out(num, den, fq, z), State(S, z))
 
     return step
 
@@ -107,7 +116,8 @@ _STEP_MISTAKES = [
         _variant(out=lambda n, d, fq, z: n / (fq * (z + EPS)).sum(-1, keepdim=True)),
     ),
     Diagnosis(
-        "the denominator has no eps (here that happens to be harmless, with feature maps that can be 0 it is not)",
+        "the denominator has no eps: out = phi(q)^T S / (phi(q)^T z + eps) with eps = 1e-6, which keeps feature "
+        "maps that can be 0 (ReLU) from dividing by zero",
         _variant(out=lambda n, d, fq, z: n / d),
     ),
     Diagnosis("the feature map is not applied to the query", _variant(phi_q=False)),
@@ -119,23 +129,23 @@ _STEP_MISTAKES = [
 ]
 
 
-def _state_after(n: int, B: int, H: int, D: int, Dv: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _state_after(n: int, B: int, H: int, D: int, Dv: int, seed: int) -> State:
     k, v = _randn(n, B, H, D, seed=seed), _randn(n, B, H, Dv, seed=seed + 1)
     S = (_phi(k)[..., :, None] * v[..., None, :]).sum(0)  # (B, H, D, Dv)
-    return S, _phi(k).sum(0)  # (B, H, D, Dv), (B, H, D)
+    return State(S, _phi(k).sum(0))  # (B, H, D, Dv), (B, H, D)
 
 
 def _step_cases() -> list[Case]:
     B, H, D = 2, 3, 4
     zero = (torch.zeros(B, H, D, D, dtype=torch.float64), torch.zeros(B, H, D, dtype=torch.float64))
     cases = [
-        Case((_randn(B, H, D, seed=20), _randn(B, H, D, seed=21), _randn(B, H, D, seed=22), *zero),
+        Case((_randn(B, H, D, seed=20), _randn(B, H, D, seed=21), _randn(B, H, D, seed=22), zero),
              label="the first token (S = 0, z = 0), D = Dv = 4"),
         Case((_randn(B, H, D, seed=23), _randn(B, H, D, seed=24), _randn(B, H, D, seed=25),
-              *_state_after(6, B, H, D, D, seed=26)),
+              tuple(_state_after(6, B, H, D, D, seed=26))),
              label="a token after 6 others, D = Dv = 4"),
         Case((_randn(1, 2, 3, seed=28), _randn(1, 2, 3, seed=29), _randn(1, 2, 5, seed=30),
-              *_state_after(3, 1, 2, 3, 5, seed=31)),
+              tuple(_state_after(3, 1, 2, 3, 5, seed=31))),
              label="a token after 3 others, D = 3, Dv = 5"),
     ]  # fmt: skip
     return cases
@@ -143,7 +153,7 @@ def _step_cases() -> list[Case]:
 
 @exercise("2.1")
 def check_linear_step(fn) -> Result:
-    """Exercise 2.1: ``fn(q_t, k_t, v_t, S, z)`` -> (out (B, H, Dv), S (B, H, R, Dv), z (B, H, R))."""
+    """Exercise 2.1: ``fn(q, k, v, state)`` -> (out (B, H, Dv), (S (B, H, R, Dv), z (B, H, R)))."""
     return check_function(
         fn,
         _step_cases(),

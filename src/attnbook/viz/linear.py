@@ -101,8 +101,8 @@ def attention_maps_figure(
     """One heat map per entry of ``maps`` (title -> (N, M) weights), in a grid of panels; returns the Figure.
 
     The figure is drawn for the book's page (``width``, default :data:`attnbook.viz.style.PAGE_WIDTH`
-    inches): at most ``ncols`` panels per row (default 3), further panels wrap onto the next row instead
-    of shrinking. ``shared=True`` puts every map on one colour scale, 0 to the largest weight of all maps
+    inches): at most ``ncols`` panels per row (default 2, the book's limit), further panels wrap onto the
+    next row instead of shrinking. ``shared=True`` puts every map on one colour scale, 0 to the largest weight of all maps
     (:func:`attnbook.viz.shared_scale`), with one colour bar, so that the panels can be compared; otherwise
     each panel has its own scale and bar. ``panel_width`` (inches per panel) overrides ``width``.
     ``labels`` names the tokens (tick labels on both axes, for square maps of self-attention).
@@ -110,7 +110,7 @@ def attention_maps_figure(
     if not maps:
         raise ValueError("attention_maps_figure: no maps given")
     n = len(maps)
-    ncols = min(n, 3) if ncols is None else check_int(ncols, "ncols", name="attention_maps_figure", minimum=1)
+    ncols = min(n, 2) if ncols is None else check_int(ncols, "ncols", name="attention_maps_figure", minimum=1)
     ncols = min(ncols, n)
     nrows = -(-n // ncols)
     if panel_width is not None:
