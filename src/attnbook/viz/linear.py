@@ -102,9 +102,9 @@ def attention_maps_figure(
 
     The figure is drawn for the book's page (``width``, default :data:`attnbook.viz.style.PAGE_WIDTH`
     inches): at most ``ncols`` panels per row (default 2, the book's limit), further panels wrap onto the
-    next row instead of shrinking. ``shared=True`` puts every map on one colour scale, 0 to the largest weight of all maps
-    (:func:`attnbook.viz.shared_scale`), with one colour bar, so that the panels can be compared; otherwise
-    each panel has its own scale and bar. ``panel_width`` (inches per panel) overrides ``width``.
+    next row instead of shrinking. ``shared=True`` puts every map on one colour scale, 0 to the largest
+    weight of all maps (:func:`attnbook.viz.shared_scale`), with one colour bar, so that the panels can be
+    compared; otherwise each panel has its own scale and bar. ``panel_width`` (inches per panel) overrides ``width``.
     ``labels`` names the tokens (tick labels on both axes, for square maps of self-attention).
     """
     if not maps:
