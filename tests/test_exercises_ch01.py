@@ -188,3 +188,23 @@ def test_gap():
     assert "the logarithm is missing" in check("1.4", lambda p, m: p * (m - 1) / (1 - p)).message
     r = check("1.4", lambda p, m: 6.0)
     assert not r.passed and "gap, on p = 0.9, M = 64: the result is 6, expected 6.34036" in r.message
+
+
+# --- shown in an exercise box -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "exercise_id, answer",
+    [("1.1", masked_softmax_solution), ("1.1", nan_on_empty_rows), ("1.2", mask_shifted(1)), ("1.4", lambda p, m: 6)],
+    ids=["right", "nan-diagnosis", "diagnosis", "number"],
+)
+def test_results_are_shown_within_the_72_columns_of_an_exercise_box(exercise_id, answer):
+    r = check(exercise_id, answer)
+    shown = str(r)
+    assert all(len(line) <= 72 for line in shown.splitlines()), shown
+    assert repr(r) == shown and shown.startswith("✓ " if r.passed else "✗ ")
+    assert " ".join(shown[2:].split()) == " ".join(r.message.split())  # only the line breaks differ
+    if not r.passed:
+        with pytest.raises(AssertionError) as raised:
+            r.require()
+        assert str(raised.value) == shown

@@ -203,5 +203,3 @@ def test_heatmap_vmax_and_scaling_plot_styles():
     assert solid.get_color() == colour("linear") == dashed.get_color()
     assert solid.get_linestyle() == "-" and dashed.get_linestyle() == "--"
     plt.close(ax.figure)
-    with pytest.raises(ValueError, match="styles for series that are not plotted"):
-        scaling_plot([1, 2], {"a": [1.0, 2.0]}, ylabel="s", styles={"b": {}})

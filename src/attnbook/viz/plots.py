@@ -73,14 +73,12 @@ def scaling_plot(
     ``reference_slopes`` adds a dashed guide line proportional to ``variable ** p`` for each slope p, through
     the first point of the first series. ``styles`` maps a series name to ``plot`` keyword arguments, e.g.
     ``{"linear, causal": line_style("linear_causal")}`` (:func:`attnbook.viz.line_style`: one colour per
-    mechanism, dashed when causal). A value of NaN leaves a point out (a series measured at fewer sizes).
+    mechanism, dashed when causal); one mapping can serve several plots (names not plotted are ignored). A
+    value of NaN leaves a point out (a series measured at fewer sizes).
     """
     if ax is None:
         _, ax = plt.subplots(figsize=(5, 3.6))
     styles = dict(styles or {})
-    unknown = sorted(set(styles) - set(series))
-    if unknown:
-        raise ValueError(f"scaling_plot: styles for series that are not plotted: {unknown}; series: {list(series)}")
     for name, ys in series.items():
         if len(ys) != len(ns):
             raise ValueError(f"scaling_plot: series {name!r} has {len(ys)} values for {len(ns)} lengths")
