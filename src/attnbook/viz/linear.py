@@ -121,7 +121,7 @@ def attention_maps_figure(
         width = check_number(width, "width", name="attention_maps_figure", minimum=1.0)
     panel = width / ncols
     height = nrows * (0.9 * panel + 0.35) + (0.35 if suptitle else 0.0)
-    fig, axes = plt.subplots(nrows, ncols, figsize=(width, height), squeeze=False, layout="constrained")
+    fig, axes = plt.subplots(nrows, ncols, figsize=(width, height), squeeze=False)
     scale = shared_scale(*[_as_numpy(w) for w in maps.values()]) if shared else {}
     used = []
     for ax, (title, weights) in zip(axes.flat, maps.items(), strict=False):
@@ -131,10 +131,17 @@ def attention_maps_figure(
         used.append(ax)
     for ax in list(axes.flat)[n:]:
         ax.remove()
-    if shared:
-        fig.colorbar(used[0].images[0], ax=used, shrink=0.9, label="weight")
     if suptitle:
         fig.suptitle(suptitle)
+    # One layout pass when the figure is made (a constrained layout would redo it at every draw, three
+    # times per PNG); a shared colour bar gets the strip on the right.
+    right = 1.0 - 0.7 / width if shared else 1.0
+    fig.tight_layout(rect=(0.0, 0.0, right, 1.0))
+    if shared:
+        boxes = [ax.get_position() for ax in used]
+        bottom, top = min(b.y0 for b in boxes), max(b.y1 for b in boxes)
+        bar = fig.add_axes((right + 0.1 / width, bottom, 0.12 / width, top - bottom))
+        fig.colorbar(used[0].images[0], cax=bar, label="weight")
     return fig
 
 

@@ -13,6 +13,8 @@ from .style import MIN_FONT
 
 __all__ = ["attention_heatmap", "scaling_plot"]
 
+_GUIDE_STYLES = (":", "-.", (0, (6, 2, 1, 2, 1, 2)))
+
 
 def _numpy(x) -> np.ndarray:
     if isinstance(x, torch.Tensor):
@@ -70,11 +72,12 @@ def scaling_plot(
 ):
     """Log-log plot of a cost against a size (by default the sequence length N), one line per series.
 
-    ``reference_slopes`` adds a dashed guide line proportional to ``variable ** p`` for each slope p, through
-    the first point of the first series. ``styles`` maps a series name to ``plot`` keyword arguments, e.g.
-    ``{"linear, causal": line_style("linear_causal")}`` (:func:`attnbook.viz.line_style`: one colour per
-    mechanism, dashed when causal); one mapping can serve several plots (names not plotted are ignored). A
-    value of NaN leaves a point out (a series measured at fewer sizes).
+    ``reference_slopes`` adds a thin grey guide line (dotted, then dash-dotted, ...) proportional to
+    ``variable ** p`` for each slope p, through the first point of the first series. ``styles`` maps a series
+    name to ``plot`` keyword arguments, e.g. ``{"linear, causal": line_style("linear_causal")}``
+    (:func:`attnbook.viz.line_style`: one colour per mechanism, dashed when causal); one mapping can serve
+    several plots (names not plotted are ignored). A value of NaN leaves a point out (a series measured at
+    fewer sizes).
     """
     if ax is None:
         _, ax = plt.subplots(figsize=(5, 3.6))
@@ -86,8 +89,9 @@ def scaling_plot(
     if reference_slopes and series:
         y0 = next(iter(series.values()))[0]
         n = np.asarray(ns, dtype=float)
-        for p in reference_slopes:
-            ax.plot(n, y0 * (n / n[0]) ** p, ls="--", color="grey", lw=0.8, label=f"∝ {variable}^{p:g}")
+        # thin grey guides, told apart by their dash pattern (a dashed coloured line is a causal mechanism)
+        for p, ls in zip(reference_slopes, _GUIDE_STYLES * len(reference_slopes), strict=False):
+            ax.plot(n, y0 * (n / n[0]) ** p, ls=ls, color="grey", lw=0.9, label=f"∝ {variable}^{p:g}")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel(xlabel)
