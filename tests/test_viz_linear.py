@@ -203,3 +203,11 @@ def test_heatmap_vmax_and_scaling_plot_styles():
     assert solid.get_color() == colour("linear") == dashed.get_color()
     assert solid.get_linestyle() == "-" and dashed.get_linestyle() == "--"
     plt.close(ax.figure)
+
+
+def test_guide_lines_are_grey_and_told_apart():
+    ax = scaling_plot([1, 2, 4], {"linear": [1.0, 2.0, 4.0]}, ylabel="s", reference_slopes=[1, 2])
+    guides = ax.lines[1:]
+    assert [g.get_label() for g in guides] == ["∝ N^1", "∝ N^2"]
+    assert len({g.get_linestyle() for g in guides}) == 2 and all(g.get_color() == "grey" for g in guides)
+    plt.close(ax.figure)
