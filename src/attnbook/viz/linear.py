@@ -158,11 +158,12 @@ def feature_error_plot(
     ax=None,
     title: str | None = None,
     ylabel: str = "relative error",
+    styles: Mapping[str, dict] | None = None,
 ):
     """Log-log plot of an approximation error against the number of random features R; returns the Axes.
 
-    A dashed guide line proportional to R^(-1/2) (the Monte Carlo rate) goes through the first point of the
-    first series.
+    A guide line proportional to R^(-1/2) (the Monte Carlo rate) goes through the first point of the first
+    series. ``styles``: ``plot`` keyword arguments per series, as in :func:`attnbook.viz.scaling_plot`.
     """
     if not errors:
         raise ValueError("feature_error_plot: no error series given")
@@ -180,4 +181,5 @@ def feature_error_plot(
         reference_slopes=[-0.5],
         xlabel="number of random features R",
         variable="R",
+        styles=styles,
     )
