@@ -14,7 +14,6 @@ causal mask off by one, ...).
 from __future__ import annotations
 
 import math
-import textwrap
 from collections.abc import Callable, Sequence
 
 import torch
@@ -29,30 +28,7 @@ __all__ = [
     "check_bandwidth",
     "check_gap",
     "masked_softmax_solution",
-    "boxed",
 ]
-
-BOX = 72  # columns of an exercise box on the website
-
-
-class _Boxed(Result):
-    """A :class:`Result` shown wrapped to the exercise box's :data:`BOX` columns; ``message`` is unchanged."""
-
-    def __str__(self) -> str:
-        lines = self.message.split("\n")
-        first = "✓ " if self.passed else "✗ "
-        return "\n".join(
-            textwrap.fill(line, BOX, initial_indent=first if i == 0 else "  ", subsequent_indent="  ")
-            for i, line in enumerate(lines)
-        )
-
-    __repr__ = __str__
-
-
-def boxed(result: Result) -> Result:
-    """``result``, displayed (and raised by ``require()``) wrapped to fit an exercise box."""
-    return _Boxed(result.passed, result.message)
-
 
 # --- a diagnosis for mistakes that give NaN -----------------------------------------------------------------------
 # The core compares an answer with a known wrong variant value by value, and NaN never equals NaN. Mistakes
@@ -113,8 +89,8 @@ def nan_diagnosis(
 def _check(fn, cases, *, expected, name, diagnoses=(), nan_diagnoses=(), success=None) -> Result:
     found = nan_diagnosis(fn, cases, expected=expected, name=name, diagnoses=nan_diagnoses)
     if found is not None:
-        return boxed(found)
-    return boxed(check_function(fn, cases, expected=expected, name=name, diagnoses=diagnoses, success=success))
+        return found
+    return check_function(fn, cases, expected=expected, name=name, diagnoses=diagnoses, success=success)
 
 
 def _gen(seed: int) -> torch.Generator:
@@ -310,29 +286,25 @@ def _d_cases() -> list[Case]:
 @exercise("1.3")
 def check_bandwidth(fn) -> Result:
     """Exercise 1.3: ``fn(D)`` -> the bandwidth h with exp(-|q - k|^2 / 2h^2) ~ exp(q . k / sqrt(D)), h = D^(1/4)."""
-    return boxed(
-        check_function(
-            fn,
-            _d_cases(),
-            expected=lambda d: d**0.25,
-            name="bandwidth",
-            diagnoses=[
-                Diagnosis("h = sqrt(D); but it is h^2 that equals sqrt(D)", lambda d: math.sqrt(d)),
-                Diagnosis(
-                    "h = 1 / sqrt(D): the kernel divides by h^2, the scores multiply by 1 / sqrt(D)", lambda d: d**-0.5
-                ),
-                Diagnosis(
-                    "h = D^(-1/4): the kernel divides by h^2, so h^2 = sqrt(D), not 1 / sqrt(D)", lambda d: d**-0.25
-                ),
-                Diagnosis(
-                    "h^2 = sqrt(D) / 2: the 2 of 2h^2 is already matched by the 2 q.k of the expanded square",
-                    lambda d: (d**0.5 / 2) ** 0.5,
-                ),
-            ],
-            rtol=1e-6,
-            atol=0.0,
-            success="bandwidth is right: h = D^(1/4), so h^2 = sqrt(D).",
-        )
+    return check_function(
+        fn,
+        _d_cases(),
+        expected=lambda d: d**0.25,
+        name="bandwidth",
+        diagnoses=[
+            Diagnosis("h = sqrt(D); but it is h^2 that equals sqrt(D)", lambda d: math.sqrt(d)),
+            Diagnosis(
+                "h = 1 / sqrt(D): the kernel divides by h^2, the scores multiply by 1 / sqrt(D)", lambda d: d**-0.5
+            ),
+            Diagnosis("h = D^(-1/4): the kernel divides by h^2, so h^2 = sqrt(D), not 1 / sqrt(D)", lambda d: d**-0.25),
+            Diagnosis(
+                "h^2 = sqrt(D) / 2: the 2 of 2h^2 is already matched by the 2 q.k of the expanded square",
+                lambda d: (d**0.5 / 2) ** 0.5,
+            ),
+        ],
+        rtol=1e-6,
+        atol=0.0,
+        success="bandwidth is right: h = D^(1/4), so h^2 = sqrt(D).",
     )
 
 
@@ -347,25 +319,23 @@ def _gap(p: float, M: int) -> float:
 def check_gap(fn) -> Result:
     """Exercise 1.4: ``fn(p, M)`` -> the lead Delta of the top score over M - 1 equal others for a top weight p."""
     cases = [Case((p, m), label=f"p = {p}, M = {m}") for p, m in ((0.9, 64), (0.5, 2), (0.99, 1000), (0.3, 5))]
-    return boxed(
-        check_function(
-            fn,
-            cases,
-            expected=_gap,
-            name="gap",
-            diagnoses=[
-                Diagnosis(
-                    "M keys compete with the best one; there are M - 1 others", lambda p, m: math.log(p * m / (1 - p))
-                ),
-                Diagnosis("the M - 1 other keys are left out of the sum", lambda p, m: math.log(p / (1 - p))),
-                Diagnosis("the logarithm is missing: Delta is the exponent of e", lambda p, m: p * (m - 1) / (1 - p)),
-                Diagnosis(
-                    "the logarithm is base 10; softmax uses exp, so use the natural log",
-                    lambda p, m: math.log10(p * (m - 1) / (1 - p)),
-                ),
-            ],
-            rtol=1e-6,
-            atol=1e-9,
-            success="gap is right: Delta = ln(p (M - 1) / (1 - p)).",
-        )
+    return check_function(
+        fn,
+        cases,
+        expected=_gap,
+        name="gap",
+        diagnoses=[
+            Diagnosis(
+                "M keys compete with the best one; there are M - 1 others", lambda p, m: math.log(p * m / (1 - p))
+            ),
+            Diagnosis("the M - 1 other keys are left out of the sum", lambda p, m: math.log(p / (1 - p))),
+            Diagnosis("the logarithm is missing: Delta is the exponent of e", lambda p, m: p * (m - 1) / (1 - p)),
+            Diagnosis(
+                "the logarithm is base 10; softmax uses exp, so use the natural log",
+                lambda p, m: math.log10(p * (m - 1) / (1 - p)),
+            ),
+        ],
+        rtol=1e-6,
+        atol=1e-9,
+        success="gap is right: Delta = ln(p (M - 1) / (1 - p)).",
     )

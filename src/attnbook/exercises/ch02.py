@@ -19,7 +19,6 @@ import torch
 
 from ..testing import tol
 from ._core import Case, Diagnosis, Result, check_function, exercise
-from .ch01 import boxed
 
 __all__ = [
     "State",
@@ -155,15 +154,13 @@ def _step_cases() -> list[Case]:
 @exercise("2.1")
 def check_linear_step(fn) -> Result:
     """Exercise 2.1: ``fn(q, k, v, state)`` -> (out (B, H, Dv), (S (B, H, R, Dv), z (B, H, R)))."""
-    return boxed(
-        check_function(
-            fn,
-            _step_cases(),
-            expected=linear_step_solution,
-            name="linear_step",
-            diagnoses=_STEP_MISTAKES,
-            success="linear_step is right: the state takes the token in, then the query reads it.",
-        )
+    return check_function(
+        fn,
+        _step_cases(),
+        expected=linear_step_solution,
+        name="linear_step",
+        diagnoses=_STEP_MISTAKES,
+        success="linear_step is right: the state takes the token in, then the query reads it.",
     )
 
 
@@ -232,17 +229,15 @@ def _taylor_cases() -> list[Case]:
 def check_taylor_features(fn) -> Result:
     """Exercise 2.2: ``fn(x)`` (..., D) -> (..., R) with fn(x) . fn(y) = 1 + x.y + (x.y)^2 / 2."""
     if not callable(fn):
-        return boxed(check_function(fn, [], expected=taylor_kernel, name="taylor_features"))
-    return boxed(
-        check_function(
-            _kernel_of(fn),
-            _taylor_cases(),
-            expected=taylor_kernel,
-            name="taylor_features",
-            diagnoses=_TAYLOR_MISTAKES,
-            **tol(torch.float32),  # features built with float32 constants are right too; the mistakes are O(1)
-            success="taylor_features is right: phi(x) . phi(y) = 1 + x.y + (x.y)^2 / 2, which is never below 1/2.",
-        )
+        return check_function(fn, [], expected=taylor_kernel, name="taylor_features")
+    return check_function(
+        _kernel_of(fn),
+        _taylor_cases(),
+        expected=taylor_kernel,
+        name="taylor_features",
+        diagnoses=_TAYLOR_MISTAKES,
+        **tol(torch.float32),  # features built with float32 constants are right too; the mistakes are O(1)
+        success="taylor_features is right: phi(x) . phi(y) = 1 + x.y + (x.y)^2 / 2, which is never below 1/2.",
     )
 
 
@@ -267,34 +262,32 @@ def _best(R, Dv):
 def check_best_chunk(fn) -> Result:
     """Exercise 2.3: ``fn(R, Dv)`` -> the ell minimising :func:`chunk_cost`, sqrt(2 R Dv / (R + Dv))."""
     cases = [Case((r, dv), label=f"R = {r}, Dv = {dv}") for r, dv in ((16, 64), (64, 64), (256, 32), (1, 1))]
-    return boxed(
-        check_function(
-            fn,
-            cases,
-            expected=_best,
-            name="best_chunk",
-            diagnoses=[
-                Diagnosis(
-                    "every ell x ell pair of a chunk is counted; only the ell (ell + 1) / 2 pairs j <= i are needed",
-                    lambda r, dv: math.sqrt(r * dv / (r + dv)),
-                ),
-                Diagnosis("the square root is missing: ell^2 = 2 R Dv / (R + Dv)", lambda r, dv: 2 * r * dv / (r + dv)),
-                Diagnosis(
-                    "an in-chunk pair costs R + Dv (a score, R, and a weighted value, Dv), not R alone",
-                    lambda r, dv: math.sqrt(2 * dv),
-                ),
-                Diagnosis(
-                    "an in-chunk pair costs R + Dv (a score, R, and a weighted value, Dv), not Dv alone",
-                    lambda r, dv: math.sqrt(2 * r),
-                ),
-                Diagnosis(
-                    "ell = sqrt(R Dv): the in-chunk term grows like ell (R + Dv) / 2", lambda r, dv: math.sqrt(r * dv)
-                ),
-            ],
-            rtol=1e-6,
-            atol=0.0,
-            success="best_chunk is right: ell* = sqrt(2 R Dv / (R + Dv)), sqrt(D) = 8 for R = Dv = D = 64.",
-        )
+    return check_function(
+        fn,
+        cases,
+        expected=_best,
+        name="best_chunk",
+        diagnoses=[
+            Diagnosis(
+                "every ell x ell pair of a chunk is counted; only the ell (ell + 1) / 2 pairs j <= i are needed",
+                lambda r, dv: math.sqrt(r * dv / (r + dv)),
+            ),
+            Diagnosis("the square root is missing: ell^2 = 2 R Dv / (R + Dv)", lambda r, dv: 2 * r * dv / (r + dv)),
+            Diagnosis(
+                "an in-chunk pair costs R + Dv (a score, R, and a weighted value, Dv), not R alone",
+                lambda r, dv: math.sqrt(2 * dv),
+            ),
+            Diagnosis(
+                "an in-chunk pair costs R + Dv (a score, R, and a weighted value, Dv), not Dv alone",
+                lambda r, dv: math.sqrt(2 * r),
+            ),
+            Diagnosis(
+                "ell = sqrt(R Dv): the in-chunk term grows like ell (R + Dv) / 2", lambda r, dv: math.sqrt(r * dv)
+            ),
+        ],
+        rtol=1e-6,
+        atol=0.0,
+        success="best_chunk is right: ell* = sqrt(2 R Dv / (R + Dv)), sqrt(D) = 8 for R = Dv = D = 64.",
     )
 
 
@@ -314,33 +307,31 @@ def check_relative_variance(fn) -> Result:
         Case((_randn(8, seed=50) * 0.4, _randn(8, seed=51) * 0.4), label="x, y in R^8"),
         Case((torch.zeros(2, dtype=torch.float64), torch.zeros(2, dtype=torch.float64)), label="x = y = 0"),
     ]  # fmt: skip
-    return boxed(
-        check_function(
-            fn,
-            cases,
-            expected=_relative_variance,
-            name="relative_variance",
-            diagnoses=[
-                Diagnosis(
-                    "this is E[Z^2] / E[Z]^2; the variance is E[Z^2] - E[Z]^2",
-                    lambda x, y: math.exp(((x + y) ** 2).sum()),
-                ),
-                Diagnosis(
-                    "this is the variance itself, not divided by the squared mean exp(2 x.y)",
-                    lambda x, y: math.exp(2 * float(x @ y)) * math.expm1(float(((x + y) ** 2).sum())),
-                ),
-                Diagnosis(
-                    "E[Z^2] came out as E[Z]^2, so there is no variance left: E[exp(2 w.u)] = exp(|2u|^2 / 2) = "
-                    "exp(2 |u|^2), not exp(|u|^2)",
-                    lambda x, y: 0.0,
-                ),
-                Diagnosis(
-                    "|x + y|^2 became |x|^2 + |y|^2: the cross term 2 x.y is missing",
-                    lambda x, y: math.expm1(float(x @ x + y @ y)),
-                ),
-            ],
-            rtol=1e-6,
-            atol=1e-12,
-            success="relative_variance is right: exp(|x + y|^2) - 1, which explodes for long, aligned x and y.",
-        )
+    return check_function(
+        fn,
+        cases,
+        expected=_relative_variance,
+        name="relative_variance",
+        diagnoses=[
+            Diagnosis(
+                "this is E[Z^2] / E[Z]^2; the variance is E[Z^2] - E[Z]^2",
+                lambda x, y: math.exp(((x + y) ** 2).sum()),
+            ),
+            Diagnosis(
+                "this is the variance itself, not divided by the squared mean exp(2 x.y)",
+                lambda x, y: math.exp(2 * float(x @ y)) * math.expm1(float(((x + y) ** 2).sum())),
+            ),
+            Diagnosis(
+                "E[Z^2] came out as E[Z]^2, so there is no variance left: E[exp(2 w.u)] = exp(|2u|^2 / 2) = "
+                "exp(2 |u|^2), not exp(|u|^2)",
+                lambda x, y: 0.0,
+            ),
+            Diagnosis(
+                "|x + y|^2 became |x|^2 + |y|^2: the cross term 2 x.y is missing",
+                lambda x, y: math.expm1(float(x @ x + y @ y)),
+            ),
+        ],
+        rtol=1e-6,
+        atol=1e-12,
+        success="relative_variance is right: exp(|x + y|^2) - 1, which explodes for long, aligned x and y.",
     )
