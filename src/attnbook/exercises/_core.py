@@ -132,7 +132,7 @@ def _what(x) -> str:
     return f"a {type(x).__name__}"
 
 
-def _compare(got, expected, rtol, atol, path: str = "") -> str | None:
+def _compare(got, expected, rtol, atol, path: str = "", equal_nan: bool = False) -> str | None:
     """None when ``got`` matches ``expected`` (tensors, numbers, tuples/NamedTuples of them), else the problem."""
     label = f"{path} " if path else ""
     if isinstance(expected, torch.Tensor):
@@ -149,7 +149,7 @@ def _compare(got, expected, rtol, atol, path: str = "") -> str | None:
             return None
         if got.is_complex() or not (got.is_floating_point() or not expected.is_floating_point()):
             return f"{label}has dtype {got.dtype}, expected a floating-point tensor like {expected.dtype}"
-        diff = first_difference(got, expected, rtol=rtol, atol=atol)
+        diff = first_difference(got, expected, rtol=rtol, atol=atol, equal_nan=equal_nan)
         return None if diff is None else f"{label}{diff}"
     if isinstance(expected, tuple):
         if not isinstance(got, tuple) or len(got) != len(expected):
@@ -161,7 +161,7 @@ def _compare(got, expected, rtol, atol, path: str = "") -> str | None:
             )
         names = getattr(expected, "_fields", None) or [f"item {i}" for i in range(len(expected))]
         for name, g, e in zip(names, got, expected, strict=True):
-            problem = _compare(g, e, rtol, atol, path=f"{path}.{name}" if path else name)
+            problem = _compare(g, e, rtol, atol, path=f"{path}.{name}" if path else name, equal_nan=equal_nan)
             if problem:
                 return problem
         return None
@@ -213,7 +213,7 @@ def check_function(
                 variant = d.wrong(*_fresh(case.args), **_fresh(case.kwargs))
             except Exception:  # a diagnosis that cannot be evaluated here does not apply
                 continue
-            if _compare(got, variant, r, a) is None:
+            if _compare(got, variant, r, a, equal_nan=True) is None:
                 return Result(False, f"{name}, on {case.label}: {problem}.\nIt looks like {d.message}.")
         return Result(False, f"{name}, on {case.label}: {problem}.")
     labels = ", ".join(dict.fromkeys(c.label for c in cases))
