@@ -94,16 +94,21 @@ def _number(x: float) -> str:
     return f"{x:.6g}"
 
 
-def first_difference(got: torch.Tensor, expected: torch.Tensor, *, rtol: float, atol: float) -> str | None:
+def first_difference(
+    got: torch.Tensor, expected: torch.Tensor, *, rtol: float, atol: float, equal_nan: bool = False
+) -> str | None:
     """None when ``got`` is close to ``expected`` everywhere, else where it first differs and by how much.
 
-    Both must have the same shape. NaN or infinity in ``got`` where ``expected`` is finite is reported as such.
+    Both must have the same shape. NaN or infinity in ``got`` where ``expected`` is finite is reported as such;
+    with ``equal_nan`` a NaN matches a NaN (how a known wrong variant that produces NaN is recognised).
     """
     g = got.detach().to("cpu", torch.float64).reshape(-1)
     e = expected.detach().to("cpu", torch.float64).reshape(-1)
     bad_value = ~torch.isfinite(g) & torch.isfinite(e)
     close = (g - e).abs() <= atol + rtol * e.abs()
     close |= g == e  # equal infinities
+    if equal_nan:
+        close |= torch.isnan(g) & torch.isnan(e)
     wrong = ~close | bad_value
     if not bool(wrong.any()):
         return None
