@@ -8,7 +8,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import torch
 
-__all__ = ["attention_heatmap", "scaling_plot"]
+__all__ = ["attention_heatmap", "scaling_plot", "scaling_panels", "curves_and_maps"]
 
 
 def _numpy(x) -> np.ndarray:
@@ -95,7 +95,8 @@ def scaling_plot(
         y0 = next(iter(series.values()))[0]
         n = np.asarray(ns, dtype=float)
         for p in reference_slopes:
-            guide = ":" if mechanism_styles else "--"  # dashes mean a causal form among mechanism styles
+            # dashes mean a causal form among mechanism styles: guides are dotted, or dash-dotted for p = 2
+            guide = ("-." if p == 2 else ":") if mechanism_styles else "--"
             ax.plot(n, y0 * (n / n[0]) ** p, ls=guide, color="grey", lw=0.8, label=f"∝ {variable}^{p:g}")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
@@ -107,3 +108,99 @@ def scaling_plot(
         ax.legend(fontsize=8)
     ax.grid(True, which="both", alpha=0.3)
     return ax
+
+
+def curves_and_maps(
+    curves: Mapping[str, Sequence[float]],
+    maps: Mapping[str, object],
+    *,
+    styles: Mapping[str, dict] | None = None,
+    xlabel: str = "training step",
+    ylabel: str = "loss",
+    logy: bool = True,
+    map_xlabel: str = "head h",
+    map_ylabel: str = "token type",
+    annotate: bool = True,
+):
+    """Training curves above, matrices side by side below (one shared colour scale, from 0).
+
+    For a model trained in several variants (``curves``: label -> values per step, drawn with
+    ``styles[label]`` as ``plot`` keywords) and matrices read from it (``maps``: title -> (R, K) matrix, e.g.
+    the share of each token type's gate on each head before and after training). Drawn at the book's page
+    width.
+
+    Returns:
+        the matplotlib Figure.
+    """
+    from .style import PAGE_WIDTH, shared_scale
+
+    if not curves or not maps:
+        raise ValueError("curves_and_maps: needs at least one curve and one map")
+    fig = plt.figure(figsize=(PAGE_WIDTH, 6.4))
+    top, bottom = fig.subfigures(2, 1, height_ratios=[1.0, 1.1])
+    ax = top.subplots()
+    for label, ys in curves.items():
+        ax.plot(np.arange(len(ys)), _numpy(list(ys)), label=label, **dict((styles or {}).get(label, {})))
+    if logy:
+        ax.set_yscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    top.subplots_adjust(left=0.11, right=0.97, bottom=0.2, top=0.95)
+    arrays = {title: _numpy(m) for title, m in maps.items()}
+    scale = shared_scale(*arrays.values())
+    axes = np.atleast_1d(bottom.subplots(1, len(arrays)))
+    for ax, (title, m) in zip(axes, arrays.items(), strict=True):
+        attention_heatmap(
+            m, ax=ax, title=title, xlabel=map_xlabel, ylabel=map_ylabel, vmax=scale["vmax"], annotate=annotate
+        )
+        ax.set_xticks(range(m.shape[1]))
+        ax.set_yticks(range(m.shape[0]))
+    bottom.subplots_adjust(left=0.11, right=0.97, bottom=0.14, top=0.9, wspace=0.45)
+    return fig
+
+
+def scaling_panels(
+    ns: Sequence[int],
+    panels: Mapping[str, Mapping[str, Sequence[float]]],
+    *,
+    title: str | None = None,
+    reference_slopes: Sequence[float] = (1, 2),
+    xlabel: str = "sequence length N",
+):
+    """Up to three log-log cost panels (ylabel -> {mechanism: values}) in a 2 x 2 grid at the page width.
+
+    Every series gets its mechanism's colour and line style (:func:`attnbook.viz.style.line_style`); the
+    fourth cell holds the one legend the panels share. Series that are NaN everywhere are left out.
+
+    Returns:
+        the matplotlib Figure.
+    """
+    from .style import PAGE_WIDTH
+
+    if not 1 <= len(panels) <= 3:
+        raise ValueError(f"scaling_panels: panels must hold 1 to 3 panels, got {len(panels)}")
+    fig, axes = plt.subplots(2, 2, figsize=(PAGE_WIDTH, 6.6))
+    for ax, (ylabel, series) in zip(list(axes.flat)[: len(panels)], panels.items(), strict=True):
+        shown = {name: ys for name, ys in series.items() if np.isfinite(_numpy(list(ys))).any()}
+        scaling_plot(
+            ns,
+            shown,
+            ylabel=ylabel,
+            ax=ax,
+            reference_slopes=reference_slopes,
+            xlabel=xlabel,
+            mechanism_styles=True,
+            legend=False,
+        )
+    for ax in list(axes.flat)[len(panels) : 3]:
+        ax.axis("off")
+    legend_ax = axes.flat[3]
+    legend_ax.axis("off")
+    handles, labels = axes.flat[0].get_legend_handles_labels()
+    legend_ax.legend(handles, labels, loc="center", ncols=2, frameon=False)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    return fig
