@@ -4,6 +4,8 @@ import matplotlib
 
 matplotlib.use("Agg")
 
+import math  # noqa: E402
+
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
@@ -268,3 +270,64 @@ def test_plot_race_draws_a_mean_line_and_band_per_mechanism_and_the_shares():
     assert fig.get_figwidth() <= 7.5
     with pytest.raises(ValueError, match="shares must name mechanisms"):
         h2h.plot_race(race, shares={"flow": [1.0]})
+
+
+# ------------------------------------------------------------------ the figures of chapters 5 and 6 (viz.plots)
+
+
+def test_scaling_panels_styles_every_mechanism_and_shares_one_legend():
+    from attnbook.viz import plots, style
+
+    ns = [128, 256, 512]
+    panels = {
+        "forward (s)": {"softmax": [1, 4, 16], "linear_causal": [1, 2, 4], "skipped": [math.nan] * 3},
+        "memory (B)": {"softmax": [1, 2, 4], "linear_causal": [2, 4, 8], "skipped": [math.nan] * 3},
+    }
+    fig = plots.scaling_panels(ns, panels, title="t")
+    axes = fig.axes
+    assert fig.get_figwidth() == style.PAGE_WIDTH and len(axes) == 4
+    lines = {line.get_label(): line for line in axes[0].get_lines()}
+    assert "skipped" not in lines  # NaN everywhere: left out
+    assert lines["softmax"].get_color() == style.colour("softmax")
+    assert lines["linear_causal"].get_linestyle() == "--"  # causal: dashed
+    assert {lines["∝ N^1"].get_linestyle(), lines["∝ N^2"].get_linestyle()} == {":", "-."}  # guides differ
+    assert axes[0].get_legend() is None and not axes[2].axison  # two panels: the third cell is empty
+    legend = [t.get_text() for t in axes[3].get_legend().get_texts()]
+    assert legend[:2] == ["softmax", "linear_causal"]
+    with pytest.raises(ValueError, match="1 to 3 panels"):
+        plots.scaling_panels(ns, {})
+
+
+def test_scaling_plot_keeps_its_old_behaviour_by_default():
+    import matplotlib.pyplot as plt
+
+    from attnbook.viz import plots
+
+    _, ax = plt.subplots()
+    plots.scaling_plot([1, 2], {"flow": [1, 2]}, ylabel="y", ax=ax, reference_slopes=(1,))
+    flow, guide = ax.get_lines()
+    assert guide.get_linestyle() == "--" and ax.get_legend() is not None
+    from matplotlib.colors import to_hex
+
+    assert to_hex(flow.get_color()) == "#1f77b4"  # matplotlib's first colour: mechanism styles are opt-in
+    plt.close("all")
+
+
+def test_curves_and_maps_draws_curves_above_and_maps_on_one_scale_below():
+    from attnbook.viz import plots, style
+
+    fig = plots.curves_and_maps(
+        {"routed": [1.0, 0.5, 0.1], "all heads": [1.0, 0.9, 0.8]},
+        {"before": torch.full((2, 3), 0.25), "after": torch.tensor([[0.9, 0.1, 0.0], [0.0, 0.2, 0.8]])},
+        styles={"routed": dict(color=style.colour("moh"))},
+    )
+    assert fig.get_figwidth() == style.PAGE_WIDTH
+    curve_ax = next(ax for ax in fig.axes if ax.get_lines())
+    assert [line.get_label() for line in curve_ax.get_lines()] == ["routed", "all heads"]
+    assert curve_ax.get_lines()[0].get_color() == style.colour("moh") and curve_ax.get_yscale() == "log"
+    images = [ax.images[0] for ax in fig.axes if ax.images]
+    assert len(images) == 2 and all(im.get_clim() == pytest.approx((0.0, 0.9)) for im in images)  # one scale
+    texts = [t.get_text() for ax in fig.axes if ax.images for t in ax.texts]
+    assert "0.90" in texts and "0.25" in texts  # annotated cells
+    with pytest.raises(ValueError, match="at least one curve"):
+        plots.curves_and_maps({}, {"a": torch.ones(1, 1)})
