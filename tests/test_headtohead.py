@@ -298,7 +298,7 @@ def test_scaling_panels_styles_every_mechanism_and_shares_one_legend():
         plots.scaling_panels(ns, {})
 
 
-def test_scaling_plot_keeps_its_old_behaviour_by_default():
+def test_scaling_plot_styles_are_opt_in():
     import matplotlib.pyplot as plt
 
     from attnbook.viz import plots
@@ -306,7 +306,7 @@ def test_scaling_plot_keeps_its_old_behaviour_by_default():
     _, ax = plt.subplots()
     plots.scaling_plot([1, 2], {"flow": [1, 2]}, ylabel="y", ax=ax, reference_slopes=(1,))
     flow, guide = ax.get_lines()
-    assert guide.get_linestyle() == "--" and ax.get_legend() is not None
+    assert guide.get_linestyle() == ":" and ax.get_legend() is not None
     from matplotlib.colors import to_hex
 
     assert to_hex(flow.get_color()) == "#1f77b4"  # matplotlib's first colour: mechanism styles are opt-in

@@ -8,7 +8,12 @@ import matplotlib.pyplot as plt
 import numpy as np
 import torch
 
+from .._checks import check_number
+from .style import MIN_FONT
+
 __all__ = ["attention_heatmap", "scaling_plot", "scaling_panels", "curves_and_maps"]
+
+_GUIDE_STYLES = (":", "-.", (0, (6, 2, 1, 2, 1, 2)))
 
 
 def _numpy(x) -> np.ndarray:
@@ -24,30 +29,37 @@ def attention_heatmap(
     title: str = "attention weights",
     queries=None,
     keys=None,
+    vmax: float | None = None,
+    colorbar: bool = True,
     xlabel: str = "key j",
     ylabel: str = "query i",
-    vmax: float | None = None,
     annotate: bool = False,
 ):
     """Heat map of an (N, M) weight matrix: row i = query i, column j = key j. Returns the Axes.
 
-    ``xlabel`` / ``ylabel`` rename the axes (any matrix of shares: token type x head, ...), ``vmax`` fixes the
-    top of the colour scale (for maps meant to be compared) and ``annotate`` writes each value in its cell.
+    The colour scale starts at 0 and ends at ``vmax`` (default: the largest weight). Maps meant to be
+    compared should share one ``vmax`` (:func:`attnbook.viz.shared_scale`); ``colorbar=False`` leaves the
+    colour bar to the caller (one bar for several panels). The image is ``ax.images[0]``. ``xlabel`` /
+    ``ylabel`` rename the axes (any matrix of shares: token type x head, ...) and ``annotate`` writes each
+    value in its cell.
     """
     w = _numpy(weights)
     if w.ndim != 2:
         raise ValueError(f"attention_heatmap: expected an (N, M) matrix, got shape {w.shape}")
+    if vmax is not None:
+        vmax = check_number(vmax, "vmax", name="attention_heatmap", minimum=0.0, strict_minimum=True)
     if ax is None:
         _, ax = plt.subplots(figsize=(4.2, 3.6))
     image = ax.imshow(w, cmap="viridis", vmin=0.0, vmax=vmax, aspect="auto", interpolation="nearest")
-    ax.figure.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
+    if colorbar:
+        ax.figure.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
+    ax.set_title(title)
     if annotate:
         top = float(np.nanmax(w)) if vmax is None else vmax
         for (i, j), value in np.ndenumerate(w):
             ax.text(j, i, f"{value:.2f}", ha="center", va="center", color="black" if value > 0.6 * top else "white")
-    ax.set_title(title)
     if queries is not None:
         ax.set_yticks(range(len(queries)), queries)
     if keys is not None:
@@ -65,39 +77,42 @@ def scaling_plot(
     reference_slopes: Sequence[float] = (),
     xlabel: str = "sequence length N",
     variable: str = "N",
+    styles: Mapping[str, dict] | None = None,
     mechanism_styles: bool = False,
     legend: bool = True,
 ):
     """Log-log plot of a cost against a size (by default the sequence length N), one line per series.
 
-    ``reference_slopes`` adds a grey guide line proportional to ``variable ** p`` for each slope p, through
-    the first point of the first series (dotted with ``mechanism_styles``, where dashes mean "causal").
-    With ``mechanism_styles`` every series named after a mechanism (``"flow"``, ``"flow_causal"``,
-    ``"softmax_literal"``) gets the book's colour and line style for it
-    (:func:`attnbook.viz.style.line_style`); ``legend=False`` leaves the legend to the caller (one legend
-    shared by several panels).
+    ``reference_slopes`` adds a thin grey guide line (dotted, then dash-dotted, ...) proportional to
+    ``variable ** p`` for each slope p, through the first point of the first series. ``styles`` maps a series
+    name to ``plot`` keyword arguments, e.g. ``{"linear, causal": line_style("linear_causal")}``
+    (:func:`attnbook.viz.line_style`: one colour per mechanism, dashed when causal); one mapping can serve
+    several plots (names not plotted are ignored). With ``mechanism_styles`` every series named after a
+    mechanism (``"flow"``, ``"flow_causal"``, ``"softmax_literal"``) and not in ``styles`` gets that style
+    from its name. ``legend=False`` leaves the legend to the caller (one legend shared by several panels).
+    A value of NaN leaves a point out (a series measured at fewer sizes).
     """
+    from .style import line_style
+
     if ax is None:
         _, ax = plt.subplots(figsize=(5, 3.6))
+    styles = dict(styles or {})
     for name, ys in series.items():
         if len(ys) != len(ns):
             raise ValueError(f"scaling_plot: series {name!r} has {len(ys)} values for {len(ns)} lengths")
-        kw = {}
-        if mechanism_styles:
-            from .style import line_style
-
+        style = styles.get(name)
+        if style is None and mechanism_styles:
             try:
-                kw = line_style(name)
+                style = line_style(name)
             except ValueError:  # not a mechanism: matplotlib's next colour
-                kw = {}
-        ax.plot(ns, ys, marker="o", label=name, **kw)
+                style = None
+        ax.plot(ns, ys, **{"marker": "o", **(style or {})}, label=name)
     if reference_slopes and series:
         y0 = next(iter(series.values()))[0]
         n = np.asarray(ns, dtype=float)
-        for p in reference_slopes:
-            # dashes mean a causal form among mechanism styles: guides are dotted, or dash-dotted for p = 2
-            guide = ("-." if p == 2 else ":") if mechanism_styles else "--"
-            ax.plot(n, y0 * (n / n[0]) ** p, ls=guide, color="grey", lw=0.8, label=f"∝ {variable}^{p:g}")
+        # thin grey guides, told apart by their dash pattern (a dashed coloured line is a causal mechanism)
+        for p, ls in zip(reference_slopes, _GUIDE_STYLES * len(reference_slopes), strict=False):
+            ax.plot(n, y0 * (n / n[0]) ** p, ls=ls, color="grey", lw=0.9, label=f"∝ {variable}^{p:g}")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel(xlabel)
@@ -105,7 +120,7 @@ def scaling_plot(
     if title:
         ax.set_title(title)
     if legend:
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=MIN_FONT)
     ax.grid(True, which="both", alpha=0.3)
     return ax
 
