@@ -114,15 +114,13 @@ def first_difference(
         return None
     i = int(wrong.nonzero()[0])
     where = _index(i, tuple(expected.shape)) if expected.dim() else ()
-    at = f"at index {where}" if where else "in the value"
+    at = f"at index {where} it" if where else ""  # a scalar: "the result is 2.5, expected 3"
     n_wrong = int(wrong.sum())
     of = f" ({n_wrong} of {g.numel()} entries differ)" if g.numel() > 1 else ""
     if bad_value[i]:
-        return f"{at} it is {_number(float(g[i]))} where {_number(float(e[i]))} was expected{of}"
-    return (
-        f"{at} it is {_number(float(g[i]))}, expected {_number(float(e[i]))} "
-        f"(off by {_number(float((g[i] - e[i]).abs()))}){of}"
-    )
+        return f"{at} is {_number(float(g[i]))} where {_number(float(e[i]))} was expected{of}".lstrip()
+    off = _number(float((g[i] - e[i]).abs()))
+    return f"{at} is {_number(float(g[i]))}, expected {_number(float(e[i]))} (off by {off}){of}".lstrip()
 
 
 def _tolerance(expected, rtol, atol) -> tuple[float, float]:
