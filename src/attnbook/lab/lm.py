@@ -60,22 +60,22 @@ class Setup:
     dim: int = 64
     n_heads: int = 4
     n_layers: int = 2
-    context: int = 128
+    context: int = 64
     batch: int = 8
-    steps: int = 150
-    lr: float = 3e-3
-    warmup: int = 15
+    steps: int = 80
+    lr: float = 2e-2
+    warmup: int = 10
     weight_decay: float = 0.01
-    eval_every: int = 25
+    eval_every: int = 20
     eval_windows: int = 16
 
     def model(self, mechanism: str) -> DecoderLM:
         return DecoderLM(mechanism, dim=self.dim, n_heads=self.n_heads, n_layers=self.n_layers)
 
 
-SMALL = Setup()
+SMALL = Setup()  # CI: every mechanism x 3 seeds in about 25 s of one CPU core
 FULL = Setup(
-    dim=256, n_heads=8, n_layers=4, context=256, batch=32, steps=1500, lr=2e-3, warmup=100, eval_every=100,
+    dim=192, n_heads=6, n_layers=4, context=256, batch=32, steps=1000, lr=2e-3, warmup=100, eval_every=100,
     eval_windows=128,
 )  # fmt: skip
 
