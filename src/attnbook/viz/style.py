@@ -7,16 +7,40 @@
   :data:`DPI`; multi-panel figures stack or wrap rather than shrink below it.
 * :func:`book_style` -- matplotlib settings (rcParams) with the smallest text at :data:`MIN_FONT` points.
 * :func:`shared_scale` -- one colour scale for maps that are meant to be compared.
+* :func:`check_figure` -- what in a Figure breaks the page's rules (too wide, text below :data:`MIN_FONT`).
+* :func:`use_book_style` -- called in every chapter's setup cell: the book's settings for the whole session,
+  and every PNG a figure is rendered to (inline output, ``savefig``, a frame slider's frames) is checked
+  with :func:`check_figure` and stamped with its smallest text size and its width, which the browser tests
+  read back from the images on the built pages.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
+import sys
 
 import matplotlib as mpl
 import numpy as np
+from matplotlib.backend_bases import FigureCanvasBase
+from matplotlib.figure import Figure
+from matplotlib.text import Text
 
-__all__ = ["COLOURS", "PAGE_WIDTH", "DPI", "MIN_FONT", "colour", "line_style", "book_style", "shared_scale"]
+__all__ = [
+    "COLOURS",
+    "PAGE_WIDTH",
+    "DPI",
+    "MIN_FONT",
+    "STAMP_FONT",
+    "STAMP_WIDTH",
+    "colour",
+    "line_style",
+    "book_style",
+    "shared_scale",
+    "smallest_text",
+    "check_figure",
+    "use_book_style",
+]
 
 COLOURS: dict[str, str] = {
     "softmax": "#0072B2",  # blue
@@ -74,3 +98,80 @@ def shared_scale(*maps) -> dict:
     """``imshow`` keyword arguments (``vmin=0``, ``vmax``) that put every map on one colour scale."""
     top = max(float(np.nanmax(np.asarray(m, dtype=float))) for m in maps) if maps else 1.0
     return {"vmin": 0.0, "vmax": top if top > 0 else 1.0}
+
+
+STAMP_FONT = "attnbook:min-font-pt"  # PNG text chunk: the smallest text of the figure, in points
+STAMP_WIDTH = "attnbook:width-in"  # PNG text chunk: the figure's width in inches
+
+
+def smallest_text(fig: Figure) -> float | None:
+    """The size in points of the smallest visible, non-empty text of ``fig`` (None when it has no text)."""
+    sizes = [
+        float(t.get_fontsize())
+        for t in fig.findobj(Text)
+        if t.get_visible() and t.get_text().strip() and (t.axes is None or t.axes.get_visible())
+    ]
+    return min(sizes) if sizes else None
+
+
+def check_figure(fig: Figure) -> list[str]:
+    """Every way in which ``fig`` breaks the page's rules; an empty list when it fits.
+
+    A figure may be at most :data:`PAGE_WIDTH` inches wide (wider ones are shrunk by the browser and their
+    text with them) and its smallest text at least :data:`MIN_FONT` points.
+    """
+    if not isinstance(fig, Figure):
+        raise TypeError(f"check_figure: fig must be a matplotlib Figure, got {type(fig).__name__}")
+    problems = []
+    width = float(fig.get_figwidth())
+    if width > PAGE_WIDTH * 1.001:
+        problems.append(f"it is {width:.2f} in wide, wider than the page's {PAGE_WIDTH} in: stack or wrap panels")
+    small = smallest_text(fig)
+    if small is not None and small < MIN_FONT - 1e-6:
+        texts = sorted(
+            {repr(t.get_text()[:30]) for t in fig.findobj(Text) if t.get_visible() and t.get_fontsize() < MIN_FONT}
+        )
+        problems.append(f"text at {small:g} pt, below {MIN_FONT} pt: {', '.join(texts[:3])}")
+    return problems
+
+
+def _is_png(filename, kwargs) -> bool:
+    fmt = kwargs.get("format")
+    if fmt is None and isinstance(filename, str):
+        fmt = filename.rsplit(".", 1)[-1] if "." in filename else None
+    if fmt is None:
+        fmt = mpl.rcParams["savefig.format"]
+    return str(fmt).lower() == "png"
+
+
+_ORIGINAL_PRINT_FIGURE = FigureCanvasBase.print_figure
+
+
+@functools.wraps(_ORIGINAL_PRINT_FIGURE)
+def _checked_print_figure(self, filename, *args, **kwargs):
+    fig = self.figure
+    if _is_png(filename, kwargs):
+        fig.draw_without_rendering()  # tick labels get their text only when drawn
+        for problem in check_figure(fig):
+            label = fig.get_suptitle() or fig.get_label() or "a figure"
+            # stderr, not warnings.warn: Python shows a warning once per place, and every figure counts
+            print(f"attnbook figure check: {label!r}: {problem}", file=sys.stderr)
+        small = smallest_text(fig)
+        metadata = dict(kwargs.get("metadata") or {})
+        metadata[STAMP_FONT] = "none" if small is None else f"{small:g}"
+        metadata[STAMP_WIDTH] = f"{float(fig.get_figwidth()):g}"
+        kwargs["metadata"] = metadata
+    return _ORIGINAL_PRINT_FIGURE(self, filename, *args, **kwargs)
+
+
+def use_book_style() -> None:
+    """Set the book's figure settings for this session and check and stamp every PNG rendered from now on.
+
+    Call it once in a chapter's setup cell. Every figure rendered to PNG (the inline output, ``savefig``,
+    :func:`attnbook.viz.static.figure_to_png`) is checked with :func:`check_figure` (a warning per
+    problem, shown in the cell's output) and carries two PNG text chunks, :data:`STAMP_FONT` and
+    :data:`STAMP_WIDTH`; the browser tests combine them with the scale at which the page shows the image
+    to measure its smallest text in screen pixels, and fail a page with an unstamped figure.
+    """
+    mpl.rcParams.update(_RC)
+    FigureCanvasBase.print_figure = _checked_print_figure
