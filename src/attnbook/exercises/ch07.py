@@ -102,6 +102,7 @@ def check_bits_per_byte(fn) -> Result:
         _bpb_cases(),
         expected=reference_bits_per_byte,
         name="bits_per_byte",
+        success="bits_per_byte is right on every input.",
         rtol=1e-6,
         atol=1e-9,
         diagnoses=[
@@ -196,6 +197,7 @@ def check_cached_step(fn) -> Result:
         _cached_cases(),
         expected=reference_cached_step,
         name="cached_step",
+        success="cached_step is right on every input.",
         diagnoses=[
             Diagnosis(
                 "the query attends to the cache before the new key and value are added: the newest token "
@@ -268,6 +270,7 @@ def check_next_byte_distribution(fn) -> Result:
         _distribution_cases(),
         expected=reference_next_byte_distribution,
         name="next_byte_distribution",
+        success="next_byte_distribution is right on every input.",
         diagnoses=[
             Diagnosis("the logits are multiplied by the temperature; divide them by it", _times_temperature),
             Diagnosis(

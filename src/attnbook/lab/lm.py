@@ -57,16 +57,16 @@ class Setup:
         eval_windows: number of fixed validation windows of ``context`` bytes.
     """
 
-    dim: int = 64
+    dim: int = 32
     n_heads: int = 4
     n_layers: int = 2
     context: int = 64
     batch: int = 8
-    steps: int = 80
+    steps: int = 100
     lr: float = 2e-2
     warmup: int = 10
     weight_decay: float = 0.01
-    eval_every: int = 20
+    eval_every: int = 10
     eval_windows: int = 16
 
     def model(self, mechanism: str) -> DecoderLM:
