@@ -1,11 +1,11 @@
 """Generation cost against the position t: per-token time and memory of every causal mechanism (chapter 7).
 
-Measured by :func:`attnbook.lab.generation.measure`: one DecoderLM per mechanism (the chapter's model sizes,
-``attnbook.lab.lm.SMALL`` and ``FULL``) generates token by token; at each position t all mechanisms are timed
-in one alternating run (:func:`attnbook.lab.profiling.compare`), one token per call, medians reported; the
-decoding state's bytes and one step's peak extra memory are counted.
+Measured by :func:`attnbook.lab.generation.measure`: one DecoderLM per mechanism, at the model sizes of
+chapter 7 (``attnbook.lab.lm.SMALL``, ``RECORDED`` and ``FULL``), generates token by token; at each position
+t all mechanisms are timed in one alternating run (:func:`attnbook.lab.profiling.compare`), one token per
+call, fastest and median kept; the decoding state's bytes and one step's peak extra memory are counted.
 
-    python benchmarks/bench_generation.py                 # CPU, one thread, float32, both sizes, t = 16 .. 8192
+    python benchmarks/bench_generation.py     # CPU, one thread, float32, all three sizes, t = 16 .. 8192
 
 Writes benchmarks/results/generation_<device>_<dtype>_<size>.json with the device name, the machine's load
 average before and after the run, and a summary: log-log slopes of time and memory between t = 256 and 8192,
@@ -23,7 +23,7 @@ import torch
 
 from attnbook.lab import generation, lm
 
-SIZES = {"small": lm.SMALL, "full": lm.FULL}
+SIZES = {"small": lm.SMALL, "recorded": lm.RECORDED, "full": lm.FULL}
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
 
 

@@ -27,12 +27,7 @@ from attnbook import mechanisms
 from attnbook.lab import corpus, lm
 from attnbook.lab.bench import environment
 
-# Larger than the chapter's CI size, small enough for one CPU core in about an hour.
-RECORDED = lm.Setup(
-    dim=128, n_heads=4, n_layers=2, context=128, batch=16, steps=600, lr=3e-3, warmup=50, eval_every=50,
-    eval_windows=64,
-)  # fmt: skip
-SIZES = {"small": lm.SMALL, "recorded": RECORDED, "full": lm.FULL}
+SIZES = {"small": lm.SMALL, "recorded": lm.RECORDED, "full": lm.FULL}
 PROMPT = b"def "
 
 

@@ -28,6 +28,7 @@ __all__ = [
     "Setup",
     "SMALL",
     "FULL",
+    "RECORDED",
     "setup",
     "Run",
     "learning_rate",
@@ -77,6 +78,14 @@ SMALL = Setup()  # CI: every mechanism x 3 seeds in about 25 s of one CPU core
 FULL = Setup(
     dim=192, n_heads=6, n_layers=4, context=256, batch=32, steps=1000, lr=2e-3, warmup=100, eval_every=100,
     eval_windows=128,
+)  # fmt: skip
+
+
+# Recorded by benchmarks/bench_lm_training.py on a CPU (and timed by bench_generation.py): larger than the CI
+# size, small enough for one CPU core in about an hour.
+RECORDED = Setup(
+    dim=128, n_heads=4, n_layers=2, context=128, batch=16, steps=600, lr=3e-3, warmup=50, eval_every=50,
+    eval_windows=64,
 )  # fmt: skip
 
 
