@@ -342,3 +342,9 @@ def test_the_training_loss_is_the_cross_entropy_in_bits(stdlib):
                               generator=torch.Generator().manual_seed(0)), 32)  # fmt: skip
     loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten()).item()
     assert run.train_bpb[0] == pytest.approx(loss / math.log(2), rel=1e-5)
+
+
+def test_one_training_step_per_mechanism_is_timed_alternately(stdlib):
+    times = lab_lm.step_seconds(["softmax", "flow"], stdlib, lab_lm.Setup(**{**SMALL.__dict__, "batch": 2}), repeats=2)
+    assert set(times) == {"softmax", "flow"}
+    assert all(0 < t["min"] <= t["median"] for t in times.values())

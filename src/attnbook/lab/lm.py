@@ -38,6 +38,7 @@ __all__ = [
     "train",
     "race",
     "spread",
+    "step_seconds",
 ]
 
 LN2 = math.log(2.0)
@@ -250,6 +251,46 @@ def race(
             runs[m].append(train(m, corpus, s, seed=seed, device=device, progress=bar, note=note))
     bar.close()
     return runs
+
+
+def step_seconds(
+    mechanism_names: Sequence[str],
+    corpus: Corpus,
+    s: Setup | None = None,
+    *,
+    repeats: int = 15,
+    device: torch.device | str = "cpu",
+) -> dict[str, dict[str, float]]:
+    """Seconds of one training step (forward, backward, AdamW) per mechanism, timed in one alternating run.
+
+    Training runs made one after another on a shared machine see different loads; this times the same step
+    of every mechanism alternately (:func:`attnbook.lab.profiling.compare`), so the ratios between them are
+    fair. Returns ``{name: {"median": s, "min": s}}``.
+    """
+    from .profiling import compare
+
+    s = setup() if s is None else s
+    device = torch.device(device)
+    starts = torch.randint(
+        0, corpus.train.numel() - s.context - 1, (s.batch,), generator=torch.Generator().manual_seed(0)
+    )
+    x, y = (t.to(device) for t in windows(corpus.train, starts, s.context))
+    steps = {}
+    for name in mechanism_names:
+        torch.manual_seed(0)
+        model = s.model(name).to(device).train()
+        opt = torch.optim.AdamW(model.parameters(), lr=s.lr)
+
+        def one_step(model=model, opt=opt):
+            loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten())
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            return loss.item()
+
+        steps[name] = one_step
+    timing = compare(steps, repeats=repeats, warmup=2, device=device)
+    return {n: {"median": t.median, "min": min(t.samples)} for n, t in timing.items()}
 
 
 def spread(values: Sequence[float]) -> tuple[float, float]:
