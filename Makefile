@@ -106,6 +106,7 @@ notebooks: venv assets
 	  > $(EXECUTED)/_config.yml
 	grep -q 'execute_notebooks: "off"' $(EXECUTED)/_config.yml
 	ln -s ../../_build/site-assets $(EXECUTED)/_build/site-assets
+	ln -s ../src $(EXECUTED)/src  # the chapters' literalinclude folds read ../src
 	$(BIN)/pytest -q tests/test_notebooks.py
 	$(PARALLEL) ATTNBOOK_FAST=1 $(BIN)/pytest -q -n $(PYTEST_WORKERS) --nbmake --overwrite --nbmake-timeout=600 \
 	  $(addprefix $(EXECUTED)/,$(CHAPTERS))
