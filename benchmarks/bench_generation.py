@@ -7,7 +7,7 @@ call, fastest and median kept; the decoding state's bytes and one step's peak ex
 
     python benchmarks/bench_generation.py     # CPU, one thread, float32, all three sizes, t = 16 .. 8192
 
-Writes benchmarks/results/generation_<device>_<dtype>_<size>.json with the device name, the machine's load
+Writes benchmarks/results/ch07/generation_<device>_<dtype>_<size>.json with the device name, the machine's load
 average before and after the run, and a summary: log-log slopes of time and memory between t = 256 and 8192,
 and softmax's per-token time over each other mechanism's at the largest t.
 """
@@ -48,7 +48,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=31)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--threads", type=int, default=1, help="CPU threads (default 1)")
-    parser.add_argument("--out-dir", type=Path, default=Path(__file__).parent / "results")
+    parser.add_argument("--out-dir", type=Path, default=Path(__file__).parent / "results" / "ch07")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     for size in args.sizes:
