@@ -170,3 +170,12 @@ def test_scaling_plot_checks_lengths():
     ax = scaling_plot([1, 2, 4], {"x": [1.0, 2.0, 4.0]}, ylabel="s", reference_slopes=[1, 2])
     assert len(ax.lines) == 3
     plt.close("all")
+
+
+def test_explorer_images_show_at_the_size_they_are_drawn_for():
+    """The Image widgets keep the figure's own width (PAGE_WIDTH at DPI): front-ends stretch images otherwise."""
+    from attnbook.viz import flow, moh
+    from attnbook.viz.style import DPI
+
+    for image in (flow.flow_explorer().explorer.image, moh.routing_explorer(n_tokens=16).explorer.image):
+        assert image.layout.width == f"{PAGE_WIDTH * DPI:.0f}px" and image.layout.max_width == "100%"

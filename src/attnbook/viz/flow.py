@@ -702,7 +702,10 @@ class _FlowController:
             ),
         }
         self.summary = w.HTML(value="")
-        self.image = w.Image(format="png", value=b"")
+        # shown at the size it is drawn for (the page's width at DPI), never stretched to the output area
+        self.image = w.Image(
+            format="png", value=b"", layout=w.Layout(width=f"{PAGE_WIDTH * DPI:.0f}px", max_width="100%")
+        )
         self.causal_choice = p["causal"]  # what the student ticked; head mode shows False without forgetting it
         self.state: FlowPicture | None = None
         self.inactive: dict[str, str] = {}
@@ -749,7 +752,9 @@ class _FlowController:
                 control.disabled = name in self.inactive
             fig = plot_flow(self.state, head=params["head"])
             try:
-                self.image.value = figure_to_png(fig, dpi=DPI)
+                # the fixed layout keeps everything inside the canvas (tests: assert_readable), so no tight crop,
+                # which would draw the figure twice
+                self.image.value = figure_to_png(fig, dpi=DPI, tight=False)
             finally:
                 plt.close(fig)
             self.summary.value = explorer_summary(self.state, head=params["head"], inactive=self.inactive)

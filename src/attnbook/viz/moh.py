@@ -582,7 +582,9 @@ class _Explorer:
         self.reset = w.Button(description="reset router", tooltip="back to the initial router")
         self.status = w.HTML(value="")
         # PNG bytes in an Image widget: an Output widget stays empty in the classic notebook with ipywidgets 7.7.1
-        self.image = w.Image(format="png", value=b"")
+        self.image = w.Image(
+            format="png", value=b"", layout=w.Layout(width=f"{PAGE_WIDTH * DPI:.0f}px", max_width="100%")
+        )
         self.renders = 0
         self.state: RoutingState | None = None
         self.history: RouterTraining | None = None
@@ -682,7 +684,7 @@ class _Explorer:
         for name, control in self.controls.items():
             control.disabled = name in self.inactive
         fig = plot_routing(s, self.history, next_steps=self.steps.value if s.routed else None)
-        self.image.value = figure_to_png(fig, dpi=DPI)
+        self.image.value = figure_to_png(fig, dpi=DPI, tight=False)  # fixed layout: one draw, no crop
         note = "" if s.routed else " (all heads shared: plain multi-head attention, nothing to route)"
         greyed = "".join(
             f"<br>⊘ <b>{self.controls[name].description}</b> is greyed out: {reason}."
