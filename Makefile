@@ -2,32 +2,53 @@
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-# The CPU build of torch is installed first so that the loose `torch>=2.2` requirement is already met
+# The one torch pin. The CPU build is installed first so that the loose `torch>=2.2` requirement is already met
 # (a plain `torch` would pull a multi-GB CUDA build). Override on a GPU machine: make book TORCH=torch
 TORCH ?= torch==2.13.0
+# The exact versions of everything else the tests passed with (Python 3.11, CPU); `make lock` rewrites it.
+LOCK := requirements.lock
 # Every chapter listed in the table of contents, in order.
 CHAPTERS := $(shell grep -oE 'book/[0-9]+_[A-Za-z0-9_]+' _toc.yml | sed 's/$$/.ipynb/')
 PYTEST_WORKERS ?= 2
 # One thread per pytest worker: two workers with two threads each oversubscribe a 2-core machine.
 PARALLEL := OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
+CHROMIUM := /usr/bin/chromium
 
 ASSETS := _build/site-assets/vendor
+EXECUTED := _executed
+DIST := _build/dist
+WHEEL_VENV := _build/wheel-venv
+# The package's tests; the book's own (notebook structure, website, front-ends) run in .venv.
+BOOK_TESTS := tests/test_notebooks.py tests/browser tests/frontend
+PACKAGE_TESTS := $(foreach t,$(BOOK_TESTS),--ignore=$(t))
 
-.PHONY: help venv assets book test lint unit notebooks book-strict browser colab serve clean
+.PHONY: help venv assets book test lint unit wheel wheel-test notebooks book-strict browser colab serve lock clean
 
 help:
-	@echo "make book   - set up .venv, execute every chapter and build the website into _build/html"
-	@echo "make test   - lint, unit tests, every chapter with nbmake, the website with warnings as errors"
-	@echo "make serve  - serve _build/html on http://127.0.0.1:8000"
-	@echo "make browser - the website's browser tests (needs a build and /usr/bin/chromium)"
+	@echo "make book       - set up .venv, execute every chapter and build the website into _build/html"
+	@echo "make test       - every check: lint, the unit tests against the built wheel, every chapter (executed"
+	@echo "                  once, with nbmake), the website with warnings as errors, browser and front-end tests"
+	@echo "make serve      - serve _build/html on http://127.0.0.1:8000"
+	@echo "make unit       - the unit tests against the editable checkout (quick, while developing)"
+	@echo "make lint       - ruff, ruff format and nbstripout, as the pre-commit hooks run them"
+	@echo "make lock       - record the exact versions of .venv in $(LOCK) (after a green make test)"
 
-$(BIN)/.installed: pyproject.toml requirements.txt
+$(BIN)/.installed: pyproject.toml requirements.txt $(LOCK)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet "$(TORCH)"
-	$(BIN)/pip install --quiet -r requirements.txt -e .
+	$(BIN)/pip install --quiet -r $(LOCK)
+	$(BIN)/pip install --quiet --no-deps -e .
+	$(BIN)/pip check
 	touch $@
 
 venv: $(BIN)/.installed
+
+# The loose requirements (requirements.txt, pyproject.toml) resolved into exact versions, torch left to TORCH.
+lock: venv
+	$(BIN)/pip install --quiet -r requirements.txt
+	{ echo "# Exact versions the tests passed with (Python 3.11; torch itself comes from TORCH in the Makefile)."; \
+	  echo "# Written by 'make lock' from requirements.txt and pyproject.toml: edit those, not this file."; \
+	  $(BIN)/pip freeze --exclude-editable --exclude torch; } > $(LOCK)
 
 # MathJax 3, require.js and the ipywidgets HTML manager come from the npm registry (versions locked in
 # package-lock.json) and are served by the site itself: _config.yml copies _build/site-assets into the site
@@ -49,23 +70,66 @@ assets: $(ASSETS)/.copied
 book: venv assets
 	$(BIN)/jupyter-book build .
 
-test: lint unit notebooks book-strict browser colab frontend
+test: lint wheel-test notebooks book-strict browser colab frontend
 
 lint: venv
 	$(BIN)/ruff check src tests benchmarks book
+	$(BIN)/ruff format --check src tests benchmarks book
 	$(BIN)/nbstripout --verify --keep-id $(wildcard book/*.ipynb)
 
 unit: venv
 	$(PARALLEL) $(BIN)/pytest -q -n $(PYTEST_WORKERS) -m "not browser" tests
 
-notebooks: venv
-	$(PARALLEL) ATTNBOOK_FAST=1 $(BIN)/pytest -q -n $(PYTEST_WORKERS) --nbmake --nbmake-timeout=600 $(CHAPTERS)
+# The wheel and the sdist, the wheel built from the sdist (so the sdist is known to be complete).
+wheel: venv
+	rm -rf $(DIST)
+	$(BIN)/python -m build --outdir $(DIST) . > /dev/null
+	@ls $(DIST)
+
+# The unit tests against the wheel installed into a fresh venv (not editable): missing package data or a broken
+# pyproject.toml fail here. tests/conftest.py checks that attnbook was imported from that venv.
+wheel-test: wheel
+	rm -rf $(WHEEL_VENV)
+	$(PYTHON) -m venv $(WHEEL_VENV)
+	$(WHEEL_VENV)/bin/pip install --quiet "$(TORCH)"
+	$(WHEEL_VENV)/bin/pip install --quiet -c $(LOCK) $(DIST)/*.whl pytest pytest-xdist hypothesis
+	ATTNBOOK_TEST_INSTALLED=1 $(PARALLEL) $(WHEEL_VENV)/bin/pytest -q -n $(PYTEST_WORKERS) -m "not browser" \
+	  -p no:cacheprovider $(PACKAGE_TESTS) tests
+
+# Each chapter is executed once per `make test`. nbmake runs copies of the chapters in $(EXECUTED) (one report
+# per chapter) and writes their outputs into the copies; book-strict renders those copies without executing
+# anything again. (`make book` executes the chapters itself, from book/.)
+notebooks: venv assets
+	rm -rf $(EXECUTED) && mkdir -p $(EXECUTED)/_build
+	cp -r book _toc.yml $(EXECUTED)/
+	sed 's/^  execute_notebooks: .*/  execute_notebooks: "off"  # executed by nbmake (make notebooks)/' _config.yml \
+	  > $(EXECUTED)/_config.yml
+	grep -q 'execute_notebooks: "off"' $(EXECUTED)/_config.yml
+	ln -s ../../_build/site-assets $(EXECUTED)/_build/site-assets
+	ln -s ../src $(EXECUTED)/src  # the chapters' literalinclude folds read ../src
+	$(BIN)/pytest -q tests/test_notebooks.py
+	$(PARALLEL) ATTNBOOK_FAST=1 $(BIN)/pytest -q -n $(PYTEST_WORKERS) --nbmake --overwrite --nbmake-timeout=600 \
+	  $(addprefix $(EXECUTED)/,$(CHAPTERS))
 
 book-strict: venv assets
-	ATTNBOOK_FAST=1 $(BIN)/jupyter-book build . --all --warningiserror --keep-going
+	@test -d $(EXECUTED)/book || { echo "book-strict renders the chapters executed by 'make notebooks': run it first"; exit 1; }
+	rm -rf _build/html _build/jupyter_execute _build/.doctrees
+	$(BIN)/jupyter-book build $(EXECUTED) --path-output . --all --warningiserror --keep-going
+
+# Debian's chromium for the browser tests (Playwright cannot download browsers here): installed when this runs as
+# root with apt-get, otherwise make stops and says what to install.
+$(CHROMIUM):
+	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	  echo "installing Debian's chromium for the browser tests"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium > /dev/null; \
+	else \
+	  echo "The browser tests need Debian's chromium at $(CHROMIUM). Install it with:"; \
+	  echo "    sudo apt-get install chromium"; \
+	  exit 1; \
+	fi
 
 # The built site in Debian's chromium (Playwright), served on 127.0.0.1; screenshots in _build/screenshots.
-browser: venv
+browser: venv $(CHROMIUM)
 	$(BIN)/pytest -q -m browser tests/browser
 
 # A Colab-like environment (ipywidgets 7.7.1, torch already there), the install cell, one widget chapter.
@@ -86,4 +150,4 @@ serve:
 	$(BIN)/python -m http.server 8000 --bind 127.0.0.1 --directory _build/html
 
 clean:
-	rm -rf _build
+	rm -rf _build $(EXECUTED)

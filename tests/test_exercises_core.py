@@ -28,7 +28,8 @@ def run(fn):
 def test_a_right_answer_is_confirmed_in_one_line():
     r = run(lambda x: x.exp() / x.exp().sum(-1, keepdim=True))
     assert r.passed and bool(r) and str(r).startswith("✓ softmax_rows is right on all 2 inputs")
-    assert "\n" not in str(r)
+    assert "\n" not in r.message
+    assert all(len(line) <= 72 for line in str(r).splitlines())  # fits an exercise box
     assert r.require() is r
 
 
@@ -47,6 +48,7 @@ def test_a_known_mistake_is_diagnosed():
     r = run(lambda x: torch.softmax(x, dim=0))
     assert not r.passed and "It looks like the softmax is taken over the rows" in r.message
     assert r.message.count("\n") == 1  # two lines at most
+    assert all(len(line) <= 72 for line in str(r).splitlines())
 
 
 def test_student_exceptions_and_stubs_are_reported_not_raised():

@@ -2,13 +2,16 @@
 
 import functools
 import http.server
+import os
 import pathlib
 import shutil
 import threading
 
 import pytest
+from pages import PAGES, SCREENSHOTS, WINDOW, PageVisit
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
+# The book to test: this repository, or another book folder (a built scratch book) named by ATTNBOOK_BOOK_ROOT.
+ROOT = pathlib.Path(os.environ.get("ATTNBOOK_BOOK_ROOT") or pathlib.Path(__file__).resolve().parents[2])
 SITE = ROOT / "_build" / "html"
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 
@@ -48,3 +51,17 @@ def site_url():
     thread.start()
     yield f"http://127.0.0.1:{server.server_address[1]}"
     server.shutdown()
+
+
+# One load per page for the whole session (pytest groups the tests of every module by page); tests that need
+# the page as first loaded (folds closed) open a fresh one.
+@pytest.fixture(scope="session", params=PAGES)
+def visit(request, browser, site_url):
+    context = browser.new_context(viewport=WINDOW)
+    page = context.new_page()
+    v = PageVisit(page, f"{site_url}/{request.param}.html")
+    v.name = request.param
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SCREENSHOTS / f"{pathlib.Path(request.param).name}.png"), full_page=True)
+    yield v
+    context.close()

@@ -1,61 +1,13 @@
 """The website as its readers meet it, page by page, in a real browser."""
 
-import json
-import pathlib
 import re
 import urllib.parse
 import urllib.request
 
 import pytest
-import yaml
-
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-CONFIG = yaml.safe_load((ROOT / "_config.yml").read_text())
-TOC = yaml.safe_load((ROOT / "_toc.yml").read_text())
-PAGES = [TOC["root"]] + [entry["file"] for entry in TOC["chapters"]]
-CHAPTERS = [p for p in PAGES if (ROOT / f"{p}.ipynb").exists()]
-SCREENSHOTS = ROOT / "_build" / "screenshots"
+from pages import CHAPTERS, CONFIG, has_live_widget
 
 pytestmark = pytest.mark.browser
-
-
-def has_live_widget(page: str) -> bool:
-    """True when a chapter builds an ipywidgets explorer (it must then offer a kernel-free fallback)."""
-    path = ROOT / f"{page}.ipynb"
-    if not path.exists():
-        return False
-    cells = json.loads(path.read_text())["cells"]
-    return any(c["cell_type"] == "code" and re.search(r"\w+_explorer\(", "".join(c["source"])) for c in cells)
-
-
-class PageVisit:
-    """Load one page, recording console errors, failed requests and every requested host."""
-
-    def __init__(self, page, url):
-        self.page = page
-        self.errors, self.failed, self.hosts = [], [], set()
-        page.on("console", lambda m: self.errors.append(m.text) if m.type == "error" else None)
-        page.on("pageerror", lambda e: self.errors.append(str(e)))
-        page.on("requestfailed", lambda r: self.failed.append(f"{r.url} ({r.failure})"))
-        page.on("request", lambda r: self.hosts.add(urllib.parse.urlsplit(r.url).hostname or "data"))
-        page.goto(url, wait_until="networkidle")
-        # MathJax typesets asynchronously; its startup promise resolves after the first typeset
-        if page.locator(".math").count():
-            page.wait_for_function("() => window.MathJax && MathJax.startup && MathJax.startup.promise", timeout=30_000)
-            page.evaluate("() => MathJax.startup.promise.then(() => true)")
-        page.wait_for_load_state("networkidle")
-
-
-@pytest.fixture(scope="module", params=PAGES)
-def visit(request, browser, site_url):
-    context = browser.new_context(viewport={"width": 1280, "height": 900})
-    page = context.new_page()
-    v = PageVisit(page, f"{site_url}/{request.param}.html")
-    v.name = request.param
-    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(SCREENSHOTS / f"{pathlib.Path(request.param).name}.png"), full_page=True)
-    yield v
-    context.close()
 
 
 def test_no_console_errors(visit):

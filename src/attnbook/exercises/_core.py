@@ -6,6 +6,7 @@ import copy
 import importlib
 import math
 import pkgutil
+import textwrap
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -26,6 +27,9 @@ __all__ = [
 ]
 
 
+WIDTH = 72  # columns of output that fit inside an exercise box on the website
+
+
 @dataclass(frozen=True)
 class Result:
     """The verdict of a checker: ``passed`` and a one- or two-line ``message`` (shown as the cell's output)."""
@@ -37,7 +41,12 @@ class Result:
         return self.passed
 
     def __str__(self) -> str:
-        return ("✓ " if self.passed else "✗ ") + self.message
+        """The mark and the message, wrapped to fit an exercise box (72 columns), continuation lines indented."""
+        mark = "✓ " if self.passed else "✗ "
+        lines = []
+        for i, line in enumerate(self.message.splitlines() or [""]):
+            lines.append(textwrap.fill(line, WIDTH, initial_indent=mark if i == 0 else "  ", subsequent_indent="  "))
+        return "\n".join(lines)
 
     __repr__ = __str__
 

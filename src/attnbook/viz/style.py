@@ -7,16 +7,47 @@
   :data:`DPI`; multi-panel figures stack or wrap rather than shrink below it.
 * :func:`book_style` -- matplotlib settings (rcParams) with the smallest text at :data:`MIN_FONT` points.
 * :func:`shared_scale` -- one colour scale for maps that are meant to be compared.
+* :func:`check_figure` -- what in a Figure breaks the page's rules (too wide, text below :data:`MIN_FONT`).
+* :func:`use_book_style` -- called in every chapter's setup cell: the book's settings for the whole session,
+  and every PNG a figure is rendered to (inline output, ``savefig``, a frame slider's frames) is checked
+  with :func:`check_figure` and stamped with its smallest text size, its width and its
+  :func:`figure_fingerprint`, which the browser tests read back from the images on the built pages.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
+import hashlib
+import sys
 
 import matplotlib as mpl
 import numpy as np
+from matplotlib.backend_bases import FigureCanvasBase
+from matplotlib.collections import Collection
+from matplotlib.figure import Figure
+from matplotlib.image import AxesImage
+from matplotlib.lines import Line2D
+from matplotlib.patches import Patch
+from matplotlib.text import Text
 
-__all__ = ["COLOURS", "PAGE_WIDTH", "DPI", "MIN_FONT", "colour", "line_style", "book_style", "shared_scale"]
+__all__ = [
+    "COLOURS",
+    "PAGE_WIDTH",
+    "DPI",
+    "MIN_FONT",
+    "STAMP_FONT",
+    "STAMP_WIDTH",
+    "STAMP_FINGERPRINT",
+    "colour",
+    "line_style",
+    "book_style",
+    "shared_scale",
+    "smallest_text",
+    "check_figure",
+    "figure_fingerprint",
+    "use_book_style",
+]
 
 COLOURS: dict[str, str] = {
     "softmax": "#0072B2",  # blue
@@ -28,7 +59,10 @@ COLOURS: dict[str, str] = {
     "reference": "#999999",
 }
 
-PAGE_WIDTH = 7.5  # inches: the text column of the book's pages at DPI
+# The website's text column is 704 CSS px wide at a 1300 px window (sphinx-book-theme 1.3: measured in
+# chromium, tests/browser), and the theme never scales an image up. A figure PAGE_WIDTH inches wide rendered at
+# DPI is 700 px: it is shown at its natural size, 100 %, and its MIN_FONT text at MIN_FONT * DPI / 72 = 12.5 px.
+PAGE_WIDTH = 7.0  # inches
 DPI = 100
 MIN_FONT = 9  # points
 
@@ -74,3 +108,119 @@ def shared_scale(*maps) -> dict:
     """``imshow`` keyword arguments (``vmin=0``, ``vmax``) that put every map on one colour scale."""
     top = max(float(np.nanmax(np.asarray(m, dtype=float))) for m in maps) if maps else 1.0
     return {"vmin": 0.0, "vmax": top if top > 0 else 1.0}
+
+
+STAMP_FONT = "attnbook:min-font-pt"  # PNG text chunk: the smallest text of the figure, in points
+STAMP_WIDTH = "attnbook:width-in"  # PNG text chunk: the figure's width in inches
+STAMP_FINGERPRINT = "attnbook:fingerprint"  # PNG text chunk: what the figure shows (figure_fingerprint)
+
+
+def smallest_text(fig: Figure) -> float | None:
+    """The size in points of the smallest visible, non-empty text of ``fig`` (None when it has no text)."""
+    sizes = [
+        float(t.get_fontsize())
+        for t in fig.findobj(Text)
+        if t.get_visible() and t.get_text().strip() and (t.axes is None or t.axes.get_visible())
+    ]
+    return min(sizes) if sizes else None
+
+
+def check_figure(fig: Figure) -> list[str]:
+    """Every way in which ``fig`` breaks the page's rules; an empty list when it fits.
+
+    A figure may be at most :data:`PAGE_WIDTH` inches wide (wider ones are shrunk by the browser and their
+    text with them) and its smallest text at least :data:`MIN_FONT` points.
+    """
+    if not isinstance(fig, Figure):
+        raise TypeError(f"check_figure: fig must be a matplotlib Figure, got {type(fig).__name__}")
+    problems = []
+    width = float(fig.get_figwidth())
+    if width > PAGE_WIDTH * 1.001:
+        problems.append(f"it is {width:.2f} in wide, wider than the page's {PAGE_WIDTH} in: stack or wrap panels")
+    small = smallest_text(fig)
+    if small is not None and small < MIN_FONT - 1e-6:
+        texts = sorted(
+            {repr(t.get_text()[:30]) for t in fig.findobj(Text) if t.get_visible() and t.get_fontsize() < MIN_FONT}
+        )
+        problems.append(f"text at {small:g} pt, below {MIN_FONT} pt: {', '.join(texts[:3])}")
+    return problems
+
+
+def _feed(digest, x) -> None:
+    array = np.ma.getdata(np.asarray(x))
+    if array.dtype == object:
+        digest.update(repr(array.tolist()).encode())
+    else:
+        digest.update(str(array.shape).encode() + np.ascontiguousarray(array).tobytes())
+
+
+def figure_fingerprint(fig: Figure) -> str:
+    """A hash of what ``fig`` shows -- its size, and every visible artist's data and text -- that does not
+    depend on the resolution it is rendered at: the same figure drawn twice (a static default and the first
+    frame of its slider) has one fingerprint, two different figures have two.
+
+    Cost: one pass over the figure's artists; call it on a drawn figure (tick labels get their text then).
+    """
+    digest = hashlib.sha1(str(tuple(np.round(fig.get_size_inches(), 3))).encode())
+    for artist in fig.findobj(lambda a: a.get_visible()):
+        digest.update(type(artist).__name__.encode())
+        if isinstance(artist, Text):
+            digest.update(artist.get_text().encode())
+        elif isinstance(artist, Line2D):
+            _feed(digest, artist.get_xydata())
+        elif isinstance(artist, AxesImage):
+            _feed(digest, artist.get_array())
+        elif isinstance(artist, Collection):
+            _feed(digest, artist.get_offsets())
+            if artist.get_array() is not None:
+                _feed(digest, artist.get_array())
+            for path in artist.get_paths()[:1000]:
+                _feed(digest, path.vertices)
+        elif isinstance(artist, Patch) and artist.axes is not None:
+            _feed(digest, artist.get_path().vertices)
+            _feed(digest, artist.get_patch_transform().get_matrix())
+    return digest.hexdigest()[:16]
+
+
+def _is_png(filename, kwargs) -> bool:
+    fmt = kwargs.get("format")
+    if fmt is None and isinstance(filename, str):
+        fmt = filename.rsplit(".", 1)[-1] if "." in filename else None
+    if fmt is None:
+        fmt = mpl.rcParams["savefig.format"]
+    return str(fmt).lower() == "png"
+
+
+_ORIGINAL_PRINT_FIGURE = FigureCanvasBase.print_figure
+
+
+@functools.wraps(_ORIGINAL_PRINT_FIGURE)
+def _checked_print_figure(self, filename, *args, **kwargs):
+    fig = self.figure
+    if _is_png(filename, kwargs):
+        fig.draw_without_rendering()  # tick labels get their text only when drawn
+        for problem in check_figure(fig):
+            label = fig.get_suptitle() or fig.get_label() or "a figure"
+            # stderr, not warnings.warn: Python shows a warning once per place, and every figure counts
+            print(f"attnbook figure check: {label!r}: {problem}", file=sys.stderr)
+        small = smallest_text(fig)
+        metadata = dict(kwargs.get("metadata") or {})
+        metadata[STAMP_FONT] = "none" if small is None else f"{small:g}"
+        metadata[STAMP_WIDTH] = f"{float(fig.get_figwidth()):g}"
+        metadata[STAMP_FINGERPRINT] = figure_fingerprint(fig)
+        kwargs["metadata"] = metadata
+    return _ORIGINAL_PRINT_FIGURE(self, filename, *args, **kwargs)
+
+
+def use_book_style() -> None:
+    """Set the book's figure settings for this session and check and stamp every PNG rendered from now on.
+
+    Call it once in a chapter's setup cell. Every figure rendered to PNG (the inline output, ``savefig``,
+    :func:`attnbook.viz.static.figure_to_png`) is checked with :func:`check_figure` (a line on stderr per
+    problem, shown in the cell's output) and carries three PNG text chunks, :data:`STAMP_FONT`,
+    :data:`STAMP_WIDTH` and :data:`STAMP_FINGERPRINT`. The browser tests multiply the first by the scale at
+    which the page shows the image to get its smallest text in screen pixels, find a figure shown twice by
+    its fingerprint, and fail a page with an unstamped figure.
+    """
+    mpl.rcParams.update(_RC)
+    FigureCanvasBase.print_figure = _checked_print_figure
