@@ -8,15 +8,10 @@ import json
 import shutil
 
 import pytest
-from harness import ROOT, SCREENSHOTS, JupyterServer
+from harness import CHAPTERS, ROOT, SCREENSHOTS, JupyterServer
 
 ENVS = ROOT / "_build" / "frontend-envs"
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-CHAPTERS = {  # the explorer chapters: chapter -> notebook
-    3: ROOT / "book" / "03_flow_attention.ipynb",
-    4: ROOT / "book" / "04_mobile_attention.ipynb",
-    5: ROOT / "book" / "05_mixture_of_heads.ipynb",
-}
 PARTS = ROOT / "_build" / "frontend-report"
 _ACTIONS = []  # every Action of the session, for the report
 

@@ -25,6 +25,11 @@ from dataclasses import dataclass, field
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SCREENSHOTS = ROOT / "_build" / "screenshots" / "frontend"
+CHAPTERS = {  # the explorer chapters: chapter -> notebook
+    3: ROOT / "book" / "03_flow_attention.ipynb",
+    4: ROOT / "book" / "04_mobile_attention.ipynb",
+    5: ROOT / "book" / "05_mixture_of_heads.ipynb",
+}
 PORTS = range(8891, 8900)  # this checkout's ports for servers
 TOKEN = "attnbook-frontend-suite"
 FRONTEND_DIRS = ("lab", "notebook7", "classic", "selftest")
@@ -34,10 +39,14 @@ FRONTEND_DIRS = ("lab", "notebook7", "classic", "selftest")
 # - Notebook 7 references font files it does not ship (403 "not in root static directory");
 # - the classic notebook 6.5 asks for a font at about:blank (blocked by CORS, then net::ERR_FAILED), and its
 #   MathJax 2 for .otf fonts it does not ship (404), on pages with math;
+# - the classic notebook's Markdown renderer asks CodeMirror for a highlighting mode named after each fenced
+#   block's info string, so the chapters' MyST directives (```{exercise-start} ...) become requests for
+#   codemirror/mode/{exercise-start}... scripts: 404, "Refused to execute script" (the block still shows);
 # - Notebook 7 throws "Cannot read properties of undefined (reading 'schema')" while it starts, and "Command
 #   'filebrowser:open-path' not registered" (it has no file browser on a notebook page).
 KNOWN_FRONTEND_NOISE = re.compile(
     r"/static/notebook/[0-9a-f]+\.(woff2?|ttf|eot)(\?|$)|^about:blank$|/static/components/MathJax/fonts/.*\.otf$"
+    r"|/codemirror/mode/%7B[a-z-]+%7D"
 )
 KNOWN_PAGE_NOISE = {
     "notebook7": re.compile(
@@ -46,6 +55,7 @@ KNOWN_PAGE_NOISE = {
 }
 KNOWN_CONSOLE_NOISE = re.compile(
     r"^Access to font at 'about:blank' from origin 'http://127\.0\.0\.1:\d+' has been blocked"
+    r"|^Refused to execute script from 'http://127\.0\.0\.1:\d+/[^']*/codemirror/mode/%7B[a-z-]+%7D"
 )
 
 

@@ -15,8 +15,7 @@ import json
 import time
 
 import pytest
-from conftest import CHAPTERS
-from harness import NotebookPage
+from harness import CHAPTERS, NotebookPage
 
 # browser: kept out of `make unit` (-m "not browser"); frontend: run by `make frontend`
 pytestmark = [pytest.mark.browser, pytest.mark.frontend]
@@ -154,7 +153,13 @@ def test_notebook7_keyboard(page, lab_server, action_log):
     """Notebook 7: arrow, Home and End keys move every slider of the flow explorer (its command-mode shortcuts
     used to swallow them). Chapter 3's explorer cell alone: Run All of the chapters is covered above."""
     cell = {"cell_type": "code", "execution_count": None, "id": "explorer", "metadata": {}, "outputs": []}
-    nb_json = {"cells": [{**cell, "source": NOTEBOOK7_EXPLORER}], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+    kernel = {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}}
+    nb_json = {
+        "cells": [{**cell, "source": NOTEBOOK7_EXPLORER}],
+        "metadata": kernel,
+        "nbformat": 4,
+        "nbformat_minor": 5,
+    }
     (lab_server.root / "notebook7" / "flow_explorer.ipynb").write_text(json.dumps(nb_json))
     nb = NotebookPage(page, lab_server, "notebook7", "flow_explorer.ipynb")
     nb.open()
