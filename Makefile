@@ -70,7 +70,7 @@ assets: $(ASSETS)/.copied
 book: venv assets
 	$(BIN)/jupyter-book build .
 
-test: lint wheel-test notebooks book-strict browser colab
+test: lint wheel-test notebooks book-strict browser colab frontend
 
 lint: venv
 	$(BIN)/ruff check src tests benchmarks book
@@ -135,6 +135,15 @@ browser: venv $(CHROMIUM)
 # A Colab-like environment (ipywidgets 7.7.1, torch already there), the install cell, one widget chapter.
 colab: venv
 	$(BIN)/python tests/colab/run_colab_path.py
+
+# The explorers in real front-ends, clicked in chromium (tests/frontend): JupyterLab 4 and Notebook 7 with
+# ipywidgets 8, the classic notebook 6.5 with ipywidgets 7.7.1 (Colab's). Their environments are built under
+# _build/frontend-envs (from tests/frontend/requirements-*.txt, CPU torch first) and reused until those change;
+# one pytest worker per front-end's server; the table of every action goes to _build/frontend-report/report.md.
+.PHONY: frontend
+frontend: venv
+	$(BIN)/python tests/frontend/envs.py
+	$(BIN)/pytest -q -p no:cacheprovider -n 2 --dist loadgroup tests/frontend
 
 serve:
 	@test -d _build/html || { echo "no _build/html yet: run 'make book' first"; exit 1; }

@@ -79,6 +79,18 @@ def test_answers_that_write_into_their_inputs_do_not_affect_the_expected_result(
     assert run(in_place).passed
 
 
+def test_a_mistake_that_gives_nan_is_diagnosed_too():
+    mistakes = [Diagnosis("0/0 on a row of zeros", lambda x: x / x.sum(-1, keepdim=True))]
+    r = check_function(
+        lambda x: x / x.sum(-1, keepdim=True),
+        [Case((torch.zeros(2, 3),), label="zeros")],
+        expected=softmax_rows,
+        name="softmax_rows",
+        diagnoses=mistakes,
+    )
+    assert "it is nan where" in r.message and "It looks like 0/0 on a row of zeros" in r.message
+
+
 def test_nan_is_reported_as_such():
     r = run(lambda x: torch.full_like(x, float("nan")))
     assert "it is nan where" in r.message

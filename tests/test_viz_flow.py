@@ -10,6 +10,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from support import tol  # noqa: E402
+from test_viz_static import assert_readable  # noqa: E402
 
 import attnbook  # noqa: E402
 from attnbook import reference  # noqa: E402
@@ -71,20 +72,31 @@ def test_toy_input_magnitude_scales_queries_and_keys_not_values():
     torch.testing.assert_close(v3, v1, **F64)
 
 
-@pytest.mark.parametrize(
-    "kwargs",
-    [
-        dict(n_tokens=0),
-        dict(n_tokens=vf.MAX_TOKENS + 1),
-        dict(similarity=1.5),
-        dict(similarity=-0.1),
-        dict(magnitude=-1.0),
-        dict(n_heads=0),
-    ],
-    ids=["no_tokens", "too_many_tokens", "similarity_above_1", "similarity_below_0", "negative_magnitude", "no_heads"],
-)
-def test_toy_input_rejects_bad_arguments(kwargs):
-    with pytest.raises(ValueError):
+BAD_TOY_ARGUMENTS = {  # id -> (keyword arguments, error, message after "make_toy_input: ")
+    "no_tokens": (dict(n_tokens=0), ValueError, r"n_tokens must be an int in 1\.\.64, got 0"),
+    "negative_tokens": (dict(n_tokens=-3), ValueError, "n_tokens must be an int in 1..64"),
+    "too_many_tokens": (dict(n_tokens=vf.MAX_TOKENS + 1), ValueError, "n_tokens must be an int in 1..64"),
+    "fractional_tokens": (dict(n_tokens=2.5), TypeError, "n_tokens must be an int, got 2.5"),
+    "string_tokens": (dict(n_tokens="6"), TypeError, "n_tokens must be an int, got '6'"),
+    "bool_heads": (dict(n_heads=True), TypeError, "n_heads must be an int, got True"),
+    "no_heads": (dict(n_heads=0), ValueError, "n_heads must be an int >= 1, got 0"),
+    "similarity_above_1": (dict(similarity=1.5), ValueError, "similarity must be a finite number >= 0 and <= 1"),
+    "similarity_below_0": (dict(similarity=-0.1), ValueError, "similarity must be a finite number >= 0"),
+    "nan_similarity": (dict(similarity=float("nan")), ValueError, "similarity must be a finite number"),
+    "string_similarity": (dict(similarity="0.3"), TypeError, "similarity must be a number"),
+    "negative_magnitude": (dict(magnitude=-1.0), ValueError, "magnitude must be a finite number >= 0"),
+    "inf_magnitude": (dict(magnitude=float("inf")), ValueError, "magnitude must be a finite number >= 0"),
+    "tensor_magnitude": (dict(magnitude=torch.tensor(2.0)), TypeError, "magnitude must be a number"),
+    "negative_seed": (dict(seed=-1), ValueError, "seed must be an int >= 0"),
+    "float_seed": (dict(seed=1.0), TypeError, "seed must be an int"),
+    "no_head_width": (dict(d_head=0), ValueError, "d_head must be an int >= 1"),
+    "int_dtype": (dict(dtype=torch.int64), TypeError, "dtype must be a floating-point torch.dtype"),
+}
+
+
+@pytest.mark.parametrize("kwargs, error, message", BAD_TOY_ARGUMENTS.values(), ids=BAD_TOY_ARGUMENTS.keys())
+def test_toy_input_rejects_bad_arguments_naming_them(kwargs, error, message):
+    with pytest.raises(error, match=rf"^make_toy_input: {message}"):
         vf.make_toy_input(**kwargs)
 
 
@@ -223,6 +235,14 @@ def test_state_accepts_a_three_dimensional_input_and_float32():
 
 def test_state_rejects_bad_inputs():
     q, k, v = vf.make_toy_input(5, 0.3, 2.0, 2)
+    with pytest.raises(TypeError, match="^compute_flow_state: causal must be True or False, got 'False'"):
+        vf.compute_flow_state(q, k, v, causal="False")
+    with pytest.raises(TypeError, match="^compute_flow_state: heads_compete must be True or False, got 1"):
+        vf.compute_flow_state(q, k, v, heads_compete=1)
+    with pytest.raises(ValueError, match="^compute_flow_state: eps must be a finite number >= 0, got inf"):
+        vf.compute_flow_state(q, k, v, eps=float("inf"))
+    with pytest.raises(TypeError, match="^compute_flow_state: q must be a torch.Tensor, got"):
+        vf.compute_flow_state(q.tolist(), k, v)
     with pytest.raises(ValueError, match="no causal"):
         vf.compute_flow_state(q, k, v, causal=True, heads_compete=True)
     with pytest.raises(ValueError, match="toy sizes"):
@@ -254,10 +274,38 @@ def test_plot_flow_returns_a_figure_with_one_line_per_visible_edge(mode):
 
 def test_plot_flow_rejects_a_missing_head_and_a_wrong_object():
     s = vf.compute_flow_state(*vf.make_toy_input(4, 0.3, 2.0, 2))
-    with pytest.raises(ValueError, match="head=2"):
+    with pytest.raises(ValueError, match=r"^plot_flow: head must be an int in 0\.\.1, got 2"):
         vf.plot_flow(s, head=2)
-    with pytest.raises(ValueError, match="FlowPicture"):
+    with pytest.raises(TypeError, match="^plot_flow: head must be an int, got 0.5"):
+        vf.plot_flow(s, head=0.5)
+    with pytest.raises(TypeError, match="^plot_flow: state must be a FlowPicture"):
         vf.plot_flow(s.edges)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [dict(), dict(heads_compete=True), dict(causal=True, competition=False), dict(n_tokens=12, n_heads=6, head=5)],
+    ids=["flow", "mobile", "causal_ablated", "mobile_largest"],
+)
+def test_figures_fit_the_page(overrides):
+    """Drawn for the book's column: PAGE_WIDTH wide, text >= MIN_FONT, panels wrap onto two rows instead of
+    shrinking (head mode's four panels too), legends above their panels cover none of them."""
+    if overrides.get("n_heads") == 6:
+        overrides["heads_compete"] = True
+    fig = vf.default_figure(**overrides)
+    assert_readable(fig)
+    panels = [ax for ax in fig.axes if ax.get_visible()]
+    assert len(panels) == (4 if overrides.get("heads_compete") else 3)
+    rows = {round(ax.get_position().y1, 2) for ax in panels}
+    assert len(rows) == 2, "the panels wrap onto two rows"
+
+
+def test_the_mechanism_colour_comes_from_the_palette():
+    for mode in ("flow", "mobile"):
+        fig = vf.default_figure(heads_compete=mode == "mobile")
+        (edges,) = [c for c in fig.axes[0].collections if c.get_label() == "edges"]
+        rgb = edges.get_colors()[0][:3]
+        assert matplotlib.colors.to_hex(rgb) == attnbook.viz.colour(mode).lower()
 
 
 def test_default_figure_and_frames():
@@ -267,8 +315,12 @@ def test_default_figure_and_frames():
     assert all(isinstance(f, Figure) for f in frames.values())
     with pytest.raises(ValueError, match="unknown parameter"):
         vf.explorer_frames("temperature", [1.0])
-    with pytest.raises(ValueError, match="unknown explorer parameter"):
+    with pytest.raises(ValueError, match="unknown parameter"):
         vf.default_figure(temperature=1.0)
+    with pytest.raises(ValueError, match=r"^explorer_frames: n_heads must be an int >= 1, got 0"):
+        vf.explorer_frames("n_heads", [2, 0])
+    with pytest.raises(TypeError, match="^explorer_frames: values must be a non-empty sequence"):
+        vf.explorer_frames("n_heads", 3)
 
 
 def test_frames_feed_frame_slider():
@@ -327,6 +379,9 @@ def test_explorer_builds_with_a_rendered_png():
         ("similarity", "FloatSlider", 0.9),
         ("magnitude", "FloatSlider", 5.0),
         ("tokens", "IntSlider", 4),
+        ("heads", "IntSlider", 2),
+        ("seed", "IntSlider", 3),
+        ("head shown", "IntSlider", 2),
         ("competition", "Checkbox", False),
         ("allocation", "Checkbox", False),
         ("causal", "Checkbox", True),
@@ -345,14 +400,140 @@ def test_changing_a_control_re_renders(control, cls_name, new_value):
         assert summary.value != before_text
 
 
-def test_head_mode_disables_causal_and_fewer_heads_clamp_the_head_shown():
+def test_mode_labels_name_both_mechanisms_and_have_room():
+    mode = _find(vf.flow_explorer(), "ToggleButtons", "mode")
+    assert [label for label, _ in mode.options] == ["Flow: tokens compete", "Mobile: heads compete"]
+    assert mode.style.button_width == "190px"  # the default width cut the labels before "Flow" / "Mobile"
+
+
+def test_head_mode_disables_causal_says_why_and_restores_the_choice():
     box = vf.flow_explorer(n_heads=4, head=3, causal=True)
     causal, mode = _find(box, "Checkbox", "causal"), _find(box, "ToggleButtons", "mode")
-    head, heads = _find(box, "IntSlider", "head shown"), _find(box, "IntSlider", "heads")
     mode.value = True
-    assert causal.disabled
-    assert "H = 4" in _find(box, "HTML").value
+    assert causal.disabled and causal.value is False, "head mode is never causal: the box must not stay ticked"
+    summary = _find(box, "HTML").value
+    assert "H = 4" in summary and "<b>causal</b> is greyed out: Mobile-Attention has no causal form" in summary
+    assert not box.explorer.state.causal
     mode.value = False
-    assert not causal.disabled
+    assert not causal.disabled and causal.value is True, "the student's choice comes back"
+    assert box.explorer.state.causal and "greyed out" not in _find(box, "HTML").value
+    causal.value = False  # unticked in Flow mode stays unticked after a round trip
+    mode.value = True
+    mode.value = False
+    assert causal.value is False
+
+
+def test_more_heads_widen_the_head_shown_slider_and_fewer_clamp_it():
+    """The range of "head shown" follows "heads"; a changed range is a new slider (ipywidgets 8's End key
+    keeps a slider's first maximum), which the explorer observes and redraws from."""
+    box = vf.flow_explorer(n_heads=4, head=3)
+    heads = _find(box, "IntSlider", "heads")
+    first = _find(box, "IntSlider", "head shown")
+    heads.value = 6
+    head = _find(box, "IntSlider", "head shown")
+    assert head is not first and (head.min, head.max, head.value) == (0, 5, 3)
+    assert box.explorer.controls["head"] is head
+    before = _find(box, "Image").value
+    head.value = 5
+    assert _find(box, "Image").value != before and box.explorer.state is not None
+    assert "head 5 of 6" in box.explorer.summary.value or box.explorer.params["head"] == 5
     heads.value = 2
-    assert head.max == 1 and head.value == 1
+    head = _find(box, "IntSlider", "head shown")
+    assert (head.max, head.value) == (1, 1)
+    heads.value = 1
+    head = _find(box, "IntSlider", "head shown")
+    assert head.disabled and "<b>head shown</b> is greyed out: there is only one head" in box.explorer.summary.value
+
+
+def test_at_similarity_one_the_dead_controls_are_disabled_with_the_reason():
+    box = vf.flow_explorer()
+    _find(box, "FloatSlider", "similarity").value = 1.0
+    c = box.explorer.controls
+    assert {name for name, w in c.items() if w.disabled} == {"magnitude", "n_heads", "seed", "head", "competition"}
+    summary = box.explorer.summary.value
+    for label in ("magnitude", "heads", "seed", "head shown", "competition"):
+        assert f"<b>{label}</b> is greyed out:" in summary, label
+    assert "every token is the same vector" in summary
+    _find(box, "FloatSlider", "similarity").value = 0.3
+    assert not any(w.disabled for w in c.values())
+    # in head mode the heads still differ: only competition (all ones) stays dead
+    _find(box, "ToggleButtons", "mode").value = True
+    _find(box, "FloatSlider", "similarity").value = 1.0
+    assert {name for name, w in c.items() if w.disabled} == {"causal", "competition"}
+
+
+def _picture(params):
+    """What the figure shows for these explorer parameters (the drawn head's arrays, and all heads' shares)."""
+    s = vf._state_from(params)
+    h = params["head"]
+    parts = [s.edges[h], s.competition[h], s.allocation[h], s.conserved_outgoing[h], s.conserved_incoming[h]]
+    if s.mode == "mobile":
+        parts.append(s.conserved_outgoing_raw)
+    return parts
+
+
+def _same(a, b):
+    return all(x.shape == y.shape and bool((x - y).abs().max() < vf._INVISIBLE) for x, y in zip(a, b, strict=True))
+
+
+ALTERNATIVES = {
+    "n_tokens": [2, 6, 12],
+    "similarity": [0.0, 0.3, 0.95, 1.0],
+    "magnitude": [0.25, 2.0, 4.0],  # the explorer's range
+    "n_heads": [1, 2, 4, 6],
+    "seed": [0, 1],
+    "competition": [True, False],
+    "allocation": [True, False],
+    "causal": [False, True],
+    "heads_compete": [False, True],
+}
+
+
+@pytest.mark.parametrize("trial", range(40))
+def test_inactive_controls_are_exactly_those_that_change_nothing(trial):
+    """For a random state: every control inactive_controls() lists changes nothing whatever value it takes, and
+    every other control has some value that changes the picture (so no control looks dead without a reason)."""
+    import random
+
+    rng = random.Random(trial)
+    p = dict(vf.DEFAULTS)
+    for name, values in ALTERNATIVES.items():
+        p[name] = rng.choice(values)
+    p["head"] = rng.randrange(p["n_heads"])
+    if p["heads_compete"]:
+        p["causal"] = False
+    inactive = vf.inactive_controls(p, vf._state_from(p))
+    base = _picture(p)
+    for name in [*ALTERNATIVES, "head"]:
+        if name == "causal" and p["heads_compete"]:
+            assert name in inactive
+            continue
+        values = range(p["n_heads"]) if name == "head" else ALTERNATIVES[name]
+        changed = False
+        for value in values:
+            if value == p[name]:
+                continue
+            q = {**p, name: value}
+            if name == "n_heads":
+                q["head"] = min(q["head"], value - 1)
+            if name == "heads_compete" and value:
+                q["causal"] = False
+            changed |= not _same(base, _picture(q))
+        assert changed == (name not in inactive), (name, p, inactive.get(name))
+
+
+@pytest.mark.parametrize(
+    "overrides, error, message",
+    [
+        (dict(n_tokens=0), ValueError, "n_tokens must be an int in 1..64"),
+        (dict(similarity=float("nan")), ValueError, "similarity must be a finite number"),
+        (dict(n_heads=2.0), TypeError, "n_heads must be an int"),
+        (dict(causal="yes"), TypeError, "causal must be True or False"),
+        (dict(n_heads=2, head=2), ValueError, r"head must be an int in 0\.\.1"),
+        (dict(colour="red"), ValueError, "unknown parameter"),
+    ],
+    ids=["no_tokens", "nan_similarity", "float_heads", "string_causal", "head_past_heads", "unknown"],
+)
+def test_explorer_rejects_bad_starting_values(overrides, error, message):
+    with pytest.raises(error, match=rf"^flow_explorer: .*{message}"):
+        vf.flow_explorer(**overrides)

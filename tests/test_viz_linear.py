@@ -9,7 +9,18 @@ import torch
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from attnbook.viz import attention_maps_figure, feature_error_plot, relative_error, row_entropy  # noqa: E402
+from attnbook.viz import (  # noqa: E402
+    attention_heatmap,
+    attention_maps_figure,
+    colour,
+    feature_error_plot,
+    line_style,
+    relative_error,
+    row_entropy,
+    scaling_plot,
+)
+from attnbook.viz.linear import retrieval_toy, selectivity  # noqa: E402
+from attnbook.viz.style import PAGE_WIDTH  # noqa: E402
 
 
 def test_row_entropy_is_zero_for_one_hot_and_log_m_for_uniform_rows():
@@ -76,3 +87,127 @@ def test_feature_error_plot_draws_series_and_guide():
     plt.close(ax.figure)
     with pytest.raises(ValueError, match="3 feature counts"):
         feature_error_plot([1, 2, 3], {"x": [1.0, 2.0]})
+
+
+# --- the retrieval toy shared by chapters 2 and 3 -------------------------------------------------------------
+
+
+def _chapter_2_toy(n_toy=24, D=16):
+    """The toy exactly as chapter 2 wrote it inline before it moved into the package."""
+    gen = torch.Generator().manual_seed(0)
+    base_k = torch.randn(1, 1, n_toy, D, dtype=torch.float64, generator=gen)
+    base_q = base_k + 0.6 * torch.randn(base_k.shape, dtype=torch.float64, generator=gen)
+    base_q, base_k = (x / x.norm(dim=-1, keepdim=True) * D**0.25 for x in (base_q, base_k))
+    v = torch.randn(1, 1, n_toy, D, dtype=torch.float64, generator=gen)
+    return base_q, base_k, v
+
+
+def test_retrieval_toy_defaults_are_chapter_2s_numbers():
+    for got, want in zip(retrieval_toy(), _chapter_2_toy(), strict=True):
+        assert got.shape == (1, 1, 24, 16) and got.dtype == torch.float64
+        assert torch.equal(got, want)
+
+
+def test_retrieval_toy_scores_are_cosines_and_the_diagonal_is_the_best_match():
+    q, k, _ = retrieval_toy(n_tokens=12, dim=8, noise=0.3, seed=3)
+    scores = (q @ k.transpose(-2, -1))[0, 0] / math.sqrt(8)  # (12, 12)
+    cos = torch.nn.functional.cosine_similarity(q[0, 0, :, None], k[0, 0, None, :], dim=-1)
+    torch.testing.assert_close(scores, cos)
+    assert torch.equal(scores.argmax(dim=-1), torch.arange(12))  # small noise: each query's own key wins
+
+
+def test_retrieval_toy_is_reproducible_and_seeded():
+    a, b, c = retrieval_toy(seed=5), retrieval_toy(seed=5), retrieval_toy(seed=6)
+    assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+    assert not torch.equal(a[1], c[1])
+    assert retrieval_toy(dtype=torch.float32)[0].dtype == torch.float32
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, message",
+    [
+        ({"n_tokens": 0}, ValueError, "n_tokens must be an int >= 1, got 0"),
+        ({"dim": 2.0}, TypeError, "dim must be an int"),
+        ({"noise": -0.1}, ValueError, "noise must be"),
+    ],
+    ids=["no-tokens", "float-dim", "negative-noise"],
+)
+def test_retrieval_toy_rejects_bad_arguments(kwargs, error, message):
+    with pytest.raises(error, match=message):
+        retrieval_toy(**kwargs)
+
+
+def test_selectivity_of_a_look_up_and_of_a_uniform_map():
+    n = 6
+    assert selectivity(torch.eye(n)) == (0.0, 1.0)
+    h, d = selectivity(torch.full((2, n, n), 1 / n, dtype=torch.float64))
+    assert math.isclose(h, math.log(n), rel_tol=1e-12) and math.isclose(d, 1 / n, rel_tol=1e-12)
+
+
+@pytest.mark.parametrize(
+    "weights, error",
+    [(torch.rand(3, 4), ValueError), (torch.rand(4), ValueError), ([[1.0]], TypeError)],
+    ids=["not-square", "one-dimensional", "not-a-tensor"],
+)
+def test_selectivity_rejects_what_is_not_a_square_map(weights, error):
+    with pytest.raises(error, match="selectivity: weights must be"):
+        selectivity(weights)
+
+
+# --- figures drawn for the page --------------------------------------------------------------------------------
+
+
+def test_shared_maps_use_one_colour_scale_and_one_colour_bar():
+    flat, sharp = torch.full((5, 5), 0.2), torch.eye(5) * 0.9
+    fig = attention_maps_figure({"flat": flat, "sharp": sharp}, shared=True)
+    images = [ax.images[0] for ax in fig.axes if ax.images]
+    assert len(images) == 2
+    assert [im.get_clim() for im in images] == [(0.0, pytest.approx(0.9))] * 2
+    assert len(fig.axes) == 3  # two panels and a single colour bar
+    plt.close(fig)
+    fig = attention_maps_figure({"flat": flat, "sharp": sharp})
+    assert [im.get_clim()[1] for ax in fig.axes for im in ax.images] == [pytest.approx(0.2), pytest.approx(0.9)]
+    assert len(fig.axes) == 4  # a bar per panel
+    plt.close(fig)
+
+
+def test_maps_are_drawn_for_the_page_and_wrap_instead_of_shrinking():
+    maps = {name: torch.rand(4, 4) for name in "abcde"}
+    fig = attention_maps_figure(maps)
+    assert fig.get_size_inches()[0] == pytest.approx(PAGE_WIDTH)
+    rows = {round(ax.get_position().y0, 3) for ax in fig.axes if ax.images}
+    assert len(rows) == 3  # 2 + 2 + 1 panels on three rows
+    assert len([ax for ax in fig.axes if ax.images]) == 5  # the sixth, empty cell is removed
+    plt.close(fig)
+    fig = attention_maps_figure(maps, ncols=5, labels=list("pqrs"))
+    assert len({round(ax.get_position().y0, 3) for ax in fig.axes if ax.images}) == 1
+    assert [t.get_text() for t in fig.axes[0].get_xticklabels()] == list("pqrs")
+    plt.close(fig)
+    with pytest.raises(ValueError, match="ncols must be an int >= 1"):
+        attention_maps_figure(maps, ncols=0)
+
+
+def test_heatmap_vmax_and_scaling_plot_styles():
+    ax = attention_heatmap(torch.rand(3, 3) * 0.1, vmax=0.8, colorbar=False)
+    assert ax.images[0].get_clim() == (0.0, 0.8) and len(ax.figure.axes) == 1
+    plt.close(ax.figure)
+    with pytest.raises(ValueError, match="vmax must be"):
+        attention_heatmap(torch.rand(3, 3), vmax=0)
+    ax = scaling_plot(
+        [1, 2, 4],
+        {"linear": [1.0, 2.0, 4.0], "linear, causal": [1.0, 2.0, float("nan")]},
+        ylabel="s",
+        styles={"linear": line_style("linear"), "linear, causal": line_style("linear_causal")},
+    )
+    solid, dashed = ax.lines
+    assert solid.get_color() == colour("linear") == dashed.get_color()
+    assert solid.get_linestyle() == "-" and dashed.get_linestyle() == "--"
+    plt.close(ax.figure)
+
+
+def test_guide_lines_are_grey_and_told_apart():
+    ax = scaling_plot([1, 2, 4], {"linear": [1.0, 2.0, 4.0]}, ylabel="s", reference_slopes=[1, 2])
+    guides = ax.lines[1:]
+    assert [g.get_label() for g in guides] == ["∝ N^1", "∝ N^2"]
+    assert len({g.get_linestyle() for g in guides}) == 2 and all(g.get_color() == "grey" for g in guides)
+    plt.close(ax.figure)

@@ -5,9 +5,11 @@ import numpy as np
 import pytest
 import torch
 from matplotlib.figure import Figure
+from test_viz_static import assert_readable
 
 import attnbook
 from attnbook.viz import moh as vm
+from attnbook.viz.style import colour
 
 CONFIGS = {  # (n_heads, shared, top_k)
     "default": (8, 2, 2),
@@ -139,34 +141,71 @@ def test_train_router_takes_a_module_after_a_training_forward():
     assert not flags["qkv.weight"] and flags["wg.weight"]
 
 
-@pytest.mark.parametrize(
-    "call, message",
-    [
-        (lambda: vm.train_router(vm.compute_routing(4, 4, 0, n_tokens=8)), "every head is shared"),
-        (lambda: vm.train_router(attnbook.MoHAttention(8, 2, routed_head=1)), r"tokens of shape \(B, N, C\)"),
-        (lambda: vm.train_router(torch.nn.Linear(2, 2)), "expected a RoutingState or an MoHAttention"),
-        (lambda: vm.train_router(vm.compute_routing(n_tokens=8), steps=-1), "steps >= 0"),
-        (lambda: vm.compute_routing(4, 2, 3), r"top_k must be in 1..2"),
-        (lambda: vm.compute_routing(4, 4, 1), "nothing to route"),
-        (lambda: vm.compute_routing(4, 5, 0), "shared must be in 0..n_heads=4"),
-        (lambda: vm.compute_routing(4, 0, 0), r"top_k must be in 1..4"),
-        (lambda: vm.compute_routing(temperature=0.0), "temperature must be positive"),
-    ],
-    ids=[
-        "all_shared",
-        "module_without_tokens",
-        "not_moh",
-        "negative_steps",
-        "top_k_too_big",
-        "top_k_without_routed",
-        "too_many_shared",
-        "top_k_zero",
-        "zero_temperature",
-    ],
-)
-def test_bad_arguments_raise(call, message):
-    with pytest.raises(ValueError, match=message):
+BAD_CALLS = {  # id -> (call, error, message)
+    "all_shared": (
+        lambda: vm.train_router(vm.compute_routing(4, 4, 0, n_tokens=8)),
+        ValueError,
+        "^train_router: the layer must have routed heads",
+    ),
+    "module_without_tokens": (
+        lambda: vm.train_router(attnbook.MoHAttention(8, 2, routed_head=1)),
+        TypeError,
+        r"^train_router: tokens must be a \(B, N, C\) tensor",
+    ),
+    "tokens_of_two_dims": (
+        lambda: vm.train_router(attnbook.MoHAttention(8, 2, routed_head=1), tokens=torch.zeros(3, 8)),
+        ValueError,
+        r"^train_router: tokens must have 3 dimensions \(B, N, C\)",
+    ),
+    "not_moh": (lambda: vm.train_router(torch.nn.Linear(2, 2)), TypeError, "must be a RoutingState or an MoHAttention"),
+    "negative_steps": (lambda: vm.train_router(vm.compute_routing(n_tokens=8), steps=-1), ValueError, "steps must be"),
+    "fractional_steps": (lambda: vm.train_router(vm.compute_routing(n_tokens=8), steps=2.5), TypeError, "steps must"),
+    "zero_lr": (lambda: vm.train_router(vm.compute_routing(n_tokens=8), lr=0.0), ValueError, "lr must be a finite"),
+    "nan_lr": (lambda: vm.train_router(vm.compute_routing(n_tokens=8), lr=float("nan")), ValueError, "lr must be"),
+    "string_lr": (lambda: vm.train_router(vm.compute_routing(n_tokens=8), lr="0.1"), TypeError, "lr must be a number"),
+    "top_k_too_big": (lambda: vm.compute_routing(4, 2, 3), ValueError, "routed_head must be at most"),
+    "top_k_without_routed": (lambda: vm.compute_routing(4, 4, 1), ValueError, "only 4"),
+    "too_many_shared": (lambda: vm.compute_routing(4, 5, 0), ValueError, "shared_head must be at most num_heads"),
+    "top_k_zero": (lambda: vm.compute_routing(4, 0, 0), ValueError, "no head would ever be used"),
+    "no_heads": (lambda: vm.compute_routing(0, 0, 0), ValueError, "num_heads must be an int >= 1, got 0"),
+    "fractional_heads": (lambda: vm.compute_routing(8.0), TypeError, "num_heads must be an int, got 8.0"),
+    "bool_shared": (lambda: vm.compute_routing(8, True), TypeError, "shared_head must be an int, got True"),
+    "zero_temperature": (lambda: vm.compute_routing(temperature=0.0), ValueError, "temperature must be a finite"),
+    "nan_temperature": (lambda: vm.compute_routing(temperature=float("nan")), ValueError, "temperature must be"),
+    "string_temperature": (lambda: vm.compute_routing(temperature="1"), TypeError, "temperature must be a number"),
+    "no_tokens": (lambda: vm.compute_routing(n_tokens=0), ValueError, "n_tokens must be an int >= 1, got 0"),
+    "fractional_dim": (lambda: vm.compute_routing(dim=31.5), TypeError, "dim must be an int"),
+    "negative_seed": (lambda: vm.compute_routing(seed=-2), ValueError, "seed must be an int >= 0"),
+    "nan_offset": (lambda: vm.compute_routing(offset=float("nan")), ValueError, "offset must be a finite number"),
+    "plot_not_a_state": (lambda: vm.plot_routing("state"), TypeError, "^plot_routing: state must be a RoutingState"),
+    "plot_zero_tokens": (
+        lambda: vm.plot_routing(vm.compute_routing(n_tokens=8), max_tokens=0),
+        ValueError,
+        "max_tokens must be an int >= 1",
+    ),
+    "frames_no_steps": (lambda: vm.training_frames(steps_per_click=0), ValueError, "steps_per_click must be"),
+    "explorer_no_tokens": (lambda: vm.routing_explorer(n_tokens=0), ValueError, "^routing_explorer: n_tokens must"),
+    "explorer_nan_lr": (lambda: vm.routing_explorer(lr=float("nan")), ValueError, "^routing_explorer: lr must"),
+    "explorer_float_steps": (lambda: vm.routing_explorer(steps_per_click=1.5), TypeError, "steps_per_click must"),
+}
+
+
+@pytest.mark.parametrize("call, error, message", BAD_CALLS.values(), ids=BAD_CALLS.keys())
+def test_bad_arguments_raise_naming_them(call, error, message):
+    with pytest.raises(error, match=message):
         call()
+
+
+def test_head_rules_are_moh_s_own():
+    """compute_routing applies check_moh_heads (the rules MoHAttention applies), naming its own arguments."""
+    with pytest.raises(ValueError, match=r"^compute_routing \(n_heads, shared, top_k are MoH's num_heads"):
+        vm.compute_routing(4, 2, 3)
+    for H, S, K in [(4, 2, 3), (4, 0, 0), (4, 4, 1)]:
+        with pytest.raises(ValueError) as layer_error:
+            attnbook.MoHAttention(16, num_heads=H, shared_head=S, routed_head=K)
+        with pytest.raises(ValueError) as widget_error:
+            vm.compute_routing(H, S, K, n_tokens=4, dim=16)
+        assert str(widget_error.value).split(": ", 1)[1] == str(layer_error.value).split(": ", 1)[1]
 
 
 def test_temperature_changes_the_gates_but_not_the_choice():
@@ -200,7 +239,7 @@ def test_load_imbalance_counts_the_choices_that_must_move():
 def test_plot_routing_returns_a_figure_with_the_loss_in_the_title(config):
     s = vm.compute_routing(*config, n_tokens=N_TOKENS, dim=16)
     fig = vm.plot_routing(s)
-    assert isinstance(fig, Figure) and len(fig.axes) == 4  # three panels and the gate colour bar
+    assert isinstance(fig, Figure) and len(fig.axes) == 6  # four panels, the gate colour bar, the twin axis
     assert f"load-balancing loss {s.loss:.3f}" in fig._suptitle.get_text()
     assert fig.axes[0].images[0].get_array().shape == (24, config[0])
     assert fig._repr_png_().startswith(b"\x89PNG")  # displays itself, no pyplot backend needed
@@ -210,8 +249,9 @@ def test_plot_with_history_adds_the_training_panel_and_frames_are_figures():
     s = vm.compute_routing(n_tokens=N_TOKENS)
     run = vm.train_router(s, steps=4)
     fig = vm.plot_routing(run.state, run)
-    assert len(fig.axes) == 6  # + training panel and its twin axis
+    assert len(fig.axes) == 6  # the training panel and its twin axis are there with or without history
     assert len(fig.axes[3].get_lines()[0].get_ydata()) == 5
+    assert len(vm.plot_routing(s).axes[3].get_lines()[0].get_ydata()) == 1  # untrained: step 0 only
     assert isinstance(vm.default_figure(), Figure)
     frames = vm.training_frames(s, clicks=2, steps_per_click=3)
     assert list(frames) == ["0", "3", "6"]
@@ -250,3 +290,79 @@ def test_explorer_builds_and_its_controls_and_buttons_rerender():
     ex.reset.click()
     assert ex.state.step == 0 and ex.history is None
     assert ex.renders == 10
+
+
+@pytest.mark.parametrize(
+    "config, trained",
+    [(CONFIGS["default"], False), (CONFIGS["default"], True), (CONFIGS["all_shared"], False), ((12, 1, 11), True)],
+    ids=["default", "trained", "all_shared", "twelve_heads_trained"],
+)
+def test_routing_figures_fit_the_page(config, trained):
+    """PAGE_WIDTH wide, text >= MIN_FONT, four panels on two rows that keep their width whether or not the
+    router has been trained, and the training panel's legend covers no curve (it covers no panel at all)."""
+    s = vm.compute_routing(*config, n_tokens=N_TOKENS, dim=16)
+    history = vm.train_router(s, steps=5) if trained and s.routed else None
+    state = history.state if history else s
+    fig = vm.plot_routing(state, history, next_steps=10)
+    assert_readable(fig)
+    widths = [ax.get_position().width for ax in fig.axes[:2]]
+    untrained = vm.plot_routing(s)
+    assert [ax.get_position().width for ax in untrained.axes[:2]] == pytest.approx(widths), "the 4th panel squeezes"
+
+
+def test_routed_heads_wear_moh_s_colour():
+    fig = vm.plot_routing(vm.compute_routing(n_tokens=N_TOKENS, dim=16))
+    bars = fig.axes[2].patches
+    import matplotlib.colors as mc
+
+    assert mc.to_hex(bars[-1].get_facecolor()) == colour("moh").lower()
+
+
+def test_explorer_draws_png_into_an_image_widget():
+    """Not an Output widget: that one stays empty in the classic notebook with ipywidgets 7.7.1 (Colab's)."""
+    box = vm.routing_explorer(n_tokens=32)
+    kinds = set()
+    stack = [box]
+    while stack:
+        w = stack.pop()
+        kinds.add(type(w).__name__)
+        stack.extend(getattr(w, "children", ()))
+    assert "Output" not in kinds and "Image" in kinds
+    assert bytes(box.explorer.image.value).startswith(b"\x89PNG")
+
+
+def test_explorer_disables_what_cannot_act_and_says_why():
+    ex = vm.routing_explorer(n_tokens=32, steps_per_click=3).explorer
+    assert ex.reset.disabled and "<b>reset router</b> is greyed out: the router is untrained" in ex.status.value
+    ex.train.click()
+    assert not ex.reset.disabled
+    ex.shared.value = ex.heads.value - 1  # one routed head: top-k can only be 1
+    assert ex.top_k.disabled and "<b>top-k</b> is greyed out: there is one routed head" in ex.status.value
+    ex.shared.value = ex.heads.value
+    for name in ("top_k", "steps", "train"):
+        assert ex.controls[name].disabled, name
+    assert "<b>train router</b> is greyed out: all 8 heads are shared" in ex.status.value
+    ex.shared.value = 2
+    assert not any(ex.controls[n].disabled for n in ("top_k", "steps", "train", "shared", "heads"))
+
+
+def test_steps_per_click_shows_in_the_figure_and_sets_the_next_click():
+    ex = vm.routing_explorer(n_tokens=32, steps_per_click=3).explorer
+    before = ex.image.value
+    ex.steps.value = 7
+    assert ex.image.value != before and ex.state.step == 0  # the training panel marks the next click's steps
+    ex.train.click()
+    assert ex.state.step == 7
+
+
+def test_more_heads_widen_the_dependent_sliders():
+    """shared's range is 0..H and top-k's 1..H - h_s; a changed range is a new slider (ipywidgets 8's End key)."""
+    box = vm.routing_explorer(n_tokens=32)
+    ex = box.explorer
+    first = ex.shared
+    ex.heads.value = 12
+    assert ex.shared is not first and (ex.shared.min, ex.shared.max) == (0, 12)
+    assert ex.shared in ex.column_left.children and first not in ex.column_left.children
+    assert (ex.top_k.min, ex.top_k.max) == (1, 10)
+    ex.shared.value = 12  # the new slider is observed
+    assert ex.state.shared == 12 and (ex.top_k.min, ex.top_k.max) == (0, 0)

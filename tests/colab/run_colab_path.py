@@ -24,7 +24,14 @@ import yaml
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 VENV = ROOT / "_build" / "colab-venv"
 PY = VENV / "bin" / "python"
-COLAB_PREINSTALLED = ["torch==2.13.0", "ipywidgets==7.7.1", "numpy", "matplotlib", "ipykernel"]
+# Colab's ipywidgets pin is kept in one place, the classic front-end environment of the browser suite
+# (tests/frontend/requirements-classic.txt), so that the two Colab-like environments cannot drift apart.
+IPYWIDGETS = next(
+    line.strip()
+    for line in (ROOT / "tests" / "frontend" / "requirements-classic.txt").read_text().splitlines()
+    if line.startswith("ipywidgets==")
+)
+COLAB_PREINSTALLED = ["torch==2.13.0", IPYWIDGETS, "numpy", "matplotlib", "ipykernel"]
 TEST_TOOLS = ["pytest", "nbmake", "hypothesis"]
 KEPT = ["torch", "numpy", "matplotlib", "ipywidgets"]
 

@@ -94,30 +94,33 @@ def _number(x: float) -> str:
     return f"{x:.6g}"
 
 
-def first_difference(got: torch.Tensor, expected: torch.Tensor, *, rtol: float, atol: float) -> str | None:
+def first_difference(
+    got: torch.Tensor, expected: torch.Tensor, *, rtol: float, atol: float, equal_nan: bool = False
+) -> str | None:
     """None when ``got`` is close to ``expected`` everywhere, else where it first differs and by how much.
 
-    Both must have the same shape. NaN or infinity in ``got`` where ``expected`` is finite is reported as such.
+    Both must have the same shape. NaN or infinity in ``got`` where ``expected`` is finite is reported as such;
+    with ``equal_nan`` a NaN matches a NaN (how a known wrong variant that produces NaN is recognised).
     """
     g = got.detach().to("cpu", torch.float64).reshape(-1)
     e = expected.detach().to("cpu", torch.float64).reshape(-1)
     bad_value = ~torch.isfinite(g) & torch.isfinite(e)
     close = (g - e).abs() <= atol + rtol * e.abs()
     close |= g == e  # equal infinities
+    if equal_nan:
+        close |= torch.isnan(g) & torch.isnan(e)
     wrong = ~close | bad_value
     if not bool(wrong.any()):
         return None
     i = int(wrong.nonzero()[0])
     where = _index(i, tuple(expected.shape)) if expected.dim() else ()
-    at = f"at index {where}" if where else "in the value"
+    at = f"at index {where} it" if where else ""  # a scalar: "the result is 2.5, expected 3"
     n_wrong = int(wrong.sum())
     of = f" ({n_wrong} of {g.numel()} entries differ)" if g.numel() > 1 else ""
     if bad_value[i]:
-        return f"{at} it is {_number(float(g[i]))} where {_number(float(e[i]))} was expected{of}"
-    return (
-        f"{at} it is {_number(float(g[i]))}, expected {_number(float(e[i]))} "
-        f"(off by {_number(float((g[i] - e[i]).abs()))}){of}"
-    )
+        return f"{at} is {_number(float(g[i]))} where {_number(float(e[i]))} was expected{of}".lstrip()
+    off = _number(float((g[i] - e[i]).abs()))
+    return f"{at} is {_number(float(g[i]))}, expected {_number(float(e[i]))} (off by {off}){of}".lstrip()
 
 
 def _tolerance(expected, rtol, atol) -> tuple[float, float]:
@@ -132,7 +135,7 @@ def _what(x) -> str:
     return f"a {type(x).__name__}"
 
 
-def _compare(got, expected, rtol, atol, path: str = "") -> str | None:
+def _compare(got, expected, rtol, atol, path: str = "", equal_nan: bool = False) -> str | None:
     """None when ``got`` matches ``expected`` (tensors, numbers, tuples/NamedTuples of them), else the problem."""
     label = f"{path} " if path else ""
     if isinstance(expected, torch.Tensor):
@@ -149,7 +152,7 @@ def _compare(got, expected, rtol, atol, path: str = "") -> str | None:
             return None
         if got.is_complex() or not (got.is_floating_point() or not expected.is_floating_point()):
             return f"{label}has dtype {got.dtype}, expected a floating-point tensor like {expected.dtype}"
-        diff = first_difference(got, expected, rtol=rtol, atol=atol)
+        diff = first_difference(got, expected, rtol=rtol, atol=atol, equal_nan=equal_nan)
         return None if diff is None else f"{label}{diff}"
     if isinstance(expected, tuple):
         if not isinstance(got, tuple) or len(got) != len(expected):
@@ -161,7 +164,7 @@ def _compare(got, expected, rtol, atol, path: str = "") -> str | None:
             )
         names = getattr(expected, "_fields", None) or [f"item {i}" for i in range(len(expected))]
         for name, g, e in zip(names, got, expected, strict=True):
-            problem = _compare(g, e, rtol, atol, path=f"{path}.{name}" if path else name)
+            problem = _compare(g, e, rtol, atol, path=f"{path}.{name}" if path else name, equal_nan=equal_nan)
             if problem:
                 return problem
         return None
@@ -213,7 +216,7 @@ def check_function(
                 variant = d.wrong(*_fresh(case.args), **_fresh(case.kwargs))
             except Exception:  # a diagnosis that cannot be evaluated here does not apply
                 continue
-            if _compare(got, variant, r, a) is None:
+            if _compare(got, variant, r, a, equal_nan=True) is None:
                 return Result(False, f"{name}, on {case.label}: {problem}.\nIt looks like {d.message}.")
         return Result(False, f"{name}, on {case.label}: {problem}.")
     labels = ", ".join(dict.fromkeys(c.label for c in cases))

@@ -11,39 +11,76 @@ reading its value: a sharp, content-based lookup among P similar tokens, which s
 exact and a positive linear kernel only approximately.
 
 The model is ``n_layers`` pre-norm blocks (attention, then a two-layer MLP, each with a residual) over token
-and learned position embeddings, read out at the last position. :func:`train` returns accuracy on a fixed
-held-out batch against the wall time spent training (evaluation time excluded).
+and learned position embeddings, read out at the last position. By default a fact token is embedded as the
+sum of an embedding of its key and one of its value (:class:`RecallEmbedding`), so that the race measures
+the attention's lookup rather than how fast 128 unrelated token embeddings are learned.
+
+* :func:`train` -- one mechanism, one seed: held-out accuracy against steps and training wall time
+  (a :class:`Curve`);
+* :func:`race` -- every mechanism over several seeds, alternating between mechanisms so that a noisy machine
+  slows them alike (a :class:`Race`, with the mean, the spread and whether the curves have flattened);
+* :func:`lookup_share` -- how much of each head's attention at the query falls on the fact it names,
+  read from the trained model: the mechanism behind the accuracy;
+* :func:`operator_count` -- how many tensor operations one training step runs: at the race's few tokens
+  this, not the FLOPs, is what a step's time follows;
+* :func:`plot_race` and :func:`plot_curves` -- the figures of chapter 6.
 """
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from .. import mechanisms
+from .._checks import check_bool, check_int, check_number, describe
+from ..moh import MoHAttention
 
-__all__ = ["MECHANISMS", "RecallTask", "TinyModel", "Curve", "train", "plot_curves"]
+__all__ = [
+    "MECHANISMS",
+    "RecallTask",
+    "RecallEmbedding",
+    "TinyModel",
+    "Curve",
+    "Summary",
+    "Race",
+    "train",
+    "race",
+    "lookup_share",
+    "operator_count",
+    "plot_race",
+    "plot_curves",
+]
 
 MECHANISMS = tuple(mechanisms.MECHANISMS)  # every mechanism of the registry races
 
 
 @dataclass(frozen=True)
 class RecallTask:
-    """Associative recall: ``n_pairs`` key-value pairs, then a query key; predict its value."""
+    """Associative recall: ``n_pairs`` key-value facts, then a query key; predict its value.
+
+    Tokens ``0 .. n_keys * n_values - 1`` are facts (the fact (k, v) is ``k * n_values + v``), tokens
+    ``n_keys * n_values + k`` are queries for key k. Chance accuracy is ``1 / n_values``.
+    """
 
     n_pairs: int = 6
     n_keys: int = 16
     n_values: int = 16
 
     def __post_init__(self):
-        if self.n_pairs < 1 or self.n_values < 1:
-            raise ValueError(f"RecallTask: need n_pairs >= 1 and n_values >= 1, got {self}")
+        check_int(self.n_pairs, "n_pairs", name="RecallTask", minimum=1)
+        check_int(self.n_values, "n_values", name="RecallTask", minimum=2)
+        check_int(self.n_keys, "n_keys", name="RecallTask", minimum=1)
         if self.n_keys < self.n_pairs:
-            raise ValueError(f"RecallTask: {self.n_pairs} distinct keys cannot come from n_keys={self.n_keys}")
+            raise ValueError(
+                f"RecallTask: n_keys must be >= n_pairs = {self.n_pairs} (the keys of a sequence are distinct), "
+                f"got {self.n_keys}"
+            )
 
     @property
     def vocab(self) -> int:
@@ -52,10 +89,19 @@ class RecallTask:
 
     @property
     def length(self) -> int:
+        """P facts and the query."""
         return self.n_pairs + 1
+
+    @property
+    def chance(self) -> float:
+        """The accuracy of guessing: ``1 / n_values``."""
+        return 1.0 / self.n_values
 
     def batch(self, size: int, generator: torch.Generator, device: torch.device | str = "cpu"):
         """``(tokens (size, P + 1) long, target (size,) long in [0, n_values))``."""
+        size = check_int(size, "size", name="RecallTask.batch", minimum=1)
+        if not isinstance(generator, torch.Generator):
+            raise TypeError(f"RecallTask.batch: generator must be a torch.Generator, got {describe(generator)}")
         P = self.n_pairs
         keys = torch.rand(size, self.n_keys, generator=generator).argsort(dim=-1)[:, :P]  # (size, P) distinct
         values = torch.randint(self.n_values, (size, P), generator=generator)  # (size, P)
@@ -65,6 +111,39 @@ class RecallTask:
         tokens = torch.cat([facts, query], dim=1)  # (size, P + 1)
         target = values.gather(1, pick).squeeze(1)  # (size,)
         return tokens.to(device), target.to(device)
+
+    def fields(self, tokens: torch.Tensor):
+        """``(key, value, is_query)`` of every token, each (B, N): the key it names, its value (0 for a query)."""
+        n_facts = self.n_keys * self.n_values
+        is_query = tokens >= n_facts
+        key = torch.where(is_query, tokens - n_facts, tokens // self.n_values)
+        value = torch.where(is_query, torch.zeros_like(tokens), tokens % self.n_values)
+        return key, value, is_query
+
+
+class RecallEmbedding(nn.Module):
+    """A factored embedding of recall tokens: ``key[k] + value[v] + role[fact]``, or ``key[k] + role[query]``.
+
+    A query and the fact it names share their key embedding, as a key and its question share a word; the
+    attention still has to learn to match them and to read the value out.
+
+    Shape: tokens (B, N) long -> (B, N, d_model).
+    """
+
+    def __init__(self, task: RecallTask, d_model: int):
+        super().__init__()
+        if not isinstance(task, RecallTask):
+            raise TypeError(f"RecallEmbedding: task must be a RecallTask, got {describe(task)}")
+        d_model = check_int(d_model, "d_model", name="RecallEmbedding", minimum=1)
+        self.task = task
+        self.key = nn.Embedding(task.n_keys, d_model)
+        self.value = nn.Embedding(task.n_values, d_model)
+        self.role = nn.Embedding(2, d_model)  # 0: a fact, 1: the query
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        key, value, is_query = self.task.fields(tokens)  # 3 x (B, N)
+        fact = (~is_query).unsqueeze(-1).to(self.value.weight.dtype)  # (B, N, 1)
+        return self.key(key) + fact * self.value(value) + self.role(is_query.long())  # (B, N, d)
 
 
 class _Block(nn.Module):
@@ -83,6 +162,12 @@ class _Block(nn.Module):
 class TinyModel(nn.Module):
     """Embeddings, ``n_layers`` pre-norm attention blocks of one mechanism, a classifier at the last position.
 
+    Args:
+        mechanism: a name of :data:`attnbook.mechanisms.MECHANISMS`.
+        vocab, length, n_out: token vocabulary, longest sequence, number of classes.
+        d_model, n_heads, n_layers: the model's width, heads per layer and depth.
+        embedding: the token embedding, ``(B, N) long -> (B, N, d_model)``; default ``nn.Embedding(vocab, d_model)``.
+
     Shape: tokens (B, N) long -> logits (B, n_out).
     """
 
@@ -96,23 +181,38 @@ class TinyModel(nn.Module):
         d_model: int = 64,
         n_heads: int = 4,
         n_layers: int = 2,
+        embedding: nn.Module | None = None,
     ):
         super().__init__()
+        name = "TinyModel"
         if mechanism not in MECHANISMS:
-            raise ValueError(f"TinyModel: unknown mechanism {mechanism!r}; choose from {MECHANISMS}")
+            raise ValueError(f"{name}: mechanism must be one of {MECHANISMS}, got {describe(mechanism)}")
+        vocab = check_int(vocab, "vocab", name=name, minimum=1)
+        length = check_int(length, "length", name=name, minimum=1)
+        n_out = check_int(n_out, "n_out", name=name, minimum=1)
+        d_model = check_int(d_model, "d_model", name=name, minimum=1)
+        n_heads = check_int(n_heads, "n_heads", name=name, minimum=1)
+        n_layers = check_int(n_layers, "n_layers", name=name, minimum=1)
+        if d_model % n_heads:
+            raise ValueError(f"{name}: d_model must be divisible by n_heads = {n_heads}, got {d_model}")
+        if embedding is not None and not isinstance(embedding, nn.Module):
+            raise TypeError(f"{name}: embedding must be an nn.Module, got {describe(embedding)}")
         self.mechanism = mechanism
-        self.embed = nn.Embedding(vocab, d_model)
+        self.embed = nn.Embedding(vocab, d_model) if embedding is None else embedding
         self.position = nn.Parameter(torch.randn(length, d_model) * 0.02)
         self.blocks = nn.ModuleList(_Block(mechanism, d_model, n_heads) for _ in range(n_layers))
         self.norm = nn.LayerNorm(d_model)
         self.head = nn.Linear(d_model, n_out)
 
+    def embed_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Token plus position embeddings, (B, N) -> (B, N, d_model): the input of the first block."""
+        if not isinstance(tokens, torch.Tensor) or tokens.dim() != 2 or tokens.shape[1] > self.position.shape[0]:
+            got = describe(tokens)
+            raise ValueError(f"TinyModel: tokens must be (B, N <= {self.position.shape[0]}) long, got {got}")
+        return self.embed(tokens) + self.position[: tokens.shape[1]]  # (B, N, d)
+
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        if tokens.dim() != 2 or tokens.shape[1] > self.position.shape[0]:
-            raise ValueError(
-                f"TinyModel: expected tokens (B, N <= {self.position.shape[0]}), got {tuple(tokens.shape)}"
-            )
-        x = self.embed(tokens) + self.position[: tokens.shape[1]]  # (B, N, d)
+        x = self.embed_tokens(tokens)  # (B, N, d)
         for block in self.blocks:
             x = block(x)
         return self.head(self.norm(x[:, -1]))  # (B, n_out)
@@ -120,17 +220,32 @@ class TinyModel(nn.Module):
 
 @dataclass
 class Curve:
-    """Held-out accuracy and loss of one mechanism during training; ``wall_s`` counts training time only."""
+    """Held-out accuracy and loss of one mechanism and seed during training.
+
+    ``wall_s`` counts training time only (evaluations excluded); ``model`` is the trained model when
+    :func:`train` was asked to keep it.
+    """
 
     mechanism: str
     steps: list[int] = field(default_factory=list)
     wall_s: list[float] = field(default_factory=list)
     accuracy: list[float] = field(default_factory=list)
     loss: list[float] = field(default_factory=list)
+    seed: int = 0
+    model: nn.Module | None = field(default=None, repr=False, compare=False)
 
     @property
     def final_accuracy(self) -> float:
         return self.accuracy[-1]
+
+    @property
+    def step_ms(self) -> float:
+        """Mean training time per step in milliseconds."""
+        return 1e3 * self.wall_s[-1] / max(self.steps[-1], 1)
+
+    def steps_to(self, accuracy: float) -> int | None:
+        """The first evaluated step at which the held-out accuracy reached ``accuracy`` (None if never)."""
+        return next((s for s, a in zip(self.steps, self.accuracy, strict=True) if a >= accuracy), None)
 
 
 def train(
@@ -146,19 +261,51 @@ def train(
     n_heads: int = 4,
     n_layers: int = 2,
     seed: int = 0,
+    factored: bool = True,
+    stop_at: float | None = None,
+    keep_model: bool = False,
     device: torch.device | str = "cpu",
 ) -> Curve:
-    """Train a :class:`TinyModel` with ``mechanism`` on ``task`` (AdamW); accuracy vs training wall time.
+    """Train a :class:`TinyModel` with ``mechanism`` on ``task`` (AdamW); accuracy vs steps and wall time.
 
-    The same seed gives every mechanism the same training batches and the same held-out batch.
+    The same seed gives every mechanism the same training batches and the same held-out batch; different
+    seeds differ in the initialisation, the batches and the held-out set.
+
+    Args:
+        mechanism: a name of the registry.
+        task: the :class:`RecallTask`.
+        steps, batch, lr: optimiser steps, sequences per step, AdamW's learning rate (weight decay 0.01).
+        eval_every, eval_size: evaluate every ``eval_every`` steps (and at the end) on ``eval_size`` held-out
+            sequences.
+        d_model, n_heads, n_layers: the model.
+        seed: seeds the initialisation and the data.
+        factored: embed fact tokens with :class:`RecallEmbedding` (else one embedding per token).
+        stop_at: stop early once the held-out accuracy is at least ``stop_at`` at two evaluations in a row
+            (there is nothing left to learn); None trains for all ``steps``.
+        keep_model: keep the trained model in :attr:`Curve.model` (in eval mode).
+        device: where to train.
+
+    Returns:
+        a :class:`Curve` with one point per evaluation, the first at step 0.
     """
-    if steps < 1 or eval_every < 1 or batch < 1 or eval_size < 1:
-        raise ValueError(
-            f"train: steps, eval_every, batch and eval_size must be >= 1, got "
-            f"{steps}, {eval_every}, {batch}, {eval_size}"
-        )
+    name = "train"
+    if mechanism not in MECHANISMS:
+        raise ValueError(f"{name}: mechanism must be one of {MECHANISMS}, got {describe(mechanism)}")
+    if not isinstance(task, RecallTask):
+        raise TypeError(f"{name}: task must be a RecallTask, got {describe(task)}")
+    steps = check_int(steps, "steps", name=name, minimum=1)
+    batch = check_int(batch, "batch", name=name, minimum=1)
+    lr = check_number(lr, "lr", name=name, minimum=0.0, strict_minimum=True)
+    eval_every = check_int(eval_every, "eval_every", name=name, minimum=1)
+    eval_size = check_int(eval_size, "eval_size", name=name, minimum=1)
+    seed = check_int(seed, "seed", name=name, minimum=0)
+    factored = check_bool(factored, "factored", name=name)
+    if stop_at is not None:
+        stop_at = check_number(stop_at, "stop_at", name=name, minimum=0.0, maximum=1.0, strict_minimum=True)
+    keep_model = check_bool(keep_model, "keep_model", name=name)
     device = torch.device(device)
     torch.manual_seed(seed)
+    embedding = RecallEmbedding(task, d_model) if factored else None
     model = TinyModel(
         mechanism,
         vocab=task.vocab,
@@ -167,11 +314,12 @@ def train(
         d_model=d_model,
         n_heads=n_heads,
         n_layers=n_layers,
+        embedding=embedding,
     ).to(device)
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01, foreach=True)
     data = torch.Generator().manual_seed(seed + 1)
-    eval_tokens, eval_target = task.batch(eval_size, torch.Generator().manual_seed(seed + 2), device)
-    curve = Curve(mechanism)
+    eval_tokens, eval_target = task.batch(eval_size, torch.Generator().manual_seed(10_000 + seed), device)
+    curve = Curve(mechanism, seed=seed)
 
     def evaluate(step: int, elapsed: float) -> None:
         model.eval()
@@ -197,22 +345,294 @@ def train(
         elapsed += time.perf_counter() - t0
         if step % eval_every == 0 or step == steps:
             evaluate(step, elapsed)
+            if stop_at is not None and len(curve.accuracy) > 2 and min(curve.accuracy[-2:]) >= stop_at:
+                break
+    if keep_model:
+        curve.model = model.eval()
     return curve
 
 
-def plot_curves(curves: Sequence[Curve], *, chance: float | None = None, ax=None):
-    """Accuracy against training wall time, one line per mechanism."""
+@dataclass(frozen=True)
+class Summary:
+    """Final held-out accuracy of one mechanism over the seeds, and its cost per training step.
+
+    Attributes:
+        mean, low, high, std: mean, smallest, largest and standard deviation (0 for one seed) over seeds.
+        step_ms: median over seeds of the mean training time per step, in milliseconds.
+        seeds: how many seeds.
+    """
+
+    mean: float
+    low: float
+    high: float
+    std: float
+    step_ms: float
+    seeds: int
+
+    @property
+    def spread(self) -> float:
+        """``high - low``."""
+        return self.high - self.low
+
+
+@dataclass
+class Race:
+    """Every mechanism trained on one task with several seeds: ``curves[mechanism]`` holds one Curve per seed."""
+
+    task: RecallTask
+    curves: dict[str, list[Curve]]
+
+    @property
+    def mechanisms(self) -> list[str]:
+        return list(self.curves)
+
+    def final(self, mechanism: str) -> list[float]:
+        """The final held-out accuracy of every seed."""
+        return [c.final_accuracy for c in self._get(mechanism)]
+
+    def summary(self, mechanism: str) -> Summary:
+        """Mean and spread of the final accuracy over seeds, and the time per step."""
+        final = self.final(mechanism)
+        return Summary(
+            mean=statistics.fmean(final),
+            low=min(final),
+            high=max(final),
+            std=statistics.stdev(final) if len(final) > 1 else 0.0,
+            step_ms=statistics.median(c.step_ms for c in self._get(mechanism)),
+            seeds=len(final),
+        )
+
+    def mean_curve(self, mechanism: str):
+        """``(steps, mean, low, high)`` of the held-out accuracy over seeds, one entry per evaluation.
+
+        A run that stopped early (``stop_at``) counts with its final accuracy at the later evaluations.
+        """
+        curves = self._get(mechanism)
+        steps = max((c.steps for c in curves), key=len)
+        acc = torch.tensor(
+            [c.accuracy + [c.accuracy[-1]] * (len(steps) - len(c.accuracy)) for c in curves], dtype=torch.float64
+        )  # (seeds, evaluations)
+        return steps, acc.mean(0).tolist(), acc.min(0).values.tolist(), acc.max(0).values.tolist()
+
+    def steps_to(self, mechanism: str, accuracy: float) -> list[int | None]:
+        """For every seed, the first evaluated step at which the held-out accuracy reached ``accuracy``."""
+        return [c.steps_to(accuracy) for c in self._get(mechanism)]
+
+    def late_gain(self, mechanism: str, fraction: float = 0.25) -> float:
+        """How much the mean accuracy rose over the last ``fraction`` of the training steps.
+
+        A curve has flattened when this is small: training longer would change little.
+        """
+        fraction = check_number(
+            fraction, "fraction", name="Race.late_gain", minimum=0.0, maximum=1.0, strict_minimum=True
+        )
+        steps, mean, _, _ = self.mean_curve(mechanism)
+        start = steps[-1] * (1 - fraction)
+        before = max(i for i, s in enumerate(steps) if s <= start)
+        return mean[-1] - mean[before]
+
+    def _get(self, mechanism: str) -> list[Curve]:
+        if mechanism not in self.curves:
+            raise ValueError(f"Race: mechanism must be one of {list(self.curves)}, got {describe(mechanism)}")
+        return self.curves[mechanism]
+
+
+def race(
+    task: RecallTask,
+    *,
+    mechanisms: Sequence[str] | None = None,
+    seeds: int | Sequence[int] = 3,
+    keep_models: bool = False,
+    **train_kwargs,
+) -> Race:
+    """Train every mechanism on ``task`` with each seed (:func:`train`); the curves of all runs.
+
+    For each seed the mechanisms run one after another, so that a slow spell of a shared machine falls on
+    all of them rather than on one.
+
+    Args:
+        task: the :class:`RecallTask`.
+        mechanisms: names from the registry (default: all of :data:`MECHANISMS`).
+        seeds: a number of seeds (``0 .. seeds - 1``) or the seeds themselves.
+        keep_models: keep every trained model in its :class:`Curve`.
+        **train_kwargs: passed to :func:`train` (``steps``, ``lr``, ``d_model``, ``device``, ...).
+
+    Returns:
+        a :class:`Race`.
+    """
+    names = list(MECHANISMS if mechanisms is None else mechanisms)
+    if not names:
+        raise ValueError("race: mechanisms must name at least one mechanism, got an empty list")
+    for n in names:
+        if n not in MECHANISMS:
+            raise ValueError(f"race: mechanisms must be names from {MECHANISMS}, got {describe(n)}")
+    if isinstance(seeds, Sequence):
+        seed_list = [check_int(s, "seeds", name="race", minimum=0) for s in seeds]
+        if not seed_list:
+            raise ValueError("race: seeds must hold at least one seed, got an empty list")
+    else:
+        seed_list = list(range(check_int(seeds, "seeds", name="race", minimum=1)))
+    curves: dict[str, list[Curve]] = {n: [] for n in names}
+    for seed in seed_list:
+        for n in names:
+            curves[n].append(train(n, task, seed=seed, keep_model=keep_models, **train_kwargs))
+    return Race(task, curves)
+
+
+def _head_weights(attn: nn.Module, h: torch.Tensor) -> torch.Tensor:
+    """Every head's effective attention weights of the layer ``attn`` on its input h (B, N, C): (B, H, N, N).
+
+    Every mechanism of the book is linear in its values, ``o_i = sum_j A_ij v_j`` with A from the queries and
+    keys only, so feeding the identity matrix as the values returns A itself.
+    """
+    B, N, _ = h.shape
+    if isinstance(attn, MoHAttention):
+        H, D = attn.num_heads, attn.head_dim
+        q, k, _ = attn.qkv(h).view(B, N, 3, H, D).permute(2, 0, 3, 1, 4).unbind(0)  # 3 x (B, H, N, D)
+        q, k = attn.q_norm(q), attn.k_norm(k)
+        return torch.softmax((q @ k.transpose(-2, -1)) * attn.scale, dim=-1)  # (B, H, N, N)
+    H = attn.n_heads
+    q = attn.query_projection(h).view(B, N, H, -1).transpose(1, 2)  # (B, H, N, D)
+    k = attn.key_projection(h).view(B, N, H, -1).transpose(1, 2)  # (B, H, N, D)
+    eye = torch.eye(N, dtype=h.dtype, device=h.device).expand(B, H, N, N)  # values = the identity
+    return attn.attend(q, k, eye)  # (B, H, N, N): row i is query i's weight on every key j
+
+
+def lookup_share(model: TinyModel, tokens: torch.Tensor, task: RecallTask) -> torch.Tensor:
+    """The share of each head's attention, at the query, that falls on the fact the query names.
+
+    ``|A_{q,j*}| / sum_j |A_{q,j}|`` for the query position q (the last token) and the matching fact j*, read
+    from the first block of ``model`` (for MoH: the heads' softmax weights, before the gates). 1 is a perfect
+    lookup, ``1 / (P + 1)`` a uniform average over the sequence.
+
+    Args:
+        model: a trained :class:`TinyModel`.
+        tokens: (B, N) recall sequences of ``task``.
+        task: the :class:`RecallTask` they come from.
+
+    Returns:
+        (B, H) the share for every sequence and head.
+    """
+    if not isinstance(model, TinyModel):
+        raise TypeError(f"lookup_share: model must be a TinyModel, got {describe(model)}")
+    if not isinstance(task, RecallTask):
+        raise TypeError(f"lookup_share: task must be a RecallTask, got {describe(task)}")
+    block = model.blocks[0]
+    with torch.no_grad():
+        h = block.norm1(model.embed_tokens(tokens))  # (B, N, d)
+        weights = _head_weights(block.attn, h)[:, :, -1]  # (B, H, N): the query's row
+    key, _, _ = task.fields(tokens)  # (B, N)
+    match = (key[:, :-1] == key[:, -1:]).nonzero()  # (B, 2): (sequence, position of the named fact)
+    on_fact = weights[match[:, 0], :, match[:, 1]]  # (B, H)
+    return on_fact.abs() / weights.abs().sum(-1).clamp_min(torch.finfo(weights.dtype).tiny)  # (B, H)
+
+
+class _OperatorCounter(TorchDispatchMode):
+    """Counts every ATen operator call made while it is active (forward and backward alike)."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.calls += 1
+        return func(*args, **(kwargs or {}))
+
+
+def operator_count(model: nn.Module, tokens: torch.Tensor, target: torch.Tensor) -> int:
+    """The number of tensor operations (ATen operator calls) in one training step's forward and backward.
+
+    On a few tokens each operation does little arithmetic, so a step's time is close to this count times
+    the fixed cost of launching one operation (microseconds on a CPU, more on a GPU), whatever the FLOPs:
+    a timing-free cost model for short sequences. The optimiser's update is not counted (it is the same for
+    every mechanism of the same width). The model's gradients are left as they were.
+
+    Args:
+        model: e.g. a :class:`TinyModel`.
+        tokens, target: one batch, ``model(tokens)`` -> logits for ``target``.
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"operator_count: model must be an nn.Module, got {describe(model)}")
+    saved = [(p, p.grad) for p in model.parameters()]
+    counter = _OperatorCounter()
+    with counter:
+        loss = nn.functional.cross_entropy(model(tokens), target)
+        loss.backward()
+    for p, grad in saved:
+        p.grad = grad
+    return counter.calls
+
+
+def plot_race(result: Race, *, shares: dict[str, Sequence[float]] | None = None, fig=None):
+    """Held-out accuracy against training steps: the mean over seeds, and a band from the lowest to the
+    highest seed; with ``shares`` (mechanism -> one value per seed, e.g. from :func:`lookup_share`) a second
+    panel below shows them, a bar at the mean and a dot per seed.
+
+    Returns:
+        the matplotlib Figure, drawn at the book's page width.
+    """
     import matplotlib.pyplot as plt
 
+    from ..viz import style
+
+    if not isinstance(result, Race):
+        raise TypeError(f"plot_race: result must be a Race, got {describe(result)}")
+    if shares is not None:
+        unknown = [n for n in shares if n not in result.curves]
+        if unknown:
+            raise ValueError(f"plot_race: shares must name mechanisms of the race {result.mechanisms}, got {unknown}")
+    if fig is None:
+        fig = plt.figure(figsize=(style.PAGE_WIDTH, 3.8 if shares is None else 6.6))
+    if shares is None:
+        by_step, bars = fig.subplots(1, 1), None
+    else:
+        by_step, bars = fig.subplots(2, 1, height_ratios=[1.6, 1])
+    for name in result.mechanisms:
+        steps, mean, low, high = result.mean_curve(name)
+        kw = style.line_style(name)
+        by_step.plot(steps, mean, marker=".", label=name, **kw)
+        by_step.fill_between(steps, low, high, color=kw["color"], alpha=0.18, lw=0)
+    by_step.axhline(result.task.chance, ls=":", color="grey", lw=1, label="chance")
+    by_step.set_ylabel("held-out accuracy")
+    by_step.set_ylim(0, 1.02)
+    by_step.grid(True, alpha=0.3)
+    seeds = {len(c) for c in result.curves.values()}
+    n_seeds = seeds.pop() if len(seeds) == 1 else "several"
+    by_step.set_xlabel(f"training step (line: mean of {n_seeds} seeds; band: lowest to highest)")
+    by_step.legend(loc="lower right", ncols=2)
+    if bars is not None:
+        names = list(shares)
+        for x, name in enumerate(names):
+            values = [float(v) for v in shares[name]]
+            bars.bar(x, statistics.fmean(values), color=style.colour(name), alpha=0.55)
+            bars.plot([x] * len(values), values, "o", color=style.colour(name), ms=4)
+        bars.set_xticks(range(len(names)), names)
+        bars.set_ylim(0, 1.02)
+        bars.set_ylabel("attention on\nthe right fact")
+        bars.grid(True, axis="y", alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+def plot_curves(curves: Sequence[Curve], *, chance: float | None = None, ax=None):
+    """Accuracy against training wall time, one line per curve, in the mechanism's colour."""
+    import matplotlib.pyplot as plt
+
+    from ..viz import style
+
     if ax is None:
-        _, ax = plt.subplots(figsize=(5.5, 3.6))
+        _, ax = plt.subplots(figsize=(style.PAGE_WIDTH, 3.6))
     for c in curves:
-        ax.plot(c.wall_s, c.accuracy, marker=".", label=c.mechanism)
+        try:
+            kw = style.line_style(c.mechanism)
+        except ValueError:  # not a mechanism of the book: matplotlib's next colour
+            kw = {}
+        ax.plot(c.wall_s, c.accuracy, marker=".", label=c.mechanism, **kw)
     if chance is not None:
         ax.axhline(chance, ls="--", color="grey", lw=0.8, label="chance")
     ax.set_xlabel("training wall time (s)")
     ax.set_ylabel("held-out accuracy")
     ax.set_ylim(0, 1.02)
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend()
     return ax

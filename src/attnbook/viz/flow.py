@@ -31,13 +31,16 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import ipywidgets as widgets
 import matplotlib
 import matplotlib.pyplot as plt
 import numpy as np
 import torch
 from matplotlib.collections import LineCollection
 
-from .static import figure_to_png
+from .._checks import check_bool, check_eps, check_int, check_number, check_tensor, describe
+from .static import enable_slider_keys, figure_to_png, set_slider_range
+from .style import DPI, MIN_FONT, PAGE_WIDTH, book_style, colour
 
 __all__ = [
     "FlowPicture",
@@ -48,7 +51,9 @@ __all__ = [
     "default_figure",
     "explorer_frames",
     "explorer_summary",
+    "inactive_controls",
     "flow_explorer",
+    "FlowExplorer",
 ]
 
 # The explorer's starting point; default_figure() draws exactly this state.
@@ -90,6 +95,8 @@ class FlowPicture:
         output: (H, N, Dv) ``edges @ v``; with both factors on, equal to the package's output.
         head_flow: head mode only, (N, H, H): at token n, the flow from key head g (source) to query head h
             (sink), phi(q^h_n) . phi(k^g_n) / I^h_n -- the network Mobile-Attention conserves; else None.
+        computed_competition: (H, M) the competition weights the package computed, whether or not
+            ``competition_on`` (so a view can tell when ablating them changes nothing: all ones).
     """
 
     mode: str
@@ -107,6 +114,7 @@ class FlowPicture:
     edges: torch.Tensor
     output: torch.Tensor
     head_flow: torch.Tensor | None
+    computed_competition: torch.Tensor | None = None
 
     @property
     def n_heads(self) -> int:
@@ -143,14 +151,16 @@ def make_toy_input(
     Returns:
         q, k of shape (1, H, N, d_head) and v of shape (1, H, N, d_head), on the CPU, in ``dtype``.
     """
-    if not isinstance(n_tokens, int) or not 1 <= n_tokens <= MAX_TOKENS:
-        raise ValueError(f"make_toy_input: n_tokens must be an int in 1..{MAX_TOKENS}, got {n_tokens!r}")
-    if not isinstance(n_heads, int) or n_heads < 1:
-        raise ValueError(f"make_toy_input: n_heads must be a positive int, got {n_heads!r}")
-    if not 0.0 <= similarity <= 1.0:
-        raise ValueError(f"make_toy_input: similarity must be in [0, 1], got {similarity!r}")
-    if not (magnitude >= 0.0 and math.isfinite(magnitude)):
-        raise ValueError(f"make_toy_input: magnitude must be finite and >= 0, got {magnitude!r}")
+    where = "make_toy_input"
+    n_tokens = check_int(n_tokens, "n_tokens", name=where, minimum=1, maximum=MAX_TOKENS)
+    similarity = check_number(similarity, "similarity", name=where, minimum=0.0, maximum=1.0)
+    magnitude = check_number(magnitude, "magnitude", name=where, minimum=0.0)
+    n_heads = check_int(n_heads, "n_heads", name=where, minimum=1)
+    seed = check_int(seed, "seed", name=where, minimum=0)
+    d_head = check_int(d_head, "d_head", name=where, minimum=1)
+    d_token = check_int(d_token, "d_token", name=where, minimum=1)
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(f"{where}: dtype must be a floating-point torch.dtype, got {describe(dtype)}")
     g = torch.Generator().manual_seed(int(seed))
     scale = 1.0 / math.sqrt(d_token)
     wq, wk, wv = (
@@ -167,8 +177,7 @@ def make_toy_input(
 
 
 def _single_batch(x: torch.Tensor, label: str) -> torch.Tensor:
-    if not isinstance(x, torch.Tensor):
-        raise ValueError(f"compute_flow_state: {label} must be a torch.Tensor, got {type(x).__name__}")
+    check_tensor(x, label, name="compute_flow_state")
     if x.dim() == 3:
         return x[None]
     if x.dim() == 4 and x.shape[0] == 1:
@@ -214,6 +223,12 @@ def compute_flow_state(
     """
     import attnbook  # deferred: attnbook.viz must stay importable on its own
 
+    where = "compute_flow_state"
+    causal = check_bool(causal, "causal", name=where)
+    competition = check_bool(competition, "competition", name=where)
+    allocation = check_bool(allocation, "allocation", name=where)
+    heads_compete = check_bool(heads_compete, "heads_compete", name=where)
+    eps = check_eps(eps, name=where)
     q, k, v = (_single_batch(x, label) for x, label in ((q, "q"), (k, "k"), (v, "v")))
     N, M = q.shape[-2], k.shape[-2]
     if max(N, M) > MAX_TOKENS:
@@ -222,7 +237,10 @@ def compute_flow_state(
             f"(N, M <= {MAX_TOKENS}); got q {tuple(q.shape)}, k {tuple(k.shape)}"
         )
     if heads_compete and causal:
-        raise ValueError("compute_flow_state: Mobile-Attention (heads_compete=True) has no causal version")
+        raise ValueError(
+            "compute_flow_state: causal must be False with heads_compete=True (Mobile-Attention has no causal "
+            "version), got causal=True"
+        )
     if heads_compete:
         _, stats = attnbook.mobile_attention(q, k, v, eps=eps, return_flows=True)
     else:
@@ -237,7 +255,7 @@ def compute_flow_state(
     flow = qf @ kf.transpose(-2, -1) / normaliser[..., None]  # (H, N, M)
     if causal:
         flow = flow.tril()
-    comp = _cpu64(stats.competition[0])  # (H, M)
+    comp = computed = _cpu64(stats.competition[0])  # (H, M)
     alloc = _cpu64(stats.allocation[0])  # (H, N)
     if not competition:
         comp = torch.ones_like(comp)
@@ -265,14 +283,16 @@ def compute_flow_state(
         edges=edges,
         output=output,
         head_flow=head_flow,
+        computed_competition=computed,
     )
 
 
 # ----------------------------------------------------------------------------------------------- views
 
-_SOURCE_COLOUR = "#d95f02"
-_SINK_COLOUR = "#1b9e77"
-_EDGE_COLOUR = "#7570b3"
+# Sources and sinks are roles, not mechanisms: neutral browns and greys, so that the one mechanism colour
+# of attnbook.viz.style (Flow or Mobile, on the edges) stays the only colour that means a mechanism.
+_SOURCE_COLOURS = ("#8c510a", "#dfc27d")  # conserved outgoing flow, competition
+_SINK_COLOURS = ("#4d4d4d", "#bababa")  # conserved incoming flow, allocation
 
 
 def _draw_bipartite(
@@ -281,53 +301,38 @@ def _draw_bipartite(
     *,
     source_size: np.ndarray,
     sink_size: np.ndarray,
-    source_label: str,
-    sink_label: str,
+    edge_colour: str,
     title: str,
 ) -> None:
-    """Sources on the left (x = 0), sinks on the right (x = 1); line width proportional to the weight."""
+    """Sources (keys) on the left at x = 0, sinks (queries) on the right at x = 1; width proportional to weight."""
     n_sinks, n_sources = weights.shape
     ys = lambda n: np.linspace(1.0, 0.0, n) if n > 1 else np.array([0.5])  # noqa: E731
     y_src, y_snk = ys(n_sources), ys(n_sinks)
     top = float(weights.max()) if weights.size and weights.max() > 0 else 1.0
     segments, widths, colours = [], [], []
-    edge_rgb = matplotlib.colors.to_rgb(_EDGE_COLOUR)
+    edge_rgb = matplotlib.colors.to_rgb(edge_colour)
     for i in range(n_sinks):
         for j in range(n_sources):
             w = float(weights[i, j]) / top
             if w > 1e-3:  # exact zeros (causal: future sources) draw nothing
                 segments.append([(0.0, y_src[j]), (1.0, y_snk[i])])
-                widths.append(0.3 + 6.0 * w)
+                widths.append(0.3 + 5.0 * w)
                 colours.append((*edge_rgb, 0.25 + 0.6 * w))
     # one collection instead of N * M lines: drawing stays fast enough for a live widget
     ax.add_collection(
         LineCollection(segments, linewidths=widths, colors=colours, capstyle="round", zorder=1, label="edges")
     )
     # marker area grows with the node's factor (competition / allocation); 1 = the neutral size
-    ax.scatter(
-        np.zeros(n_sources),
-        y_src,
-        s=120 * np.clip(source_size, 0.05, None),
-        color=_SOURCE_COLOUR,
-        zorder=2,
-        edgecolor="black",
-        linewidth=0.5,
-    )
-    ax.scatter(
-        np.ones(n_sinks),
-        y_snk,
-        s=120 * np.clip(sink_size, 0.05, None),
-        color=_SINK_COLOUR,
-        zorder=2,
-        edgecolor="black",
-        linewidth=0.5,
-    )
+    for x, y, size, fill in ((0.0, y_src, source_size, _SOURCE_COLOURS[0]), (1.0, y_snk, sink_size, _SINK_COLOURS[0])):
+        ax.scatter(
+            np.full(len(y), x), y, s=90 * np.clip(size, 0.05, None), color=fill, zorder=2, edgecolor="white", lw=0.5
+        )
     for j, y in enumerate(y_src):
-        ax.text(-0.08, y, f"{source_label}{j}", ha="right", va="center", fontsize=8)
+        ax.text(-0.07, y, f"k{j}", ha="right", va="center", fontsize=MIN_FONT)
     for i, y in enumerate(y_snk):
-        ax.text(1.08, y, f"{sink_label}{i}", ha="left", va="center", fontsize=8)
-    ax.set_xlim(-0.35, 1.35)
-    ax.set_ylim(-0.1, 1.1)
+        ax.text(1.07, y, f"q{i}", ha="left", va="center", fontsize=MIN_FONT)
+    ax.set_xlim(-0.3, 1.3)
+    ax.set_ylim(-0.06, 1.06)
     ax.axis("off")
     ax.set_title(title, fontsize=10)
 
@@ -339,62 +344,71 @@ def _grouped_bars(
     *,
     labels: tuple[str, str],
     colours,
-    prefix: str,
-    title: str,
+    xlabel: str,
     clamp: bool = False,
     raw: np.ndarray | None = None,
 ) -> None:
+    """Two bars per node; the legend sits above the axes, where it cannot cover a bar."""
     x = np.arange(len(first))
     width = 0.4
+    bars_first = ax.bar(x - width / 2, first, width, color=colours[0], label=labels[0])
+    bars_second = ax.bar(x + width / 2, second, width, color=colours[1], label=labels[1], edgecolor=colours[0], lw=0.4)
+    handles = [bars_first]
     if raw is not None:  # the part the clamp cut off, hatched
-        ax.bar(
-            x - width / 2,
-            raw,
-            width,
-            color="none",
-            edgecolor=colours[0],
-            hatch="///",
-            lw=0.6,
-            label=f"{labels[0]} before clamp",
+        handles.append(
+            ax.bar(
+                x - width / 2,
+                raw,
+                width,
+                color="none",
+                edgecolor=colours[0],
+                hatch="///",
+                lw=0.6,
+                label=f"{labels[0].split(':')[0]} before the clamp",
+            )
         )
-    ax.bar(x - width / 2, first, width, color=colours[0], label=labels[0])
-    ax.bar(x + width / 2, second, width, color=colours[1], label=labels[1])
+    handles.append(bars_second)
     if clamp:
-        ax.axhline(1.0, color="black", lw=0.8, ls="--")
-        ax.text(len(first) - 0.5, 1.0, "clamp", ha="right", va="bottom", fontsize=7)
-    ax.set_xticks(x, [f"{prefix}{i}" for i in x], fontsize=8)
+        handles.append(ax.axhline(1.0, color="black", lw=0.8, ls="--", label="clamp at 1"))
+    # above the axes, as wide as they are, filled column by column: it can neither cover a bar nor widen the page
+    ax.legend(
+        handles=handles,
+        loc="lower left",
+        bbox_to_anchor=(0.0, 1.0, 1.0, 0.1),
+        mode="expand",
+        ncol=2,
+        frameon=False,
+        borderaxespad=0.2,
+        handlelength=1.4,
+    )
+    ax.set_xticks(x, [str(i) for i in x])
+    ax.set_xlim(-0.6, len(first) - 0.4)
+    ax.set_xlabel(xlabel)
     top = max(
         float(np.max(first)),
         float(np.max(second)),
         1.0 if clamp else 0.0,
         float(np.max(raw)) if raw is not None else 0.0,
     )
-    ax.set_ylim(0.0, 1.4 * top)  # headroom for the legend
-    ax.set_title(title, fontsize=10)
-    ax.legend(fontsize=7, loc="upper left", framealpha=0.7, ncol=2 if raw is None else 1)
+    ax.set_ylim(0.0, 1.08 * top)
     ax.grid(True, axis="y", alpha=0.3)
 
 
 def plot_flow(state: FlowPicture, *, head: int = 0, figsize: tuple[float, float] | None = None):
-    """Draw a :class:`FlowPicture` for one head; returns the matplotlib Figure.
+    """Draw a :class:`FlowPicture` for one head; returns the matplotlib Figure (drawn for the book's page).
 
     Panels: the bipartite flow diagram (keys = sources on the left, queries = sinks on the right, edge width
-    proportional to ``edges``, marker size to competition / allocation); conserved outgoing flow and
-    competition per source (dashed line: the clamp at 1); conserved incoming flow and allocation per sink;
-    in head mode also each token's conserved outgoing flow stacked over the heads (the heads share it).
+    proportional to ``edges``, marker size to competition / allocation; edges in the mechanism's colour of
+    :mod:`attnbook.viz.style`); conserved outgoing flow and competition per source (dashed line: the clamp at
+    1); conserved incoming flow and allocation per sink; in head mode also each token's conserved outgoing
+    flow stacked over the heads (the heads share it). The figure is :data:`~attnbook.viz.style.PAGE_WIDTH`
+    wide with text of at least :data:`~attnbook.viz.style.MIN_FONT` points: the panels wrap onto two rows
+    instead of shrinking.
     """
     if not isinstance(state, FlowPicture):
-        raise ValueError(f"plot_flow: expected a FlowPicture, got {type(state).__name__}")
-    if not 0 <= head < state.n_heads:
-        raise ValueError(f"plot_flow: head={head} is outside 0..{state.n_heads - 1}")
+        raise TypeError(f"plot_flow: state must be a FlowPicture, got {describe(state)}")
+    head = check_int(head, "head", name="plot_flow", minimum=0, maximum=state.n_heads - 1)
     heads_mode = state.mode == "mobile"
-    n_panels = 4 if heads_mode else 3
-    fig, axes = plt.subplots(
-        1,
-        n_panels,
-        figsize=figsize or (3.6 * n_panels + 0.6, 3.6),
-        gridspec_kw=dict(width_ratios=[1.1] + [1.0] * (n_panels - 1)),
-    )
     switches = []
     if state.causal:
         switches.append("causal")
@@ -403,64 +417,109 @@ def plot_flow(state: FlowPicture, *, head: int = 0, figsize: tuple[float, float]
     if not state.allocation_on:
         switches.append("no allocation")
     what = "Mobile-Attention: heads compete" if heads_mode else "Flow-Attention: tokens compete"
-    fig.suptitle(f"{what}, head {head}" + (f" ({', '.join(switches)})" if switches else ""), fontsize=11)
-
-    _draw_bipartite(
-        axes[0],
-        state.edges[head].numpy(),
-        source_size=state.competition[head].numpy(),
-        sink_size=state.allocation[head].numpy(),
-        source_label="k",
-        sink_label="q",
-        title="flow from sources (keys) to sinks (queries)",
-    )
-    raw = None if state.conserved_outgoing_raw is None else state.conserved_outgoing_raw[head].numpy()
-    _grouped_bars(
-        axes[1],
-        state.conserved_outgoing[head].numpy(),
-        state.competition[head].numpy(),
-        labels=("conserved outgoing Ô", "competition"),
-        colours=(_SOURCE_COLOUR, "#fdb863"),
-        prefix="k",
-        title="sources",
-        clamp=True,
-        raw=raw,
-    )
-    _grouped_bars(
-        axes[2],
-        state.conserved_incoming[head].numpy(),
-        state.allocation[head].numpy(),
-        labels=("conserved incoming Î", "allocation"),
-        colours=(_SINK_COLOUR, "#a6dba0"),
-        prefix="q",
-        title="sinks",
-    )
-    if heads_mode:
-        ax = axes[3]
-        shares = (
-            state.conserved_outgoing_raw if state.conserved_outgoing_raw is not None else state.conserved_outgoing
-        ).numpy()  # (H, N)
-        bottom = np.zeros(shares.shape[1])
-        colours = plt.get_cmap("tab10")
-        for h in range(state.n_heads):
-            ax.bar(
-                np.arange(shares.shape[1]),
-                shares[h],
-                bottom=bottom,
-                color=colours(h % 10),
-                edgecolor="black" if h == head else "none",
-                lw=1.0,
-                label=f"head {h}",
-            )
-            bottom = bottom + shares[h]
-        ax.axhline(state.n_heads, color="black", lw=0.8, ls="--")
-        ax.set_xticks(np.arange(shares.shape[1]), [f"k{j}" for j in range(shares.shape[1])], fontsize=8)
-        ax.set_ylim(0.0, 1.3 * max(state.n_heads, float(bottom.max())))
-        ax.set_title(f"heads share each token (sum = H = {state.n_heads})", fontsize=10)
-        ax.legend(fontsize=7, loc="upper left", framealpha=0.7, ncol=min(state.n_heads, 3))
-    # fixed margins instead of tight_layout(): the layout search dominated the drawing time
-    fig.subplots_adjust(left=0.02, right=0.99, bottom=0.1, top=0.82, wspace=0.22)
+    title = f"{what}, head {head} of {state.n_heads}" + (f" ({', '.join(switches)})" if switches else "")
+    with book_style():
+        fig = plt.figure(figsize=figsize or (PAGE_WIDTH, 6.6 if heads_mode else 5.6))
+        grid = fig.add_gridspec(2, 2, left=0.04, right=0.98, bottom=0.08, top=0.86, wspace=0.18, hspace=0.55)
+        if heads_mode:
+            ax_flow, ax_src = fig.add_subplot(grid[0, 0]), fig.add_subplot(grid[0, 1])
+            ax_heads, ax_snk = fig.add_subplot(grid[1, 0]), fig.add_subplot(grid[1, 1])
+        else:  # the diagram gets the whole left column
+            ax_flow = fig.add_subplot(grid[:, 0])
+            ax_src, ax_snk = fig.add_subplot(grid[0, 1]), fig.add_subplot(grid[1, 1])
+        fig.suptitle(title, fontsize=11)
+        _draw_bipartite(
+            ax_flow,
+            state.edges[head].numpy(),
+            source_size=state.competition[head].numpy(),
+            sink_size=state.allocation[head].numpy(),
+            edge_colour=colour(state.mode),
+            title="flow from keys (sources)\nto queries (sinks)",
+        )
+        raw = None if state.conserved_outgoing_raw is None else state.conserved_outgoing_raw[head].numpy()
+        _grouped_bars(
+            ax_src,
+            state.conserved_outgoing[head].numpy(),
+            state.competition[head].numpy(),
+            labels=("Ô: conserved outgoing", "competition"),
+            colours=_SOURCE_COLOURS,
+            xlabel="source j (key)",
+            clamp=True,
+            raw=raw,
+        )
+        _grouped_bars(
+            ax_snk,
+            state.conserved_incoming[head].numpy(),
+            state.allocation[head].numpy(),
+            labels=("Î: conserved incoming", "allocation"),
+            colours=_SINK_COLOURS,
+            xlabel="sink i (query)",
+        )
+        if heads_mode:
+            _draw_head_shares(ax_heads, state, head)
     return fig
+
+
+def _draw_head_shares(ax, state: FlowPicture, head: int) -> None:
+    """Each token's conserved outgoing flow stacked over the heads: Mobile-Attention's budget is per token."""
+    shares = (
+        state.conserved_outgoing_raw if state.conserved_outgoing_raw is not None else state.conserved_outgoing
+    ).numpy()  # (H, N)
+    H, N = shares.shape
+    bottom = np.zeros(N)
+    shades = plt.get_cmap("cividis")(np.linspace(0.15, 0.95, H))  # heads are not mechanisms: one ramp
+    for h in range(H):
+        ax.bar(
+            np.arange(N),
+            shares[h],
+            bottom=bottom,
+            color=shades[h],
+            edgecolor="black" if h == head else "white",
+            lw=1.2 if h == head else 0.3,
+            label=f"head {h}" + (" (shown)" if h == head else ""),
+        )
+        bottom = bottom + shares[h]
+    ax.axhline(H, color="black", lw=0.8, ls="--")
+    ax.set_xticks(np.arange(N), [str(j) for j in range(N)])
+    ax.set_xlim(-0.6, N - 0.4)
+    ax.set_xlabel(f"token j: the H = {H} heads share its Ô (sum = H)")
+    ax.set_ylim(0.0, 1.05 * max(H, float(bottom.max())))
+    ax.legend(
+        loc="lower left",
+        bbox_to_anchor=(0.0, 1.0, 1.0, 0.1),
+        mode="expand",
+        ncol=3,
+        frameon=False,
+        borderaxespad=0.2,
+        handlelength=1.0,
+    )
+
+
+_CHECKS = {  # explorer parameter -> its validation (one wording, from attnbook._checks)
+    "n_tokens": lambda v, where: check_int(v, "n_tokens", name=where, minimum=1, maximum=MAX_TOKENS),
+    "similarity": lambda v, where: check_number(v, "similarity", name=where, minimum=0.0, maximum=1.0),
+    "magnitude": lambda v, where: check_number(v, "magnitude", name=where, minimum=0.0),
+    "n_heads": lambda v, where: check_int(v, "n_heads", name=where, minimum=1),
+    "seed": lambda v, where: check_int(v, "seed", name=where, minimum=0),
+    "head": lambda v, where: check_int(v, "head", name=where, minimum=0),
+    "causal": lambda v, where: check_bool(v, "causal", name=where),
+    "competition": lambda v, where: check_bool(v, "competition", name=where),
+    "allocation": lambda v, where: check_bool(v, "allocation", name=where),
+    "heads_compete": lambda v, where: check_bool(v, "heads_compete", name=where),
+}
+
+
+def _params(where: str = "flow explorer", **overrides) -> dict:
+    unknown = set(overrides) - set(DEFAULTS)
+    if unknown:
+        raise ValueError(
+            f"{where}: parameters must be among {sorted(DEFAULTS)}, got unknown parameter(s) {sorted(unknown)}"
+        )
+    p = {**DEFAULTS, **overrides}
+    p = {name: _CHECKS[name](value, where) for name, value in p.items()}
+    if p["head"] >= p["n_heads"]:
+        raise ValueError(f"{where}: head must be an int in 0..{p['n_heads'] - 1} (n_heads - 1), got {p['head']}")
+    return p
 
 
 def _state_from(params: dict) -> FlowPicture:
@@ -479,16 +538,9 @@ def _state_from(params: dict) -> FlowPicture:
     )
 
 
-def _params(**overrides) -> dict:
-    unknown = set(overrides) - set(DEFAULTS)
-    if unknown:
-        raise ValueError(f"unknown explorer parameter(s) {sorted(unknown)}; known: {sorted(DEFAULTS)}")
-    return {**DEFAULTS, **overrides}
-
-
 def default_figure(**overrides):
     """The static figure of the explorer's default state (:data:`DEFAULTS`, changed by ``overrides``)."""
-    p = _params(**overrides)
+    p = _params("default_figure", **overrides)
     return plot_flow(_state_from(p), head=p["head"])
 
 
@@ -496,16 +548,75 @@ def explorer_frames(parameter: str, values: Sequence, **overrides) -> dict[str, 
     """Figures of the explorer with ``parameter`` set to each of ``values`` (others from :data:`DEFAULTS`
     and ``overrides``), keyed by the value's label: the input of :func:`attnbook.viz.frame_slider`."""
     if parameter not in DEFAULTS:
-        raise ValueError(f"explorer_frames: unknown parameter {parameter!r}; known: {sorted(DEFAULTS)}")
+        raise ValueError(
+            f"explorer_frames: parameter must be one of {sorted(DEFAULTS)}, got unknown parameter {parameter!r}"
+        )
+    if isinstance(values, (str, bytes)) or not isinstance(values, Sequence) or not values:
+        raise TypeError(f"explorer_frames: values must be a non-empty sequence, got {describe(values)}")
     frames = {}
     for value in values:
-        p = _params(**{**overrides, parameter: value})
+        p = _params("explorer_frames", **{**overrides, parameter: value})
         frames[f"{value:g}" if isinstance(value, float) else str(value)] = plot_flow(_state_from(p), head=p["head"])
     return frames
 
 
-def explorer_summary(state: FlowPicture, *, head: int = 0) -> str:
-    """One-line HTML summary of a state: the conservation sums and what the clamp did, for one head."""
+_IDENTICAL = 1.0 - 1e-9  # similarity at or above this: every token is the same vector
+_INVISIBLE = 5e-3  # a change of half a percent of a bar's height: no pixel of the figure moves
+
+
+def inactive_controls(params: dict, state: FlowPicture) -> dict[str, str]:
+    """The explorer's controls that cannot change the picture in this state, each with the reason.
+
+    The explorer greys these out and prints the reasons under the controls, so that no control looks dead
+    without an explanation. Keys are parameter names of :data:`DEFAULTS`.
+
+    - ``causal`` in head mode: Mobile-Attention has no causal form.
+    - ``head`` with one head.
+    - At similarity 1 every token is the same vector, so every source sends, and every sink receives, the
+      same flow in every head (all Ô and Î equal 1, competition 1, up to the normaliser's eps, which stays
+      invisible over the explorer's magnitudes 0.25..4): ``magnitude``, ``seed``, ``n_heads`` and ``head``
+      change nothing in Flow mode. In head mode the heads still differ (their projections do), so
+      only with a single head is the picture fixed.
+    - ``competition`` whenever every competition weight of the head shown is 1 (identical tokens, or a clamp
+      that cuts every source's Ô to 1): ablating it multiplies by 1.
+    """
+    heads_mode = params["heads_compete"]
+    H = params["n_heads"]
+    out: dict[str, str] = {}
+    if heads_mode:
+        out["causal"] = (
+            "Mobile-Attention has no causal form (its heads compete at each position), so this mode is never "
+            "causal; your choice comes back in Flow mode"
+        )
+    if H == 1:
+        out["head"] = "there is only one head (heads = 1)"
+    if params["similarity"] >= _IDENTICAL and (not heads_mode or H == 1):
+        why = (
+            "at similarity 1 every token is the same vector, so every source sends and every sink receives the "
+            "same flow" + (" in every head" if not heads_mode else "") + "; lower the similarity to see it change"
+        )
+        out["magnitude"] = out["seed"] = why
+        if not heads_mode:
+            out["n_heads"] = why
+            if H > 1:
+                out["head"] = why
+    weights = state.computed_competition
+    h = params["head"]
+    if weights is not None and bool(((weights[h] - 1.0).abs() < _INVISIBLE).all()):
+        raw = state.conserved_outgoing_raw
+        if params["similarity"] >= _IDENTICAL:
+            cause = "every token is the same vector"
+        elif raw is not None and bool((raw[h] >= 1.0).all()):
+            cause = "the clamp cuts every source's Ô to 1"
+        else:
+            cause = "all sources are alike"
+        out["competition"] = f"every competition weight of head {h} is 1 here ({cause}), so ablating it changes nothing"
+    return out
+
+
+def explorer_summary(state: FlowPicture, *, head: int = 0, inactive: dict[str, str] | None = None) -> str:
+    """One-line HTML summary of a state: the conservation sums and what the clamp did, for one head; then, if
+    ``inactive`` is given (from :func:`inactive_controls`), why each greyed-out control cannot act."""
     H, N, M = state.n_heads, state.n_sinks, state.n_sources
     raw = state.conserved_outgoing_raw
     clipped = "" if raw is None else f", clamp clips {int((raw[head] > 1).sum())} of {M} sources"
@@ -520,92 +631,154 @@ def explorer_summary(state: FlowPicture, *, head: int = 0) -> str:
             f"Σ<sub>j</sub> Ô<sub>j</sub> = {total:.3f} (N = {N}), Σ<sub>i</sub> Î<sub>i</sub> = "
             f"{state.conserved_incoming[head].sum():.3f} (M = {M})"
         )
+    notes = "".join(
+        f"<br>⊘ <b>{_LABELS[name]}</b> is greyed out: {reason}." for name, reason in (inactive or {}).items()
+    )
     return (
-        f"<span style='font-family:sans-serif;font-size:0.85em'>head {head}: {budget}{clipped}; "
+        f"<div style='font-family:sans-serif;font-size:0.9em;line-height:1.4'>head {head}: {budget}{clipped}; "
         f"competition {state.competition[head].min():.2f} … {state.competition[head].max():.2f}, "
-        f"allocation {state.allocation[head].min():.2f} … {state.allocation[head].max():.2f}</span>"
+        f"allocation {state.allocation[head].min():.2f} … {state.allocation[head].max():.2f}{notes}</div>"
     )
 
 
-def flow_explorer(**overrides):
+# the explorer's visible label of each parameter (its widget's description)
+_LABELS = {
+    "n_tokens": "tokens",
+    "similarity": "similarity",
+    "magnitude": "magnitude",
+    "n_heads": "heads",
+    "seed": "seed",
+    "head": "head shown",
+    "competition": "competition",
+    "allocation": "allocation",
+    "causal": "causal",
+    "heads_compete": "mode",
+}
+_MODES = [("Flow: tokens compete", False), ("Mobile: heads compete", True)]
+
+
+class FlowExplorer(widgets.VBox):
+    """The box :func:`flow_explorer` returns; its ``explorer`` attribute holds the controls and the state."""
+
+    explorer: _FlowController
+
+
+class _FlowController:
+    """The controls and the callback behind :func:`flow_explorer` (kept off the widget itself)."""
+
+    def __init__(self, p: dict):
+        w = widgets
+        # continuous_update=False: one redraw when a drag ends, not a queue of them on a slow kernel
+        slider = dict(style={"description_width": "initial"}, continuous_update=False)
+        self.controls = {
+            "n_tokens": w.IntSlider(value=p["n_tokens"], min=2, max=12, description="tokens", **slider),
+            "similarity": w.FloatSlider(
+                value=p["similarity"], min=0.0, max=1.0, step=0.05, description="similarity", **slider
+            ),
+            # from 0.25: at magnitude 0 every q and k is 0, every token alike, and the picture is fixed; up to 4:
+            # beyond, sigmoid features near 0 let the normaliser's eps (1e-6) move the picture by percents
+            "magnitude": w.FloatSlider(
+                value=min(max(p["magnitude"], 0.25), 4.0),
+                min=0.25,
+                max=4.0,
+                step=0.25,
+                description="magnitude",
+                **slider,
+            ),
+            "n_heads": w.IntSlider(value=p["n_heads"], min=1, max=6, description="heads", **slider),
+            "seed": w.IntSlider(value=p["seed"], min=0, max=20, description="seed", **slider),
+            "head": w.IntSlider(
+                value=p["head"], min=0, max=max(p["n_heads"] - 1, 0), description="head shown", **slider
+            ),
+            "competition": w.Checkbox(value=p["competition"], description="competition", indent=False),
+            "allocation": w.Checkbox(value=p["allocation"], description="allocation", indent=False),
+            "causal": w.Checkbox(value=p["causal"] and not p["heads_compete"], description="causal", indent=False),
+            # wide enough for the whole label in every front-end (the default width cut "Flow" off)
+            "heads_compete": w.ToggleButtons(
+                options=_MODES,
+                value=p["heads_compete"],
+                description="mode",
+                style={"description_width": "initial", "button_width": "190px"},
+            ),
+        }
+        self.summary = w.HTML(value="")
+        # shown at the size it is drawn for (the page's width at DPI), never stretched to the output area
+        self.image = w.Image(
+            format="png", value=b"", layout=w.Layout(width=f"{PAGE_WIDTH * DPI:.0f}px", max_width="100%")
+        )
+        self.causal_choice = p["causal"]  # what the student ticked; head mode shows False without forgetting it
+        self.state: FlowPicture | None = None
+        self.inactive: dict[str, str] = {}
+        self.renders = 0
+        self._busy = False
+        c = self.controls
+        self.column_right = w.VBox([c["n_heads"], c["seed"], c["head"]])  # holds "head shown" (re-ranged)
+        self.layout = [
+            w.HBox([w.VBox([c["n_tokens"], c["similarity"], c["magnitude"]]), self.column_right]),
+            w.HBox([c["competition"], c["allocation"], c["causal"]]),
+            c["heads_compete"],
+            self.summary,
+            self.image,
+        ]
+        for control in c.values():
+            control.observe(self._on_change, names="value")
+        self.render()
+
+    @property
+    def params(self) -> dict:
+        return {name: control.value for name, control in self.controls.items()}
+
+    def _on_change(self, change) -> None:
+        if self._busy:  # a value the explorer set itself (a clamped range, the causal box in head mode)
+            return
+        if change["owner"] is self.controls["causal"]:
+            self.causal_choice = bool(change["new"])
+        self.render()
+
+    def render(self) -> None:
+        self._busy = True
+        try:
+            c = self.controls
+            heads_mode = c["heads_compete"].value
+            head = set_slider_range(c["head"], 0, max(c["n_heads"].value - 1, 0), container=self.column_right)
+            if head is not c["head"]:  # a new slider: ipywidgets 8's End key would stop at the old maximum
+                head.observe(self._on_change, names="value")
+                c["head"] = head
+            c["causal"].value = False if heads_mode else self.causal_choice
+            params = self.params
+            self.state = _state_from(params)
+            self.inactive = inactive_controls(params, self.state)
+            for name, control in c.items():
+                control.disabled = name in self.inactive
+            fig = plot_flow(self.state, head=params["head"])
+            try:
+                # the fixed layout keeps everything inside the canvas (tests: assert_readable), so no tight crop,
+                # which would draw the figure twice
+                self.image.value = figure_to_png(fig, dpi=DPI, tight=False)
+            finally:
+                plt.close(fig)
+            self.summary.value = explorer_summary(self.state, head=params["head"], inactive=self.inactive)
+            self.renders += 1
+        finally:
+            self._busy = False
+
+
+def flow_explorer(**overrides) -> FlowExplorer:
     """The live flow-allocation explorer: an ``ipywidgets.VBox`` (core widgets only; ipywidgets 7.7 and 8).
 
     Sliders for the toy input (tokens, similarity, magnitude, heads, seed) and the head shown, checkboxes
     for competition, allocation and causality, and a toggle between Flow-Attention (tokens compete) and
     Mobile-Attention (heads compete). Every change recomputes :func:`compute_flow_state` and redraws
-    :func:`plot_flow` into an ``Image`` widget, so it works without a kernel-side ``Output`` capture.
+    :func:`plot_flow` as PNG bytes into an ``Image`` widget, which renders in every supported front-end
+    (JupyterLab 4, Notebook 7, the classic notebook with ipywidgets 7.7.1 as on Colab). The range of "head
+    shown" follows "heads"; controls that cannot change the picture in the current state are disabled and the
+    summary line says why (:func:`inactive_controls`).
+
+    ``overrides`` set the starting state (names of :data:`DEFAULTS`). The controller behind the box (its
+    ``controls``, ``state``, ``inactive`` and ``render``) is the box's ``explorer`` attribute.
     """
-    import ipywidgets as widgets
-
-    p = _params(**overrides)
-    style = {"description_width": "initial"}
-    n_tokens = widgets.IntSlider(value=p["n_tokens"], min=2, max=12, description="tokens", style=style)
-    similarity = widgets.FloatSlider(
-        value=p["similarity"], min=0.0, max=1.0, step=0.05, description="similarity", style=style
-    )
-    magnitude = widgets.FloatSlider(
-        value=p["magnitude"], min=0.0, max=6.0, step=0.25, description="magnitude", style=style
-    )
-    n_heads = widgets.IntSlider(value=p["n_heads"], min=1, max=6, description="heads", style=style)
-    seed = widgets.IntSlider(value=p["seed"], min=0, max=20, description="seed", style=style)
-    head = widgets.IntSlider(value=p["head"], min=0, max=p["n_heads"] - 1, description="head shown", style=style)
-    competition = widgets.Checkbox(value=p["competition"], description="competition", indent=False)
-    allocation = widgets.Checkbox(value=p["allocation"], description="allocation", indent=False)
-    causal = widgets.Checkbox(value=p["causal"], description="causal", indent=False)
-    mode = widgets.ToggleButtons(
-        options=[("tokens compete (Flow)", False), ("heads compete (Mobile)", True)],
-        value=p["heads_compete"],
-        description="mode",
-        style=style,
-    )
-    summary = widgets.HTML(value="")
-    image = widgets.Image(format="png", value=b"")
-    controls = {
-        "n_tokens": n_tokens,
-        "similarity": similarity,
-        "magnitude": magnitude,
-        "n_heads": n_heads,
-        "seed": seed,
-        "head": head,
-        "competition": competition,
-        "allocation": allocation,
-        "causal": causal,
-        "heads_compete": mode,
-    }
-
-    busy = []  # re-entrancy guard: lowering head.max below head.value fires a nested change
-
-    def render(change=None):
-        if busy:
-            return
-        busy.append(True)
-        try:
-            _render()
-        finally:
-            busy.pop()
-
-    def _render():
-        head.max = n_heads.value - 1  # clamps head.value if it was larger
-        causal.disabled = mode.value  # Mobile-Attention has no causal form
-        params = {name: w.value for name, w in controls.items()}
-        params["causal"] = params["causal"] and not params["heads_compete"]
-        state = _state_from(params)
-        fig = plot_flow(state, head=params["head"])
-        try:
-            image.value = figure_to_png(fig, dpi=80)
-        finally:
-            plt.close(fig)
-        summary.value = explorer_summary(state, head=params["head"])
-
-    for w in controls.values():
-        w.observe(render, names="value")
-    render()
-    return widgets.VBox(
-        [
-            widgets.HBox([widgets.VBox([n_tokens, similarity, magnitude]), widgets.VBox([n_heads, seed, head])]),
-            widgets.HBox([competition, allocation, causal]),
-            mode,
-            summary,
-            image,
-        ]
-    )
+    controller = _FlowController(_params("flow_explorer", **overrides))
+    enable_slider_keys()  # Notebook 7: the arrow keys would select cells instead of moving the sliders
+    box = FlowExplorer(children=controller.layout)
+    box.explorer = controller
+    return box

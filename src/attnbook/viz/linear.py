@@ -11,7 +11,9 @@ from collections.abc import Mapping, Sequence
 import matplotlib.pyplot as plt
 import torch
 
+from .._checks import check_int, check_number, check_tensor, describe
 from .plots import attention_heatmap, scaling_plot
+from .style import PAGE_WIDTH, shared_scale
 
 __all__ = [
     "retrieval_toy",
@@ -36,8 +38,6 @@ def retrieval_toy(
     Returns:
         q, k, v, each of shape (1, 1, n_tokens, dim) on the CPU in ``dtype``.
     """
-    from .._checks import check_int, check_number
-
     n_tokens = check_int(n_tokens, "n_tokens", name="retrieval_toy", minimum=1)
     dim = check_int(dim, "dim", name="retrieval_toy", minimum=1)
     noise = check_number(noise, "noise", name="retrieval_toy", minimum=0.0)
@@ -56,9 +56,9 @@ def selectivity(weights: torch.Tensor) -> tuple[float, float]:
     For :func:`retrieval_toy` the diagonal is the right key: a perfect look-up has entropy 0 and diagonal 1,
     a uniform map entropy log N and diagonal 1/N.
     """
-    if not isinstance(weights, torch.Tensor) or weights.dim() < 2 or weights.shape[-1] != weights.shape[-2]:
-        got = tuple(weights.shape) if isinstance(weights, torch.Tensor) else type(weights).__name__
-        raise ValueError(f"selectivity: weights must be square (..., N, N), got {got}")
+    check_tensor(weights, "weights", name="selectivity")
+    if weights.dim() < 2 or weights.shape[-1] != weights.shape[-2]:
+        raise ValueError(f"selectivity: weights must be square (..., N, N), got {describe(weights)}")
     return row_entropy(weights).mean().item(), weights.diagonal(dim1=-2, dim2=-1).mean().item()
 
 
@@ -88,20 +88,67 @@ def relative_error(approx: torch.Tensor, exact: torch.Tensor) -> torch.Tensor:
     return (a - e).norm() / norm
 
 
-def attention_maps_figure(maps: Mapping[str, torch.Tensor], *, suptitle: str | None = None, panel_width: float = 3.6):
-    """One heat map per entry of ``maps`` (title -> (N, M) weights), side by side; returns the Figure.
+def attention_maps_figure(
+    maps: Mapping[str, torch.Tensor],
+    *,
+    suptitle: str | None = None,
+    panel_width: float | None = None,
+    shared: bool = False,
+    ncols: int | None = None,
+    width: float | None = None,
+    labels: Sequence[str] | None = None,
+):
+    """One heat map per entry of ``maps`` (title -> (N, M) weights), in a grid of panels; returns the Figure.
 
-    Each panel has its own colour scale (see :func:`attnbook.viz.attention_heatmap`).
+    The figure is drawn for the book's page (``width``, default :data:`attnbook.viz.style.PAGE_WIDTH`
+    inches): at most ``ncols`` panels per row (default 2, the book's limit), further panels wrap onto the
+    next row instead of shrinking. ``shared=True`` puts every map on one colour scale, 0 to the largest
+    weight of all maps (:func:`attnbook.viz.shared_scale`), with one colour bar, so that the panels can be
+    compared; otherwise each panel has its own scale and bar. ``panel_width`` (inches per panel) overrides ``width``.
+    ``labels`` names the tokens (tick labels on both axes, for square maps of self-attention).
     """
     if not maps:
         raise ValueError("attention_maps_figure: no maps given")
-    fig, axes = plt.subplots(1, len(maps), figsize=(panel_width * len(maps), 0.85 * panel_width + 0.4), squeeze=False)
-    for ax, (title, weights) in zip(axes[0], maps.items(), strict=True):
-        attention_heatmap(weights, ax=ax, title=title)
+    n = len(maps)
+    ncols = min(n, 2) if ncols is None else check_int(ncols, "ncols", name="attention_maps_figure", minimum=1)
+    ncols = min(ncols, n)
+    nrows = -(-n // ncols)
+    if panel_width is not None:
+        width = check_number(panel_width, "panel_width", name="attention_maps_figure", minimum=0.5) * ncols
+    elif width is None:
+        width = PAGE_WIDTH
+    else:
+        width = check_number(width, "width", name="attention_maps_figure", minimum=1.0)
+    panel = width / ncols
+    height = nrows * (0.9 * panel + 0.35) + (0.35 if suptitle else 0.0)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(width, height), squeeze=False)
+    scale = shared_scale(*[_as_numpy(w) for w in maps.values()]) if shared else {}
+    used = []
+    for ax, (title, weights) in zip(axes.flat, maps.items(), strict=False):
+        attention_heatmap(
+            weights, ax=ax, title=title, vmax=scale.get("vmax"), colorbar=not shared, queries=labels, keys=labels
+        )
+        used.append(ax)
+    for ax in list(axes.flat)[n:]:
+        ax.remove()
     if suptitle:
         fig.suptitle(suptitle)
-    fig.tight_layout()
+    # One layout pass when the figure is made (a constrained layout would redo it at every draw, three
+    # times per PNG); a shared colour bar gets the strip on the right.
+    right = 1.0 - 0.7 / width if shared else 1.0
+    fig.tight_layout(rect=(0.0, 0.0, right, 1.0))
+    if shared:
+        boxes = [ax.get_position() for ax in used]
+        bottom, top = min(b.y0 for b in boxes), max(b.y1 for b in boxes)
+        bar = fig.add_axes((right + 0.1 / width, bottom, 0.12 / width, top - bottom))
+        fig.colorbar(used[0].images[0], cax=bar, label="weight")
     return fig
+
+
+def _as_numpy(w):
+    if isinstance(w, torch.Tensor):
+        return w.detach().to("cpu", torch.float64).numpy()
+    return w
 
 
 def feature_error_plot(
@@ -111,11 +158,12 @@ def feature_error_plot(
     ax=None,
     title: str | None = None,
     ylabel: str = "relative error",
+    styles: Mapping[str, dict] | None = None,
 ):
     """Log-log plot of an approximation error against the number of random features R; returns the Axes.
 
-    A dashed guide line proportional to R^(-1/2) (the Monte Carlo rate) goes through the first point of the
-    first series.
+    A guide line proportional to R^(-1/2) (the Monte Carlo rate) goes through the first point of the first
+    series. ``styles``: ``plot`` keyword arguments per series, as in :func:`attnbook.viz.scaling_plot`.
     """
     if not errors:
         raise ValueError("feature_error_plot: no error series given")
@@ -133,4 +181,5 @@ def feature_error_plot(
         reference_slopes=[-0.5],
         xlabel="number of random features R",
         variable="R",
+        styles=styles,
     )

@@ -32,7 +32,10 @@ from matplotlib.colors import ListedColormap
 from matplotlib.figure import Figure
 from torch import nn
 
+from .._checks import check_int, check_moh_heads, check_number, check_tensor, describe
 from ..moh import MoHAttention
+from .static import enable_slider_keys, figure_to_png, set_slider_range
+from .style import DPI, PAGE_WIDTH, book_style, colour
 
 __all__ = [
     "RoutingState",
@@ -146,23 +149,13 @@ def load_imbalance(load, top_k: int) -> float:
     return float((load - target).clamp_min(0).sum() / top_k)
 
 
-def _check_settings(n_heads: int, shared: int, top_k: int, temperature: float) -> None:
-    if n_heads < 1:
-        raise ValueError(f"routing: n_heads must be at least 1, got {n_heads}")
-    if not 0 <= shared <= n_heads:
-        raise ValueError(f"routing: shared must be in 0..n_heads={n_heads}, got {shared}")
-    routed = n_heads - shared
-    if routed == 0 and top_k != 0:
-        raise ValueError(
-            f"routing: with all {n_heads} heads shared there is nothing to route; top_k must be 0, got {top_k}"
-        )
-    if routed > 0 and not 1 <= top_k <= routed:
-        raise ValueError(
-            f"routing: top_k must be in 1..{routed} (the routed heads, n_heads - shared = "
-            f"{n_heads} - {shared}), got {top_k}"
-        )
-    if not temperature > 0:
-        raise ValueError(f"routing: temperature must be positive, got {temperature}")
+def _check_settings(n_heads, shared, top_k, temperature, *, name: str) -> tuple[int, int, int, float]:
+    """MoH's head rules (``attnbook._checks.check_moh_heads``: n_heads, shared, top_k are the layer's
+    num_heads, shared_head, routed_head) and a positive, finite temperature."""
+    where = f"{name} (n_heads, shared, top_k are MoH's num_heads, shared_head, routed_head)"
+    H, S, K = check_moh_heads(n_heads, shared, top_k, name=where)
+    temperature = check_number(temperature, "temperature", name=name, minimum=0.0, strict_minimum=True)
+    return H, S, K, temperature
 
 
 def _clone(module: nn.Module) -> nn.Module:
@@ -223,9 +216,9 @@ def compute_routing(
     temperature flattens every token's head probabilities, a low one sharpens them.
 
     Args:
-        n_heads: H, the heads of the layer.
-        shared: h_s, the heads every token uses.
-        top_k: k, the routed heads each token activates (0 exactly when all heads are shared).
+        n_heads: H, the heads of the layer (MoH's ``num_heads``).
+        shared: h_s, the heads every token uses (``shared_head``).
+        top_k: k, the routed heads each token activates (``routed_head``; 0 exactly when all heads are shared).
         temperature: divides the router logits.
         seed: seeds the tokens and the layer's initialisation (the global RNG is left untouched).
         n_tokens: N, tokens routed (the load is measured over all of them).
@@ -236,9 +229,13 @@ def compute_routing(
     Returns:
         a :class:`RoutingState`.
     """
-    _check_settings(n_heads, shared, top_k, temperature)
-    if n_tokens < 1 or dim < 1:
-        raise ValueError(f"compute_routing: n_tokens and dim must be positive, got {n_tokens}, {dim}")
+    where = "compute_routing"
+    n_heads, shared, top_k, temperature = _check_settings(n_heads, shared, top_k, temperature, name=where)
+    seed = check_int(seed, "seed", name=where, minimum=0)
+    n_tokens = check_int(n_tokens, "n_tokens", name=where, minimum=1)
+    dim = check_int(dim, "dim", name=where, minimum=1)
+    offset = check_number(offset, "offset", name=where)
+    head_dim = check_int(head_dim, "head_dim", name=where, minimum=1)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         direction = torch.randn(dim, dtype=torch.float64)
@@ -277,9 +274,14 @@ def train_router(
     Returns:
         a :class:`RouterTraining` whose ``state`` is the routing after the last step.
     """
+    where = "train_router"
+    steps = check_int(steps, "steps", name=where, minimum=0)
+    lr = check_number(lr, "lr", name=where, minimum=0.0, strict_minimum=True)
     if isinstance(state_or_module, RoutingState):
         if tokens is not None:
-            raise ValueError("train_router: tokens come with the RoutingState; do not pass them again")
+            raise ValueError(
+                f"{where}: tokens must be None with a RoutingState (its tokens are used), got {describe(tokens)}"
+            )
         state = state_or_module
         module, tokens = _clone(state.module), state.tokens
         settings = dict(
@@ -291,22 +293,23 @@ def train_router(
         )
         start = state.step
     elif isinstance(state_or_module, MoHAttention):
-        if tokens is None or tokens.dim() != 3:
-            shape = None if tokens is None else tuple(tokens.shape)
-            raise ValueError(f"train_router: a module needs tokens of shape (B, N, C), got {shape}")
+        if tokens is None:
+            raise TypeError(f"{where}: tokens must be a (B, N, C) tensor with a module, got None")
+        check_tensor(tokens, "tokens", name=where, dims=3, layout="(B, N, C)")
         module = _clone(state_or_module)
         settings = dict(
             n_heads=module.num_heads, shared=module.shared_head, top_k=module.routed_head, temperature=1.0, seed=-1
         )  # the module's own router, as it is
         start = 0
     else:
-        raise ValueError(
-            f"train_router: expected a RoutingState or an MoHAttention, got {type(state_or_module).__name__}"
+        raise TypeError(
+            f"{where}: state_or_module must be a RoutingState or an MoHAttention, got {describe(state_or_module)}"
         )
     if settings["n_heads"] == settings["shared"]:
-        raise ValueError("train_router: every head is shared, so there is no router to train")
-    if steps < 0 or not lr > 0:
-        raise ValueError(f"train_router: need steps >= 0 and lr > 0, got steps={steps}, lr={lr}")
+        raise ValueError(
+            f"{where}: the layer must have routed heads (shared < n_heads) to have a router to train, got "
+            f"n_heads={settings['n_heads']}, shared={settings['shared']}"
+        )
 
     router = _router_parameters(module)
     trainable = {name: p.requires_grad for name, p in module.named_parameters()}
@@ -348,45 +351,81 @@ class _Figure(Figure):
     """A Figure that shows itself as a PNG in IPython, with or without pyplot's inline backend.
 
     The views build figures without pyplot, so nothing accumulates in pyplot's registry and nothing needs
-    closing; ``_repr_png_`` is what lets ``display(fig)`` (a notebook, the widget's ``Output``) draw them.
+    closing; ``_repr_png_`` is what lets ``display(fig)`` in a notebook draw them.
     """
 
     def _repr_png_(self) -> bytes:
-        from .static import figure_to_png
-
-        return figure_to_png(self)
+        return figure_to_png(self, dpi=DPI)
 
 
-_SELECTION_COLOURS = ListedColormap(["#f4f4f4", "#7a9cc6", "#e8871e"])  # off, shared, routed + chosen
+# Heads are shared or routed; the routed ones carry MoH's colour of attnbook.viz.style, shared ones a grey.
+_SHARED_COLOUR = "#7f7f7f"
+_ROUTED_COLOUR = colour("moh")
+_SELECTION_COLOURS = ListedColormap(["#f2f2f2", _SHARED_COLOUR, _ROUTED_COLOUR])  # off, shared, routed + chosen
 
 
 def _head_labels(n_heads: int, shared: int) -> list[str]:
     return [f"s{h}" for h in range(shared)] + [f"r{h}" for h in range(n_heads - shared)]
 
 
-def plot_routing(state: RoutingState, history: RouterTraining | None = None, *, max_tokens: int = 24) -> Figure:
-    """Draw a routing: gates (token x head), the heads each token activates, and the per-head load.
+def _head_ticks(ax, n_heads: int, labels: list[str]) -> None:
+    ax.set_xticks(range(n_heads), labels, rotation=90 if n_heads > 8 else 0)
 
-    With ``history`` a fourth panel shows the loss and the load imbalance over the router's training.
-    The title carries the settings and the load-balancing loss. Only the first ``max_tokens`` tokens are
-    drawn in the two matrices; the load and the loss are over all tokens.
+
+def plot_routing(
+    state: RoutingState,
+    history: RouterTraining | None = None,
+    *,
+    max_tokens: int = 24,
+    next_steps: int | None = None,
+) -> Figure:
+    """Draw a routing: gates (token x head), the heads each token activates, the per-head load, and the
+    router's training so far (loss and load imbalance against router steps).
+
+    Four panels on two rows, :data:`~attnbook.viz.style.PAGE_WIDTH` wide, text of at least
+    :data:`~attnbook.viz.style.MIN_FONT` points; the layout is the same with or without ``history`` (without
+    it, the training panel shows the untrained router as step 0), so a widget's image keeps its size while
+    the router trains. The legends sit outside the plotting areas: they never cover a curve. The title carries
+    the settings and the load-balancing loss. Only the first ``max_tokens`` tokens are drawn in the two
+    matrices; the load and the loss are over all tokens.
+
+    Args:
+        state: the routing to draw.
+        history: the training that led to ``state`` (from :func:`train_router`, chained with ``then``).
+        max_tokens: tokens drawn in the two matrices.
+        next_steps: if given, the training panel also marks the steps the next "train router" click adds.
 
     Returns:
         a matplotlib ``Figure`` (not registered with pyplot, so nothing needs closing).
     """
-    n_panels = 3 if history is None else 4
-    fig = _Figure(figsize=(3.3 * n_panels + 0.6, 3.9))
-    # Fixed margins rather than a layout engine: drawing stays cheap (the website pre-renders many frames).
-    fig.subplots_adjust(left=0.06, right=0.94 if history is not None else 0.98, bottom=0.16, top=0.83, wspace=0.45)
-    axes = fig.subplots(1, n_panels, width_ratios=[1.15, 1.0, 1.2] + ([1.3] if history is not None else []))
+    where = "plot_routing"
+    if not isinstance(state, RoutingState):
+        raise TypeError(f"{where}: state must be a RoutingState, got {describe(state)}")
+    if history is not None and not isinstance(history, RouterTraining):
+        raise TypeError(f"{where}: history must be a RouterTraining or None, got {describe(history)}")
+    max_tokens = check_int(max_tokens, "max_tokens", name=where, minimum=1)
+    if next_steps is not None:
+        next_steps = check_int(next_steps, "next_steps", name=where, minimum=1)
+    with book_style():
+        fig = _Figure(figsize=(PAGE_WIDTH, 6.6))
+        # Fixed margins rather than a layout engine: drawing stays cheap (the website pre-renders frames).
+        grid = fig.add_gridspec(
+            2, 2, left=0.09, right=0.91, bottom=0.2, top=0.87, wspace=0.42, hspace=0.62, width_ratios=[1.1, 1.0]
+        )
+        axes = [fig.add_subplot(grid[r, c]) for r in range(2) for c in range(2)]
+        _draw_routing(fig, axes, state, history, max_tokens, next_steps)
+    return fig
+
+
+def _draw_routing(fig, axes, state, history, max_tokens, next_steps) -> None:
     H, S = state.n_heads, state.shared
     labels = _head_labels(H, S)
     shown = min(max_tokens, state.gates.shape[0])
 
     ax = axes[0]
     image = ax.imshow(state.gates[:shown].numpy(), cmap="viridis", vmin=0.0, aspect="auto", interpolation="nearest")
-    fig.colorbar(image, ax=ax, fraction=0.05, pad=0.02)
-    ax.set_title("gate $g_{t,h}$", fontsize=10)
+    fig.colorbar(image, ax=ax, fraction=0.06, pad=0.03)
+    ax.set_title("gate $g_{t,h}$ of token t for head h", fontsize=10)
     ax.set_ylabel(f"token t (first {shown} of {state.gates.shape[0]})")
 
     ax = axes[1]
@@ -396,52 +435,75 @@ def plot_routing(state: RoutingState, history: RouterTraining | None = None, *, 
     ax.set_title("heads each token activates", fontsize=10)
     ax.set_yticks([])
     for ax, separator in zip(axes[:2], ("white", "#333333"), strict=True):
-        ax.set_xticks(range(H), labels, fontsize=8, rotation=90 if H > 10 else 0)
+        _head_ticks(ax, H, labels)
         ax.set_xlabel("head (s = shared, r = routed)")
         if 0 < S < H:
             ax.axvline(S - 0.5, color=separator, lw=1.5)
 
     ax = axes[2]
     shared_load = np.ones(S)
-    colours = ["#7a9cc6"] * S + ["#e8871e"] * (H - S)
+    colours = [_SHARED_COLOUR] * S + [_ROUTED_COLOUR] * (H - S)
     ax.bar(range(H), np.concatenate([shared_load, state.load.numpy()]), color=colours)
     if H > S:
-        ax.hlines(
-            state.target,
-            S - 0.45,
-            H - 0.55,
-            colors="black",
-            linestyles="--",
-            label=f"balanced k/E = {state.target:.2f}",
-        )
-        ax.legend(fontsize=8, loc="upper right")
-    ax.set_ylim(0, 1.12)
-    ax.set_xticks(range(H), labels, fontsize=8, rotation=90 if H > 10 else 0)
-    ax.set_ylabel("share of tokens using the head")
-    ax.set_title(f"load (imbalance {state.imbalance:.0%})", fontsize=10)
+        ax.hlines(state.target, S - 0.45, H - 0.55, colors="black", linestyles="--")
+    ax.set_ylim(0, 1.15)
+    _head_ticks(ax, H, labels)
+    ax.set_xlabel("head (s = shared, r = routed)")
+    ax.set_ylabel("share of tokens using it")
+    ax.set_title(
+        f"load (dashed: balanced k/E = {state.target:.2f})" if H > S else "load (every head is shared)", fontsize=10
+    )
 
-    if history is not None:
-        ax = axes[3]
-        steps = np.arange(len(history.losses))
-        ax.plot(steps, history.losses, color="#444444", label="loss")
-        ax.axhline(history.top_k, color="black", ls=":", lw=1, label=f"balanced value k = {history.top_k}")
-        ax.set_xlabel("router step")
-        ax.set_ylabel("load-balancing loss")
-        twin = ax.twinx()
-        twin.plot(steps, history.imbalances, color="#e8871e", label="imbalance")
-        twin.set_ylim(0, max(0.05, 1.1 * float(history.imbalances.max())))
-        twin.set_ylabel("load imbalance", color="#e8871e")
-        lines = ax.get_lines() + twin.get_lines()
-        ax.legend(lines, [line.get_label() for line in lines], fontsize=7, loc="upper right")
-        ax.set_title("training the router", fontsize=10)
+    ax = axes[3]
+    if history is None:  # the untrained router: step 0 only
+        losses, imbalances, top_k = np.array([state.loss]), np.array([state.imbalance]), state.top_k
+    else:
+        losses, imbalances, top_k = history.losses, history.imbalances, history.top_k
+    steps = np.arange(len(losses))
+    last = int(steps[-1])
+    ax.plot(steps, losses, color="black", marker="o" if len(steps) == 1 else None, label="loss (left axis)")
+    if state.routed:
+        ax.axhline(top_k, color="black", ls=":", lw=1, label=f"balanced loss = k = {top_k}")
+    twin = ax.twinx()
+    twin.plot(
+        steps,
+        imbalances,
+        color=_ROUTED_COLOUR,
+        marker="o" if len(steps) == 1 else None,
+        label="load imbalance (right axis)",
+    )
+    twin.set_ylim(0, max(0.05, 1.1 * float(np.max(imbalances))))
+    twin.set_ylabel("load imbalance", color=_ROUTED_COLOUR)
+    twin.tick_params(axis="y", colors=_ROUTED_COLOUR)
+    handles = ax.get_lines() + twin.get_lines()
+    if next_steps is not None and state.routed:
+        handles.append(
+            ax.axvspan(last, last + next_steps, color="#dddddd", zorder=0, label=f"next click: +{next_steps} steps")
+        )
+    ax.set_xlim(0, max(last + (next_steps or 0), 1))
+    low, high = float(np.min(losses)), float(np.max(losses))
+    pad = max(0.05 * (high - low), 0.02 * max(abs(high), 1.0))
+    ax.set_ylim(min(low, top_k) - pad, max(high, top_k) + pad)
+    ax.set_xlabel("router step")
+    ax.set_ylabel("load-balancing loss")
+    ax.set_title("training the router" if state.routed else "no router to train", fontsize=10)
+    # below the axes and their label: a legend there cannot cover a curve
+    ax.legend(
+        handles=handles,
+        loc="upper left",
+        bbox_to_anchor=(-0.62, -0.3),
+        ncol=2,
+        frameon=False,
+        borderaxespad=0.0,
+        handlelength=1.6,
+    )
 
     routed = f"top-k = {state.top_k} of {state.routed} routed" if state.routed else "no routed heads"
     fig.suptitle(
-        f"H = {H}: {S} shared, {routed}, temperature {state.temperature:g}, step {state.step}"
-        f"  |  load-balancing loss {state.loss:.3f}",
+        f"H = {H}: {S} shared, {routed}, temperature {state.temperature:g}, step {state.step}\n"
+        f"load-balancing loss {state.loss:.3f}, load imbalance {state.imbalance:.0%}",
         fontsize=11,
     )
-    return fig
 
 
 def default_figure() -> Figure:
@@ -457,6 +519,12 @@ def training_frames(
     Each press is a fresh :func:`train_router` call of ``steps_per_click`` steps, exactly as in the live
     explorer. Keys are the total router steps (for :func:`attnbook.viz.frame_slider`).
     """
+    where = "training_frames"
+    if state is not None and not isinstance(state, RoutingState):
+        raise TypeError(f"{where}: state must be a RoutingState or None, got {describe(state)}")
+    clicks = check_int(clicks, "clicks", name=where, minimum=0)
+    steps_per_click = check_int(steps_per_click, "steps_per_click", name=where, minimum=1)
+    lr = check_number(lr, "lr", name=where, minimum=0.0, strict_minimum=True)
     state = compute_routing() if state is None else state
     frames = {"0": plot_routing(state)}
     history = None
@@ -499,7 +567,12 @@ class _Explorer:
         )
         self.seed = w.IntSlider(value=0, min=0, max=9, description="seed", style=style, continuous_update=False)
         self.steps = w.IntSlider(
-            value=steps_per_click, min=1, max=100, description="steps per click", style=style, continuous_update=False
+            value=steps_per_click,
+            min=1,
+            max=max(100, steps_per_click),
+            description="steps per click",
+            style=style,
+            continuous_update=False,
         )
         self.train = w.Button(
             description="train router",
@@ -508,22 +581,49 @@ class _Explorer:
         )
         self.reset = w.Button(description="reset router", tooltip="back to the initial router")
         self.status = w.HTML(value="")
-        self.out = w.Output()
+        # PNG bytes in an Image widget: an Output widget stays empty in the classic notebook with ipywidgets 7.7.1
+        self.image = w.Image(
+            format="png", value=b"", layout=w.Layout(width=f"{PAGE_WIDTH * DPI:.0f}px", max_width="100%")
+        )
         self.renders = 0
         self.state: RoutingState | None = None
         self.history: RouterTraining | None = None
+        self.inactive: dict[str, str] = {}
         self._adjusting = False
+        self.column_left = w.VBox([self.heads, self.shared, self.top_k])  # holds the re-ranged sliders
+        self.layout = [
+            w.HBox([self.column_left, w.VBox([self.temperature, self.seed, self.steps])]),
+            w.HBox([self.train, self.reset]),
+            self.status,
+            self.image,
+        ]
         for control in (self.heads, self.shared, self.top_k, self.temperature, self.seed):
             control.observe(self._on_setting, names="value")
+        self.steps.observe(self._on_steps, names="value")
         self.train.on_click(self._on_train)
         self.reset.on_click(self._on_reset)
         self._recompute()
 
-    def _set_bounds(self, slider, lo: int, hi: int) -> None:
-        # Widen before narrowing so that min <= max holds at every moment (traitlets checks it).
-        slider.max = max(hi, slider.min)
-        slider.min = lo
-        slider.max = hi
+    @property
+    def controls(self) -> dict[str, widgets.DOMWidget]:
+        return {
+            "heads": self.heads,
+            "shared": self.shared,
+            "top_k": self.top_k,
+            "temperature": self.temperature,
+            "seed": self.seed,
+            "steps": self.steps,
+            "train": self.train,
+            "reset": self.reset,
+        }
+
+    def _set_bounds(self, name: str, lo: int, hi: int) -> None:
+        """Re-range the slider ``name`` (a new slider when the range changes: ipywidgets 8's End key)."""
+        old = getattr(self, name)
+        new = set_slider_range(old, lo, hi, container=self.column_left)
+        if new is not old:
+            new.observe(self._on_setting, names="value")
+            setattr(self, name, new)
 
     def _on_setting(self, change) -> None:
         if self._adjusting:
@@ -531,12 +631,15 @@ class _Explorer:
         self._adjusting = True
         try:
             H = self.heads.value
-            self._set_bounds(self.shared, 0, H)
+            self._set_bounds("shared", 0, H)
             routed = H - self.shared.value
-            self._set_bounds(self.top_k, 1 if routed else 0, routed)
+            self._set_bounds("top_k", 1 if routed else 0, routed)
         finally:
             self._adjusting = False
         self._recompute()
+
+    def _on_steps(self, change) -> None:
+        self.render()  # the training panel marks the steps the next click adds
 
     def _recompute(self) -> None:
         self.state = compute_routing(
@@ -549,7 +652,6 @@ class _Explorer:
             self.dim,
         )
         self.history = None
-        self.train.disabled = self.state.routed == 0
         self.render()
 
     def _on_reset(self, _button) -> None:
@@ -563,18 +665,35 @@ class _Explorer:
         self.state = run.state
         self.render()
 
-    def render(self) -> None:
-        from IPython.display import clear_output, display
-
-        fig = plot_routing(self.state, self.history)
-        with self.out:
-            clear_output(wait=True)
-            display(fig)
+    def inactive_controls(self) -> dict[str, str]:
+        """The controls that cannot act in the current state, each with the reason (shown under the controls)."""
         s = self.state
+        out = {}
+        if s.routed == 0:
+            why = f"all {s.n_heads} heads are shared (h_s = H): there is no routed head, so nothing to route or train"
+            out["top_k"] = out["steps"] = out["train"] = why
+        elif s.routed == 1:
+            out["top_k"] = "there is one routed head (H − h_s = 1), so top-k can only be 1"
+        if s.step == 0:
+            out["reset"] = "the router is untrained (step 0): there is nothing to reset"
+        return out
+
+    def render(self) -> None:
+        s = self.state
+        self.inactive = self.inactive_controls()
+        for name, control in self.controls.items():
+            control.disabled = name in self.inactive
+        fig = plot_routing(s, self.history, next_steps=self.steps.value if s.routed else None)
+        self.image.value = figure_to_png(fig, dpi=DPI, tight=False)  # fixed layout: one draw, no crop
         note = "" if s.routed else " (all heads shared: plain multi-head attention, nothing to route)"
+        greyed = "".join(
+            f"<br>⊘ <b>{self.controls[name].description}</b> is greyed out: {reason}."
+            for name, reason in self.inactive.items()
+        )
         self.status.value = (
+            f"<div style='font-family:sans-serif;font-size:0.9em;line-height:1.4'>"
             f"loss <b>{s.loss:.4f}</b> (balanced value k = {s.top_k}), "
-            f"load imbalance <b>{s.imbalance:.1%}</b>, router step {s.step}{note}"
+            f"load imbalance <b>{s.imbalance:.1%}</b>, router step {s.step}{note}{greyed}</div>"
         )
         self.renders += 1
 
@@ -584,18 +703,19 @@ def routing_explorer(*, n_tokens: int = 128, dim: int = 32, steps_per_click: int
 
     Controls: number of heads, shared heads, top-k, router temperature, seed; "train router" runs
     ``steps_per_click`` router steps (:func:`train_router`) and redraws, "reset router" goes back to the
-    initial router. The object behind it is the box's ``explorer`` attribute (its ``state``, ``history``
-    and controls), which is how the tests drive it.
+    initial router. The figure is :func:`plot_routing` drawn as PNG bytes into an ``Image`` widget, which
+    renders in every supported front-end (JupyterLab 4, Notebook 7, the classic notebook with ipywidgets
+    7.7.1 as on Colab). The ranges of "shared" and "top-k" follow "heads"; controls that cannot act in the
+    current state are disabled and the status line says why. The object behind it is the box's ``explorer``
+    attribute (its ``state``, ``history`` and controls), which is how the tests drive it.
     """
-    w = widgets
+    where = "routing_explorer"
+    n_tokens = check_int(n_tokens, "n_tokens", name=where, minimum=1)
+    dim = check_int(dim, "dim", name=where, minimum=1)
+    steps_per_click = check_int(steps_per_click, "steps_per_click", name=where, minimum=1)
+    lr = check_number(lr, "lr", name=where, minimum=0.0, strict_minimum=True)
     ex = _Explorer(n_tokens, dim, steps_per_click, lr)
-    box = RoutingExplorer(
-        children=[
-            w.HBox([w.VBox([ex.heads, ex.shared, ex.top_k]), w.VBox([ex.temperature, ex.seed, ex.steps])]),
-            w.HBox([ex.train, ex.reset]),
-            ex.status,
-            ex.out,
-        ]
-    )
+    enable_slider_keys()  # Notebook 7: the arrow keys would select cells instead of moving the sliders
+    box = RoutingExplorer(children=ex.layout)
     box.explorer = ex
     return box

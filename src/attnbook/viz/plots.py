@@ -8,7 +8,12 @@ import matplotlib.pyplot as plt
 import numpy as np
 import torch
 
-__all__ = ["attention_heatmap", "scaling_plot"]
+from .._checks import check_number
+from .style import MIN_FONT
+
+__all__ = ["attention_heatmap", "scaling_plot", "scaling_panels", "curves_and_maps"]
+
+_GUIDE_STYLES = (":", "-.", (0, (6, 2, 1, 2, 1, 2)))
 
 
 def _numpy(x) -> np.ndarray:
@@ -17,18 +22,44 @@ def _numpy(x) -> np.ndarray:
     return np.asarray(x, dtype=np.float64)
 
 
-def attention_heatmap(weights, *, ax=None, title: str = "attention weights", queries=None, keys=None):
-    """Heat map of an (N, M) weight matrix: row i = query i, column j = key j. Returns the Axes."""
+def attention_heatmap(
+    weights,
+    *,
+    ax=None,
+    title: str = "attention weights",
+    queries=None,
+    keys=None,
+    vmax: float | None = None,
+    colorbar: bool = True,
+    xlabel: str = "key j",
+    ylabel: str = "query i",
+    annotate: bool = False,
+):
+    """Heat map of an (N, M) weight matrix: row i = query i, column j = key j. Returns the Axes.
+
+    The colour scale starts at 0 and ends at ``vmax`` (default: the largest weight). Maps meant to be
+    compared should share one ``vmax`` (:func:`attnbook.viz.shared_scale`); ``colorbar=False`` leaves the
+    colour bar to the caller (one bar for several panels). The image is ``ax.images[0]``. ``xlabel`` /
+    ``ylabel`` rename the axes (any matrix of shares: token type x head, ...) and ``annotate`` writes each
+    value in its cell.
+    """
     w = _numpy(weights)
     if w.ndim != 2:
         raise ValueError(f"attention_heatmap: expected an (N, M) matrix, got shape {w.shape}")
+    if vmax is not None:
+        vmax = check_number(vmax, "vmax", name="attention_heatmap", minimum=0.0, strict_minimum=True)
     if ax is None:
         _, ax = plt.subplots(figsize=(4.2, 3.6))
-    image = ax.imshow(w, cmap="viridis", vmin=0.0, aspect="auto", interpolation="nearest")
-    ax.figure.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
-    ax.set_xlabel("key j")
-    ax.set_ylabel("query i")
+    image = ax.imshow(w, cmap="viridis", vmin=0.0, vmax=vmax, aspect="auto", interpolation="nearest")
+    if colorbar:
+        ax.figure.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
     ax.set_title(title)
+    if annotate:
+        top = float(np.nanmax(w)) if vmax is None else vmax
+        for (i, j), value in np.ndenumerate(w):
+            ax.text(j, i, f"{value:.2f}", ha="center", va="center", color="black" if value > 0.6 * top else "white")
     if queries is not None:
         ax.set_yticks(range(len(queries)), queries)
     if keys is not None:
@@ -46,29 +77,145 @@ def scaling_plot(
     reference_slopes: Sequence[float] = (),
     xlabel: str = "sequence length N",
     variable: str = "N",
+    styles: Mapping[str, dict] | None = None,
+    mechanism_styles: bool = False,
+    legend: bool = True,
 ):
     """Log-log plot of a cost against a size (by default the sequence length N), one line per series.
 
-    ``reference_slopes`` adds a dashed guide line proportional to ``variable ** p`` for each slope p, through
-    the first point of the first series.
+    ``reference_slopes`` adds a thin grey guide line (dotted, then dash-dotted, ...) proportional to
+    ``variable ** p`` for each slope p, through the first point of the first series. ``styles`` maps a series
+    name to ``plot`` keyword arguments, e.g. ``{"linear, causal": line_style("linear_causal")}``
+    (:func:`attnbook.viz.line_style`: one colour per mechanism, dashed when causal); one mapping can serve
+    several plots (names not plotted are ignored). With ``mechanism_styles`` every series named after a
+    mechanism (``"flow"``, ``"flow_causal"``, ``"softmax_literal"``) and not in ``styles`` gets that style
+    from its name. ``legend=False`` leaves the legend to the caller (one legend shared by several panels).
+    A value of NaN leaves a point out (a series measured at fewer sizes).
     """
+    from .style import line_style
+
     if ax is None:
         _, ax = plt.subplots(figsize=(5, 3.6))
+    styles = dict(styles or {})
     for name, ys in series.items():
         if len(ys) != len(ns):
             raise ValueError(f"scaling_plot: series {name!r} has {len(ys)} values for {len(ns)} lengths")
-        ax.plot(ns, ys, marker="o", label=name)
+        style = styles.get(name)
+        if style is None and mechanism_styles:
+            try:
+                style = line_style(name)
+            except ValueError:  # not a mechanism: matplotlib's next colour
+                style = None
+        ax.plot(ns, ys, **{"marker": "o", **(style or {})}, label=name)
     if reference_slopes and series:
         y0 = next(iter(series.values()))[0]
         n = np.asarray(ns, dtype=float)
-        for p in reference_slopes:
-            ax.plot(n, y0 * (n / n[0]) ** p, ls="--", color="grey", lw=0.8, label=f"∝ {variable}^{p:g}")
+        # thin grey guides, told apart by their dash pattern (a dashed coloured line is a causal mechanism)
+        for p, ls in zip(reference_slopes, _GUIDE_STYLES * len(reference_slopes), strict=False):
+            ax.plot(n, y0 * (n / n[0]) ** p, ls=ls, color="grey", lw=0.9, label=f"∝ {variable}^{p:g}")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     if title:
         ax.set_title(title)
-    ax.legend(fontsize=8)
+    if legend:
+        ax.legend(fontsize=MIN_FONT)
     ax.grid(True, which="both", alpha=0.3)
     return ax
+
+
+def curves_and_maps(
+    curves: Mapping[str, Sequence[float]],
+    maps: Mapping[str, object],
+    *,
+    styles: Mapping[str, dict] | None = None,
+    xlabel: str = "training step",
+    ylabel: str = "loss",
+    logy: bool = True,
+    map_xlabel: str = "head h",
+    map_ylabel: str = "token type",
+    annotate: bool = True,
+):
+    """Training curves above, matrices side by side below (one shared colour scale, from 0).
+
+    For a model trained in several variants (``curves``: label -> values per step, drawn with
+    ``styles[label]`` as ``plot`` keywords) and matrices read from it (``maps``: title -> (R, K) matrix, e.g.
+    the share of each token type's gate on each head before and after training). Drawn at the book's page
+    width.
+
+    Returns:
+        the matplotlib Figure.
+    """
+    from .style import PAGE_WIDTH, shared_scale
+
+    if not curves or not maps:
+        raise ValueError("curves_and_maps: needs at least one curve and one map")
+    fig = plt.figure(figsize=(PAGE_WIDTH, 6.4))
+    top, bottom = fig.subfigures(2, 1, height_ratios=[1.0, 1.1])
+    ax = top.subplots()
+    for label, ys in curves.items():
+        ax.plot(np.arange(len(ys)), _numpy(list(ys)), label=label, **dict((styles or {}).get(label, {})))
+    if logy:
+        ax.set_yscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    top.subplots_adjust(left=0.11, right=0.97, bottom=0.2, top=0.95)
+    arrays = {title: _numpy(m) for title, m in maps.items()}
+    scale = shared_scale(*arrays.values())
+    axes = np.atleast_1d(bottom.subplots(1, len(arrays)))
+    for ax, (title, m) in zip(axes, arrays.items(), strict=True):
+        attention_heatmap(
+            m, ax=ax, title=title, xlabel=map_xlabel, ylabel=map_ylabel, vmax=scale["vmax"], annotate=annotate
+        )
+        ax.set_xticks(range(m.shape[1]))
+        ax.set_yticks(range(m.shape[0]))
+    bottom.subplots_adjust(left=0.11, right=0.97, bottom=0.14, top=0.9, wspace=0.45)
+    return fig
+
+
+def scaling_panels(
+    ns: Sequence[int],
+    panels: Mapping[str, Mapping[str, Sequence[float]]],
+    *,
+    title: str | None = None,
+    reference_slopes: Sequence[float] = (1, 2),
+    xlabel: str = "sequence length N",
+):
+    """Up to three log-log cost panels (ylabel -> {mechanism: values}) in a 2 x 2 grid at the page width.
+
+    Every series gets its mechanism's colour and line style (:func:`attnbook.viz.style.line_style`); the
+    fourth cell holds the one legend the panels share. Series that are NaN everywhere are left out.
+
+    Returns:
+        the matplotlib Figure.
+    """
+    from .style import PAGE_WIDTH
+
+    if not 1 <= len(panels) <= 3:
+        raise ValueError(f"scaling_panels: panels must hold 1 to 3 panels, got {len(panels)}")
+    fig, axes = plt.subplots(2, 2, figsize=(PAGE_WIDTH, 6.6))
+    for ax, (ylabel, series) in zip(list(axes.flat)[: len(panels)], panels.items(), strict=True):
+        shown = {name: ys for name, ys in series.items() if np.isfinite(_numpy(list(ys))).any()}
+        scaling_plot(
+            ns,
+            shown,
+            ylabel=ylabel,
+            ax=ax,
+            reference_slopes=reference_slopes,
+            xlabel=xlabel,
+            mechanism_styles=True,
+            legend=False,
+        )
+    for ax in list(axes.flat)[len(panels) : 3]:
+        ax.axis("off")
+    legend_ax = axes.flat[3]
+    legend_ax.axis("off")
+    handles, labels = axes.flat[0].get_legend_handles_labels()
+    legend_ax.legend(handles, labels, loc="center", ncols=2, frameon=False)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    return fig

@@ -1,10 +1,21 @@
-"""Exploring without a kernel: figures rendered at build time behind an HTML range slider.
+"""Figures as PNG bytes: frames for the website, and what the live explorers need in every front-end.
 
-A static website cannot run Python, so an ipywidgets control there would silently do nothing. Instead a
-chapter renders a handful of frames when it is executed (on every build) and :func:`frame_slider` packs them
-into one self-contained HTML output: PNG images inlined as data URIs and a plain ``<input type="range">``
-whose inline handler shows one frame at a time. Nothing is loaded from anywhere; it works in Jupyter,
-Colab and on the website alike.
+Exploring without a kernel: a static website cannot run Python, so an ipywidgets control there would silently
+do nothing. Instead a chapter renders a handful of frames when it is executed (on every build) and
+:func:`frame_slider` packs them into one self-contained HTML output: PNG images inlined as data URIs and a
+plain ``<input type="range">`` whose inline handler shows one frame at a time. Nothing is loaded from
+anywhere; it works in Jupyter, Colab and on the website alike.
+
+Exploring with a kernel (the explorers of :mod:`attnbook.viz.flow` and :mod:`attnbook.viz.moh`) in every
+supported front-end -- JupyterLab 4 and Notebook 7 with ipywidgets 8, the classic notebook 6.5 with
+ipywidgets 7.7.1 as on Colab:
+
+- figures go into an ``ipywidgets.Image`` as PNG bytes (:func:`figure_to_png`): an ``Output`` widget stays
+  empty in the classic notebook with ipywidgets 7.7.1;
+- :func:`set_slider_range` changes a slider's range by replacing the slider: ipywidgets 8's slider
+  (noUiSlider) keeps its first range for the Home and End keys however often ``min``/``max`` change;
+- :func:`enable_slider_keys` lets the arrow keys move ipywidgets 8 sliders in Notebook 7, whose command-mode
+  shortcuts (ArrowLeft/ArrowRight collapse and expand headings) otherwise swallow them.
 """
 
 from __future__ import annotations
@@ -16,14 +27,84 @@ from collections.abc import Mapping
 
 import matplotlib.pyplot as plt
 
-__all__ = ["frame_slider", "frame_slider_html", "figure_to_png"]
+from .._checks import check_bool, check_int, describe
+
+__all__ = ["frame_slider", "frame_slider_html", "figure_to_png", "set_slider_range", "enable_slider_keys"]
 
 
-def figure_to_png(fig, *, dpi: int = 90) -> bytes:
-    """Render a matplotlib Figure to PNG bytes."""
+def figure_to_png(fig, *, dpi: int = 90, tight: bool = True) -> bytes:
+    """Render a matplotlib Figure to PNG bytes (``tight``: cropped to what is drawn, as Jupyter shows figures)."""
+    check_int(dpi, "dpi", name="figure_to_png", minimum=1)
+    check_bool(tight, "tight", name="figure_to_png")
+    if not hasattr(fig, "savefig"):
+        raise TypeError(f"figure_to_png: fig must be a matplotlib Figure, got {describe(fig)}")
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight")
+    fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight" if tight else None)
     return buf.getvalue()
+
+
+def set_slider_range(slider, lo, hi, *, container=None):
+    """Give an ipywidgets slider the range ``lo..hi`` (its value clamped into it); returns the slider to use.
+
+    When the range really changes and ``container`` (the Box holding the slider) is given, a new slider with
+    the same description, style, step and observers' target replaces the old one in ``container``: the
+    noUiSlider behind ipywidgets 8's sliders keeps its first range for the Home and End keys, so a changed
+    ``max`` would be reachable by arrow keys and dragging but not by End. Without a container the range is set
+    in place. The caller observes the returned slider (a new one has no observers).
+    """
+    if hi < lo:
+        raise ValueError(f"set_slider_range: hi must be >= lo = {lo!r}, got {hi!r}")
+    if slider.min == lo and slider.max == hi:
+        return slider
+    value = min(max(slider.value, lo), hi)
+    if container is None:
+        # widen before narrowing, so that min <= max holds at every moment (traitlets checks it)
+        slider.max = max(hi, slider.min)
+        slider.min = lo
+        slider.max = hi
+        return slider
+    traits = ("description", "step", "disabled", "continuous_update", "readout", "readout_format", "orientation")
+    kwargs = {name: getattr(slider, name) for name in traits if slider.has_trait(name)}
+    new = type(slider)(value=value, min=lo, max=hi, style=dict(description_width=slider.style.description_width))
+    for name, v in kwargs.items():
+        setattr(new, name, v)
+    container.children = tuple(new if child is slider else child for child in container.children)
+    slider.close()
+    return new
+
+
+# Capture phase on window runs before Notebook 7's shortcut handler (capture phase on document), which skips
+# events whose default is prevented; noUiSlider's own handler on the focused handle still runs.
+_SLIDER_KEYS_JS = """(function () {
+  if (window.__attnbookSliderKeys) { return; }
+  window.__attnbookSliderKeys = true;
+  var keys = ["ArrowLeft", "ArrowRight", "ArrowUp", "ArrowDown", "PageUp", "PageDown", "Home", "End"];
+  window.addEventListener("keydown", function (event) {
+    var target = event.target;
+    if (keys.indexOf(event.key) >= 0 && target && target.closest && target.closest(".noUi-handle")) {
+      event.preventDefault();
+    }
+  }, true);
+})();"""
+
+
+def enable_slider_keys() -> None:
+    """Let the arrow, Page, Home and End keys move ipywidgets 8 sliders in Notebook 7 (displays a small script).
+
+    Notebook 7 handles keys in the capture phase, before the focused slider sees them, and its command-mode
+    shortcuts take ArrowLeft/ArrowRight (collapse/expand headings) and ArrowUp/ArrowDown (select cells); a
+    listener on ``window`` marks slider keys as handled first, which those shortcuts respect. JupyterLab,
+    the classic notebook and Colab do not need it and are unaffected. Outside a kernel this does nothing.
+    """
+    try:
+        from IPython import get_ipython
+        from IPython.display import Javascript, display
+    except ImportError:  # pragma: no cover - IPython comes with ipywidgets
+        return
+    shell = get_ipython()
+    if shell is None or not hasattr(shell, "kernel"):
+        return
+    display(Javascript(_SLIDER_KEYS_JS))
 
 
 _ONINPUT = (
@@ -36,10 +117,9 @@ _ONINPUT = (
 def frame_slider_html(frames: Mapping[str, bytes], *, label: str, start: int = 0) -> str:
     """The HTML of a slider over PNG ``frames`` (a mapping from the value's label to PNG bytes)."""
     if not frames:
-        raise ValueError("frame_slider: no frames given")
+        raise ValueError("frame_slider: frames must hold at least one frame, got an empty mapping")
     names = [str(n) for n in frames]
-    if not 0 <= start < len(names):
-        raise ValueError(f"frame_slider: start={start} is outside 0..{len(names) - 1}")
+    start = check_int(start, "start", name="frame_slider", minimum=0, maximum=len(names) - 1)
     attrs = " ".join(f'data-label-{i}="{html.escape(n)}"' for i, n in enumerate(names))
     images = "".join(
         f'<img alt="{html.escape(label)} = {html.escape(n)}" '
@@ -70,6 +150,14 @@ def frame_slider(frames: Mapping[str, object], *, label: str, start: int = 0, dp
     """
     from IPython.display import HTML
 
+    if not isinstance(frames, Mapping):
+        raise TypeError(f"frame_slider: frames must be a mapping from labels to Figures, got {describe(frames)}")
+    if not isinstance(label, str):
+        raise TypeError(f"frame_slider: label must be a str, got {describe(label)}")
+    dpi = check_int(dpi, "dpi", name="frame_slider", minimum=1)
+    if not frames:
+        raise ValueError("frame_slider: frames must hold at least one figure, got an empty mapping")
+    start = check_int(start, "start", name="frame_slider", minimum=0, maximum=len(frames) - 1)
     pngs = {}
     for name, fig in frames.items():
         pngs[name] = figure_to_png(fig, dpi=dpi)

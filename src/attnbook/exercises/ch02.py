@@ -1,0 +1,337 @@
+"""Checkers for the exercises of chapter 2 (linear attention).
+
+* 2.1 ``linear_step(q, k, v, state)``: one token of causal linear attention as an RNN, state = (S, z).
+* 2.2 ``taylor_features(x)``: a feature map whose dot products are 1 + x.y + (x.y)^2 / 2.
+* 2.3 ``best_chunk(R, Dv)``: the chunk length ell that minimises the chunked algorithm's multiply-adds.
+* 2.4 ``relative_variance(x, y)``: Var / mean^2 of one positive random feature estimate of exp(x.y).
+
+The step is compared with the recurrence of Katharopoulos et al. (ICML 2020, Eqs. 16-20), computed here in
+float64 exactly as :func:`attnbook.linear_attention_step` computes it; the feature map through the kernel it
+must produce (any ordering or packing of the features is fine); the formulas with their closed forms.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+
+from ..testing import tol
+from ._core import Case, Diagnosis, Result, check_function, exercise
+
+__all__ = [
+    "State",
+    "Step",
+    "linear_step_solution",
+    "check_linear_step",
+    "taylor_kernel",
+    "check_taylor_features",
+    "chunk_cost",
+    "check_best_chunk",
+    "check_relative_variance",
+]
+
+EPS = 1e-6  # the eps of attnbook.linear_attention_step
+
+
+def _phi(x: torch.Tensor) -> torch.Tensor:
+    return torch.where(x > 0, x + 1, torch.exp(x))  # elu(x) + 1
+
+
+def _gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def _randn(*shape: int, seed: int) -> torch.Tensor:
+    return torch.randn(*shape, dtype=torch.float64, generator=_gen(seed))
+
+
+# --- 2.1 the recurrent step ----------------------------------------------------------------------------------
+
+
+class State(NamedTuple):
+    """The recurrent state after the tokens so far."""
+
+    S: torch.Tensor  # (B, H, R, Dv): sum of phi(k_j) v_j^T
+    z: torch.Tensor  # (B, H, R): sum of phi(k_j)
+
+
+class Step(NamedTuple):
+    """What a step returns: the output of token t and the state after it."""
+
+    out: torch.Tensor  # (B, H, Dv)
+    state: State
+
+
+def linear_step_solution(q, k, v, state) -> Step:
+    """S_t = S + phi(k_t) v_t^T, z_t = z + phi(k_t), out = phi(q_t)^T S_t / (phi(q_t)^T z_t + eps)."""
+    S, z = state
+    fq, fk = _phi(q), _phi(k)  # (B, H, R)
+    S = S + fk[..., :, None] * v[..., None, :]  # (B, H, R, Dv)
+    z = z + fk  # (B, H, R)
+    num = (fq[..., None, :] @ S).squeeze(-2)  # (B, H, Dv)
+    den = (fq * z).sum(dim=-1, keepdim=True)  # (B, H, 1)
+    return Step(num / (den + EPS), State(S, z))
+
+
+def _readout_first(q, k, v, state):
+    S, z = state
+    fq, fk = _phi(q), _phi(k)
+    out = (fq[..., None, :] @ S).squeeze(-2) / ((fq * z).sum(-1, keepdim=True) + EPS)
+    return Step(out, State(S + fk[..., :, None] * v[..., None, :], z + fk))
+
+
+def _variant(*, out=None, S_outer=None, phi_q=True, update_z=True):
+    """The solution with one piece changed: how the output is formed, the outer product, phi on q, z's update."""
+
+    def step(q, k, v, state):
+        S, z = state
+        fq = _phi(q) if phi_q else q
+        fk = _phi(k)
+        S = S + (fk[..., :, None] * v[..., None, :] if S_outer is None else S_outer(fk, v))
+        z = z + fk if update_z else z
+        num = (fq[..., None, :] @ S).squeeze(-2)
+        den = (fq * z).sum(dim=-1, keepdim=True)
+        return Step(num / (den + EPS) if out is None else out(num, den, fq, z), State(S, z))
+
+    return step
+
+
+_STEP_MISTAKES = [
+    Diagnosis(
+        "the state is updated after the readout: the output must be read from S_t and z_t, which already "
+        "contain token t (a query sees its own key, j <= t)",
+        _readout_first,
+    ),
+    Diagnosis(
+        "the output is not normalised: divide phi(q)^T S by phi(q)^T z + eps", _variant(out=lambda n, d, fq, z: n)
+    ),
+    Diagnosis(
+        "eps is added to the numerator too: it belongs in the denominator only",
+        _variant(out=lambda n, d, fq, z: (n + EPS) / (d + EPS)),
+    ),
+    Diagnosis(
+        "eps is added to every feature of z (phi(q)^T (z + eps)) instead of once to the denominator",
+        _variant(out=lambda n, d, fq, z: n / (fq * (z + EPS)).sum(-1, keepdim=True)),
+    ),
+    Diagnosis(
+        "the denominator has no eps: out = phi(q)^T S / (phi(q)^T z + eps) with eps = 1e-6, which keeps feature "
+        "maps that can be 0 (ReLU) from dividing by zero",
+        _variant(out=lambda n, d, fq, z: n / d),
+    ),
+    Diagnosis("the feature map is not applied to the query", _variant(phi_q=False)),
+    Diagnosis(
+        "the outer product is transposed: S holds phi(k) v^T, of shape (R, Dv), not v phi(k)^T",
+        _variant(S_outer=lambda fk, v: v[..., :, None] * fk[..., None, :]),
+    ),
+    Diagnosis("z is not updated: z_t = z_{t-1} + phi(k_t)", _variant(update_z=False)),
+]
+
+
+def _state_after(n: int, B: int, H: int, D: int, Dv: int, seed: int) -> State:
+    k, v = _randn(n, B, H, D, seed=seed), _randn(n, B, H, Dv, seed=seed + 1)
+    S = (_phi(k)[..., :, None] * v[..., None, :]).sum(0)  # (B, H, D, Dv)
+    return State(S, _phi(k).sum(0))  # (B, H, D, Dv), (B, H, D)
+
+
+def _step_cases() -> list[Case]:
+    B, H, D = 2, 3, 4
+    zero = (torch.zeros(B, H, D, D, dtype=torch.float64), torch.zeros(B, H, D, dtype=torch.float64))
+    cases = [
+        Case((_randn(B, H, D, seed=20), _randn(B, H, D, seed=21), _randn(B, H, D, seed=22), zero),
+             label="the first token (S = 0, z = 0), D = Dv = 4"),
+        Case((_randn(B, H, D, seed=23), _randn(B, H, D, seed=24), _randn(B, H, D, seed=25),
+              tuple(_state_after(6, B, H, D, D, seed=26))),
+             label="a token after 6 others, D = Dv = 4"),
+        Case((_randn(1, 2, 3, seed=28), _randn(1, 2, 3, seed=29), _randn(1, 2, 5, seed=30),
+              tuple(_state_after(3, 1, 2, 3, 5, seed=31))),
+             label="a token after 3 others, D = 3, Dv = 5"),
+    ]  # fmt: skip
+    return cases
+
+
+@exercise("2.1")
+def check_linear_step(fn) -> Result:
+    """Exercise 2.1: ``fn(q, k, v, state)`` -> (out (B, H, Dv), (S (B, H, R, Dv), z (B, H, R)))."""
+    return check_function(
+        fn,
+        _step_cases(),
+        expected=linear_step_solution,
+        name="linear_step",
+        diagnoses=_STEP_MISTAKES,
+        success="linear_step is right: the state takes the token in, then the query reads it.",
+    )
+
+
+# --- 2.2 second-order Taylor features --------------------------------------------------------------------------
+
+
+def taylor_kernel(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """1 + x.y + (x.y)^2 / 2 for x (..., N, D), y (..., M, D): (..., N, M), exp(x.y) to second order."""
+    s = x @ y.transpose(-2, -1)  # (..., N, M)
+    return 1 + s + s * s / 2
+
+
+def _kernel_of(fn):
+    """The kernel phi(x) phi(y)^T of the student's feature map, after checking that it maps only the last dim."""
+
+    def kernel(x, y):
+        fx, fy = fn(x), fn(y)
+        if fx is None or fy is None:
+            return None
+        for arg, inp, out in (("x", x, fx), ("y", y, fy)):
+            if not isinstance(out, torch.Tensor):
+                raise TypeError(f"it must return a tensor, got a {type(out).__name__}")
+            if out.shape[:-1] != inp.shape[:-1]:
+                raise ValueError(
+                    f"it must keep the leading dimensions and map only the last one: {arg} of shape "
+                    f"{tuple(inp.shape)} gave {tuple(out.shape)}"
+                )
+        if fx.shape[-1] != fy.shape[-1]:
+            raise ValueError(f"x and y got different numbers of features, {fx.shape[-1]} and {fy.shape[-1]}")
+        return fx @ fy.transpose(-2, -1)
+
+    return kernel
+
+
+def _dots(x, y):
+    return x @ y.transpose(-2, -1)
+
+
+_TAYLOR_MISTAKES = [
+    Diagnosis(
+        "the quadratic features are not divided by sqrt(2): their dot products give (x.y)^2 instead of (x.y)^2 / 2",
+        lambda x, y: 1 + _dots(x, y) + _dots(x, y) ** 2,
+    ),
+    Diagnosis(
+        "the quadratic features are divided by 2 instead of sqrt(2): their dot products give (x.y)^2 / 4",
+        lambda x, y: 1 + _dots(x, y) + _dots(x, y) ** 2 / 4,
+    ),
+    Diagnosis("the constant feature 1 is missing", lambda x, y: _dots(x, y) + _dots(x, y) ** 2 / 2),
+    Diagnosis(
+        "the quadratic features are the squares x_d^2 only; (x.y)^2 needs every product x_d x_e (the outer product)",
+        lambda x, y: 1 + _dots(x, y) + _dots(x * x, y * y) / 2,
+    ),
+    Diagnosis("the linear features x are missing", lambda x, y: 1 + _dots(x, y) ** 2 / 2),
+]
+
+
+def _taylor_cases() -> list[Case]:
+    return [
+        Case((_randn(5, 3, seed=40), _randn(4, 3, seed=41)), label="x (5, 3), y (4, 3)"),
+        Case((_randn(2, 3, 6, 4, seed=42), _randn(2, 3, 5, 4, seed=43)), label="x (2, 3, 6, 4), y (2, 3, 5, 4)"),
+        Case((_randn(3, 1, seed=44), _randn(2, 1, seed=45)), label="D = 1"),
+    ]
+
+
+@exercise("2.2")
+def check_taylor_features(fn) -> Result:
+    """Exercise 2.2: ``fn(x)`` (..., D) -> (..., R) with fn(x) . fn(y) = 1 + x.y + (x.y)^2 / 2."""
+    if not callable(fn):
+        return check_function(fn, [], expected=taylor_kernel, name="taylor_features")
+    return check_function(
+        _kernel_of(fn),
+        _taylor_cases(),
+        expected=taylor_kernel,
+        name="taylor_features",
+        diagnoses=_TAYLOR_MISTAKES,
+        **tol(torch.float32),  # features built with float32 constants are right too; the mistakes are O(1)
+        success="taylor_features is right: phi(x) . phi(y) = 1 + x.y + (x.y)^2 / 2, which is never below 1/2.",
+    )
+
+
+# --- 2.3 the chunk length that minimises multiply-adds -----------------------------------------------------------
+
+
+def chunk_cost(ell: float, N: int, R: int, Dv: int) -> float:
+    """Multiply-adds of the chunked causal numerator per head, the cost model of exercise 2.3.
+
+    Per chunk of ell positions: the ell (ell + 1) / 2 pairs j <= i inside it, each a score (R) and a weighted
+    value (Dv); the readout phi(Q_c) S and the update phi(K_c)^T V_c, ell R Dv each; adding the update to the
+    state, R Dv. Times N / ell chunks: N [(ell + 1) (R + Dv) / 2 + 2 R Dv + R Dv / ell].
+    """
+    return N * ((ell + 1) * (R + Dv) / 2 + 2 * R * Dv + R * Dv / ell)
+
+
+def _best(R, Dv):
+    return math.sqrt(2 * R * Dv / (R + Dv))
+
+
+@exercise("2.3")
+def check_best_chunk(fn) -> Result:
+    """Exercise 2.3: ``fn(R, Dv)`` -> the ell minimising :func:`chunk_cost`, sqrt(2 R Dv / (R + Dv))."""
+    cases = [Case((r, dv), label=f"R = {r}, Dv = {dv}") for r, dv in ((16, 64), (64, 64), (256, 32), (1, 1))]
+    return check_function(
+        fn,
+        cases,
+        expected=_best,
+        name="best_chunk",
+        diagnoses=[
+            Diagnosis(
+                "every ell x ell pair of a chunk is counted; only the ell (ell + 1) / 2 pairs j <= i are needed",
+                lambda r, dv: math.sqrt(r * dv / (r + dv)),
+            ),
+            Diagnosis("the square root is missing: ell^2 = 2 R Dv / (R + Dv)", lambda r, dv: 2 * r * dv / (r + dv)),
+            Diagnosis(
+                "an in-chunk pair costs R + Dv (a score, R, and a weighted value, Dv), not R alone",
+                lambda r, dv: math.sqrt(2 * dv),
+            ),
+            Diagnosis(
+                "an in-chunk pair costs R + Dv (a score, R, and a weighted value, Dv), not Dv alone",
+                lambda r, dv: math.sqrt(2 * r),
+            ),
+            Diagnosis(
+                "ell = sqrt(R Dv): the in-chunk term grows like ell (R + Dv) / 2", lambda r, dv: math.sqrt(r * dv)
+            ),
+        ],
+        rtol=1e-6,
+        atol=0.0,
+        success="best_chunk is right: ell* = sqrt(2 R Dv / (R + Dv)), sqrt(D) = 8 for R = Dv = D = 64.",
+    )
+
+
+# --- 2.4 the relative variance of a positive random feature ------------------------------------------------------
+
+
+def _relative_variance(x: torch.Tensor, y: torch.Tensor) -> float:
+    return math.expm1(float(((x + y) ** 2).sum()))
+
+
+@exercise("2.4")
+def check_relative_variance(fn) -> Result:
+    """Exercise 2.4: ``fn(x, y)`` -> Var[Z] / E[Z]^2 for Z = exp(w.x - |x|^2/2) exp(w.y - |y|^2/2), w ~ N(0, I)."""
+    cases = [
+        Case((torch.tensor([0.3, -0.2, 0.5], dtype=torch.float64), torch.tensor([0.1, 0.4, 0.2], dtype=torch.float64)),
+             label="x = (0.3, -0.2, 0.5), y = (0.1, 0.4, 0.2)"),
+        Case((_randn(8, seed=50) * 0.4, _randn(8, seed=51) * 0.4), label="x, y in R^8"),
+        Case((torch.zeros(2, dtype=torch.float64), torch.zeros(2, dtype=torch.float64)), label="x = y = 0"),
+    ]  # fmt: skip
+    return check_function(
+        fn,
+        cases,
+        expected=_relative_variance,
+        name="relative_variance",
+        diagnoses=[
+            Diagnosis(
+                "this is E[Z^2] / E[Z]^2; the variance is E[Z^2] - E[Z]^2",
+                lambda x, y: math.exp(((x + y) ** 2).sum()),
+            ),
+            Diagnosis(
+                "this is the variance itself, not divided by the squared mean exp(2 x.y)",
+                lambda x, y: math.exp(2 * float(x @ y)) * math.expm1(float(((x + y) ** 2).sum())),
+            ),
+            Diagnosis(
+                "E[Z^2] came out as E[Z]^2, so there is no variance left: E[exp(2 w.u)] = exp(|2u|^2 / 2) = "
+                "exp(2 |u|^2), not exp(|u|^2)",
+                lambda x, y: 0.0,
+            ),
+            Diagnosis(
+                "|x + y|^2 became |x|^2 + |y|^2: the cross term 2 x.y is missing",
+                lambda x, y: math.expm1(float(x @ x + y @ y)),
+            ),
+        ],
+        rtol=1e-6,
+        atol=1e-12,
+        success="relative_variance is right: exp(|x + y|^2) - 1, which explodes for long, aligned x and y.",
+    )

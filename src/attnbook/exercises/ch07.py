@@ -1,0 +1,282 @@
+"""Checkers for the exercises of chapter 7 (a small language model, generated token by token).
+
+* 7.1 (derive) -- after how many tokens a KV cache holds more numbers than linear attention's state;
+* 7.2 (implement) -- bits per byte from a model's logits;
+* 7.3 (implement) -- one decoding step of softmax attention with a KV cache;
+* 7.4 (implement) -- the next-byte distribution with a temperature and top-k;
+* 7.5 (explore) -- temperature and repetition in generated text (no checker: the answer is an observation).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+
+from ._core import Case, Diagnosis, Result, check_function, check_value, exercise
+
+__all__ = [
+    "cache_crossover",
+    "check_cache_crossover",
+    "reference_bits_per_byte",
+    "check_bits_per_byte",
+    "CachedStep",
+    "reference_cached_step",
+    "check_cached_step",
+    "reference_next_byte_distribution",
+    "check_next_byte_distribution",
+]
+
+
+# --- 7.1 -------------------------------------------------------------------------------------------------
+
+
+def cache_crossover(D: int) -> int:
+    """The first t with 2 t D > D^2 + D: a cache of t keys and values against the state (S, z) of one head."""
+    return math.floor((D + 1) / 2) + 1
+
+
+@exercise("7.1")
+def check_cache_crossover(answer, D: int = 16) -> Result:
+    """7.1: the first position t at which one head's KV cache holds more numbers than its linear state."""
+    return check_value(
+        f"the first t at which the cache is larger (D = {D})",
+        answer,
+        cache_crossover(D),
+        hint="compare 2 t D numbers (keys and values) with D * D + D (S and z) and solve for t",
+    )
+
+
+# --- 7.2 -------------------------------------------------------------------------------------------------
+
+
+def reference_bits_per_byte(logits: torch.Tensor, tokens: torch.Tensor) -> float:
+    """Mean -log2 p(tokens[:, t + 1] | logits[:, t]) over t < N - 1 and the batch.
+
+    logits (B, N, 256): the model's scores for the byte after each position; tokens (B, N): the bytes.
+    """
+    logp = F.log_softmax(logits[:, :-1].double(), dim=-1)  # (B, N - 1, 256)
+    picked = logp.gather(-1, tokens[:, 1:].unsqueeze(-1))  # (B, N - 1, 1)
+    return float(-picked.mean() / math.log(2))
+
+
+def _bpb_in_nats(logits, tokens):
+    return reference_bits_per_byte(logits, tokens) * math.log(2)
+
+
+def _bpb_unshifted(logits, tokens):
+    logp = F.log_softmax(logits.double(), dim=-1)
+    return float(-logp.gather(-1, tokens.unsqueeze(-1)).mean() / math.log(2))
+
+
+def _bpb_log10(logits, tokens):
+    return reference_bits_per_byte(logits, tokens) * math.log(2) / math.log(10)
+
+
+def _bpb_of_mean_probability(logits, tokens):
+    p = F.softmax(logits[:, :-1].double(), dim=-1).gather(-1, tokens[:, 1:].unsqueeze(-1))
+    return float(-torch.log2(p.mean()))
+
+
+def _bpb_cases() -> list[Case]:
+    g = torch.Generator().manual_seed(7)
+    tokens = torch.randint(256, (2, 9), generator=g)
+    logits = torch.randn(2, 9, 256, generator=g, dtype=torch.float64) * 2
+    peaked = torch.full((1, 5, 256), -4.0, dtype=torch.float64)
+    text = torch.tensor([list(b"abcab")])
+    peaked[0, torch.arange(4), text[0, 1:]] = 4.0  # a confident model that is right
+    return [
+        Case((logits, tokens), label="random logits for 2 sequences of 9 bytes"),
+        Case((peaked, text), label='a confident, right model on "abcab"'),
+        Case((torch.zeros(1, 2, 256, dtype=torch.float64), torch.tensor([[65, 66]])), label="the uniform guess"),
+    ]
+
+
+@exercise("7.2")
+def check_bits_per_byte(fn) -> Result:
+    """7.2: ``fn(logits, tokens)`` -> the mean bits per byte of the next-byte predictions."""
+    return check_function(
+        fn,
+        _bpb_cases(),
+        expected=reference_bits_per_byte,
+        name="bits_per_byte",
+        success="bits_per_byte is right on every input.",
+        rtol=1e-6,
+        atol=1e-9,
+        diagnoses=[
+            Diagnosis("the loss is in nats (natural log): divide by ln 2 for bits", _bpb_in_nats),
+            Diagnosis(
+                "each position's logits are scored against the byte at that position; they predict the next "
+                "one (compare logits[:, :-1] with tokens[:, 1:])",
+                _bpb_unshifted,
+            ),
+            Diagnosis("the logarithm is base 10: bits need log base 2", _bpb_log10),
+            Diagnosis(
+                "the probabilities are averaged before taking the log; average the log-probabilities instead",
+                _bpb_of_mean_probability,
+            ),
+        ],
+    )
+
+
+# --- 7.3 -------------------------------------------------------------------------------------------------
+
+
+class CachedStep(NamedTuple):
+    """What one decoding step returns: the output of the new token and the cache including it."""
+
+    out: torch.Tensor  # (B, H, Dv)
+    keys: torch.Tensor  # (B, H, t, D)
+    values: torch.Tensor  # (B, H, t, Dv)
+
+
+def reference_cached_step(q_t, k_t, v_t, keys, values) -> CachedStep:
+    """Append k_t, v_t (B, H, D) to the cache keys, values (B, H, t - 1, D), then attend with q_t over all t."""
+    keys = torch.cat([keys, k_t.unsqueeze(2)], dim=2)  # (B, H, t, D)
+    values = torch.cat([values, v_t.unsqueeze(2)], dim=2)  # (B, H, t, Dv)
+    scores = (keys @ q_t.unsqueeze(-1)).squeeze(-1) / math.sqrt(q_t.shape[-1])  # (B, H, t)
+    out = (scores.softmax(dim=-1).unsqueeze(-2) @ values).squeeze(-2)  # (B, H, Dv)
+    return CachedStep(out, keys, values)
+
+
+def _step_before_append(q_t, k_t, v_t, keys, values):
+    scores = (keys @ q_t.unsqueeze(-1)).squeeze(-1) / math.sqrt(q_t.shape[-1])
+    out = (scores.softmax(-1).unsqueeze(-2) @ values).squeeze(-2)
+    return CachedStep(out, torch.cat([keys, k_t.unsqueeze(2)], 2), torch.cat([values, v_t.unsqueeze(2)], 2))
+
+
+def _step_unscaled(q_t, k_t, v_t, keys, values):
+    keys = torch.cat([keys, k_t.unsqueeze(2)], 2)
+    values = torch.cat([values, v_t.unsqueeze(2)], 2)
+    out = ((keys @ q_t.unsqueeze(-1)).squeeze(-1).softmax(-1).unsqueeze(-2) @ values).squeeze(-2)
+    return CachedStep(out, keys, values)
+
+
+def _step_causal_mask(q_t, k_t, v_t, keys, values):
+    keys = torch.cat([keys, k_t.unsqueeze(2)], 2)
+    values = torch.cat([values, v_t.unsqueeze(2)], 2)
+    out = F.scaled_dot_product_attention(q_t.unsqueeze(2), keys, values, is_causal=True).squeeze(2)
+    return CachedStep(out, keys, values)
+
+
+def _step_prepended(q_t, k_t, v_t, keys, values):
+    ref = reference_cached_step(q_t, k_t, v_t, keys, values)
+    return CachedStep(ref.out, torch.cat([k_t.unsqueeze(2), keys], 2), torch.cat([v_t.unsqueeze(2), values], 2))
+
+
+def _step_query_axis_softmax(q_t, k_t, v_t, keys, values):
+    keys = torch.cat([keys, k_t.unsqueeze(2)], 2)
+    values = torch.cat([values, v_t.unsqueeze(2)], 2)
+    scores = (q_t.unsqueeze(-2) @ keys.transpose(-2, -1)) / math.sqrt(q_t.shape[-1])  # (B, H, 1, t)
+    return CachedStep((scores.softmax(dim=-2) @ values).squeeze(-2), keys, values)
+
+
+def _cached_cases() -> list[Case]:
+    g = torch.Generator().manual_seed(73)
+
+    def case(B, H, past, D, label):
+        q, k, v = (torch.randn(B, H, D, generator=g, dtype=torch.float64) for _ in range(3))
+        keys = torch.randn(B, H, past, D, generator=g, dtype=torch.float64)
+        values = torch.randn(B, H, past, D, generator=g, dtype=torch.float64)
+        return Case((q * 2, k * 2, v, keys * 2, values), label=label)
+
+    return [
+        case(2, 3, 5, 4, "a token after 5 cached ones (B=2, H=3, D=4)"),
+        case(1, 2, 0, 8, "the first token (an empty cache)"),
+        case(1, 1, 11, 2, "a token after 11 cached ones (D=2)"),
+    ]
+
+
+@exercise("7.3")
+def check_cached_step(fn) -> Result:
+    """7.3: ``fn(q_t, k_t, v_t, keys, values)`` -> (out_t, keys, values) with the new token appended."""
+    return check_function(
+        fn,
+        _cached_cases(),
+        expected=reference_cached_step,
+        name="cached_step",
+        success="cached_step is right on every input.",
+        diagnoses=[
+            Diagnosis(
+                "the query attends to the cache before the new key and value are added: the newest token "
+                "must see itself too",
+                _step_before_append,
+            ),
+            Diagnosis("the scores are not divided by sqrt(D)", _step_unscaled),
+            Diagnosis(
+                "a causal mask is applied to the single new query: top-left aligned it lets the query see "
+                "only the first key, whereas the newest query may see every cached key",
+                _step_causal_mask,
+            ),
+            Diagnosis("the new key and value are put first in the cache; they belong at the end", _step_prepended),
+            Diagnosis(
+                "the softmax is taken over the (single) query instead of over the keys, so every weight is 1",
+                _step_query_axis_softmax,
+            ),
+        ],
+    )
+
+
+# --- 7.4 -------------------------------------------------------------------------------------------------
+
+
+def reference_next_byte_distribution(logits: torch.Tensor, temperature: float, top_k: int | None) -> torch.Tensor:
+    """softmax(logits / temperature) over the top_k largest logits of each row (all if None), zero elsewhere."""
+    scaled = logits / temperature  # (B, 256)
+    if top_k is not None:
+        kth = scaled.topk(top_k, dim=-1).values[:, -1:]  # (B, 1)
+        scaled = scaled.masked_fill(scaled < kth, float("-inf"))
+    return scaled.softmax(dim=-1)
+
+
+def _times_temperature(logits, temperature, top_k):
+    return reference_next_byte_distribution(logits * temperature * temperature, temperature, top_k)
+
+
+def _not_renormalised(logits, temperature, top_k):
+    p = (logits / temperature).softmax(-1)
+    if top_k is not None:
+        kth = p.topk(top_k, dim=-1).values[:, -1:]
+        p = p.masked_fill(p < kth, 0.0)
+    return p
+
+
+def _k_smallest(logits, temperature, top_k):
+    scaled = logits / temperature
+    if top_k is not None:
+        kth = (-scaled).topk(top_k, dim=-1).values[:, -1:]  # minus the k-th smallest
+        scaled = scaled.masked_fill(-scaled < kth, float("-inf"))
+    return scaled.softmax(dim=-1)
+
+
+def _distribution_cases() -> list[Case]:
+    g = torch.Generator().manual_seed(74)
+    logits = torch.randn(3, 256, generator=g, dtype=torch.float64) * 3
+    return [
+        Case((logits, 0.7, 5), label="temperature 0.7, top-5"),
+        Case((logits, 1.0, None), label="temperature 1, no top-k"),
+        Case((logits, 2.0, 40), label="temperature 2, top-40"),
+        Case((logits[:1], 0.5, 1), label="top-1 (greedy)"),
+    ]
+
+
+@exercise("7.4")
+def check_next_byte_distribution(fn) -> Result:
+    """7.4: ``fn(logits, temperature, top_k)`` -> (B, 256) probabilities of the next byte."""
+    return check_function(
+        fn,
+        _distribution_cases(),
+        expected=reference_next_byte_distribution,
+        name="next_byte_distribution",
+        success="next_byte_distribution is right on every input.",
+        diagnoses=[
+            Diagnosis("the logits are multiplied by the temperature; divide them by it", _times_temperature),
+            Diagnosis(
+                "the top-k probabilities are kept but not renormalised: they must sum to 1 again",
+                _not_renormalised,
+            ),
+            Diagnosis("the k smallest logits are kept instead of the k largest", _k_smallest),
+        ],
+    )

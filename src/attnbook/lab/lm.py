@@ -1,0 +1,299 @@
+"""Training the language model of chapter 7 on real text and measuring it in bits per byte.
+
+Every mechanism is trained the same way: the same :class:`Setup` (width, depth, context, batch, steps,
+learning-rate schedule), the same training windows for a given seed, the same fixed validation windows.
+Quality is reported in **bits per byte**, the average number of bits the model needs to encode each next byte
+of held-out text, ``-log2 p(x_{t+1} | x_{<=t})`` averaged over positions: 8 for a uniform guess over 256 byte
+values, lower the better the model predicts.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from .. import config
+from .._checks import check_int
+from ..lm import DecoderLM
+from .corpus import Corpus, windows
+from .progress import Progress
+
+__all__ = [
+    "Setup",
+    "SMALL",
+    "FULL",
+    "RECORDED",
+    "setup",
+    "Run",
+    "learning_rate",
+    "validation_starts",
+    "bits_per_byte",
+    "ngram_bits_per_byte",
+    "train",
+    "race",
+    "spread",
+    "step_seconds",
+]
+
+LN2 = math.log(2.0)
+
+
+@dataclass(frozen=True)
+class Setup:
+    """Sizes and schedule shared by every mechanism of a comparison.
+
+    Attributes:
+        dim, n_heads, n_layers: the model (:class:`attnbook.lm.DecoderLM`).
+        context: training window length N (bytes).
+        batch: windows per training step.
+        steps: training steps.
+        lr: peak learning rate of AdamW; ``warmup`` linear steps up to it, then a cosine down to ``lr / 10``.
+        weight_decay: AdamW's decoupled weight decay.
+        eval_every: steps between two validation measurements (and one at the end).
+        eval_windows: number of fixed validation windows of ``context`` bytes.
+    """
+
+    dim: int = 32
+    n_heads: int = 4
+    n_layers: int = 2
+    context: int = 64
+    batch: int = 8
+    steps: int = 100
+    lr: float = 2e-2
+    warmup: int = 10
+    weight_decay: float = 0.01
+    eval_every: int = 10
+    eval_windows: int = 16
+
+    def model(self, mechanism: str) -> DecoderLM:
+        return DecoderLM(mechanism, dim=self.dim, n_heads=self.n_heads, n_layers=self.n_layers)
+
+
+SMALL = Setup()  # CI: every mechanism x 3 seeds in about 25 s of one CPU core
+FULL = Setup(
+    dim=192, n_heads=6, n_layers=4, context=256, batch=32, steps=1000, lr=2e-3, warmup=100, eval_every=100,
+    eval_windows=128,
+)  # fmt: skip
+
+
+# Recorded by benchmarks/bench_lm_training.py on a CPU (and timed by bench_generation.py): larger than the CI
+# size, small enough for one CPU core in about an hour.
+RECORDED = Setup(
+    dim=128, n_heads=4, n_layers=2, context=128, batch=16, steps=600, lr=3e-3, warmup=50, eval_every=50,
+    eval_windows=64,
+)  # fmt: skip
+
+
+def setup() -> Setup:
+    """:data:`SMALL` on a CPU / in CI, :data:`FULL` on a GPU (:func:`attnbook.config.pick`)."""
+    return config.pick(small=SMALL, full=FULL)
+
+
+def learning_rate(step: int, s: Setup) -> float:
+    """The schedule every mechanism follows: linear warm-up to ``s.lr``, cosine decay to ``s.lr / 10``."""
+    if step < s.warmup:
+        return s.lr * (step + 1) / s.warmup
+    progress = (step - s.warmup) / max(1, s.steps - s.warmup)
+    return s.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0))))
+
+
+def validation_starts(data: torch.Tensor, n: int, length: int) -> torch.Tensor:
+    """``n`` fixed window starts spread evenly over ``data`` (no randomness: every run sees the same)."""
+    n = check_int(n, "n", name="validation_starts", minimum=1)
+    last = data.numel() - length - 1
+    if last < 0:
+        raise ValueError(f"validation_starts: data must hold more than {length} bytes, got {data.numel()}")
+    return torch.linspace(0, last, n).long()  # (n,)
+
+
+@torch.no_grad()
+def bits_per_byte(model: DecoderLM, data: torch.Tensor, starts: torch.Tensor, length: int, batch: int = 32) -> float:
+    """Mean ``-log2 p(next byte)`` of ``model`` over the windows of ``data`` at ``starts`` (eval mode)."""
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    total, count = 0.0, 0
+    for i in range(0, len(starts), batch):
+        x, y = windows(data, starts[i : i + batch], length)
+        logits = model(x.to(device))  # (b, N, V)
+        total += F.cross_entropy(logits.flatten(0, 1).float(), y.to(device).flatten(), reduction="sum").item()
+        count += y.numel()
+    model.train(was_training)
+    return total / count / LN2
+
+
+def ngram_bits_per_byte(train: torch.Tensor, valid: torch.Tensor, order: int) -> float:
+    """Bits per byte on ``valid`` of a byte n-gram model counted on ``train`` (``order`` 1 or 2), add-one smoothed.
+
+    ``order=1``: p(x) from byte frequencies; ``order=2``: p(x_{t+1} | x_t) from pair counts. The baselines a
+    model must beat to show that it uses more than the last byte.
+    """
+    order = check_int(order, "order", name="ngram_bits_per_byte", minimum=1, maximum=2)
+    t, v = train.long(), valid.long()
+    if order == 1:
+        counts = torch.bincount(t, minlength=256).double() + 1  # (256,)
+        logp = (counts / counts.sum()).log()
+        return float(-logp[v].mean() / LN2)
+    pairs = torch.bincount(t[:-1] * 256 + t[1:], minlength=256 * 256).double().view(256, 256) + 1
+    logp = (pairs / pairs.sum(dim=1, keepdim=True)).log()  # (256, 256): row = previous byte
+    return float(-logp[v[:-1], v[1:]].mean() / LN2)
+
+
+@dataclass
+class Run:
+    """One training run: validation bits per byte against steps and training wall time, and the model.
+
+    ``wall_s`` counts training steps only (validation excluded). ``train_bpb`` is the training loss of every
+    step in bits per byte.
+    """
+
+    mechanism: str
+    seed: int
+    steps: list[int] = field(default_factory=list)
+    wall_s: list[float] = field(default_factory=list)
+    valid_bpb: list[float] = field(default_factory=list)
+    train_bpb: list[float] = field(default_factory=list)
+    model: DecoderLM | None = field(default=None, repr=False)
+
+    @property
+    def final_bpb(self) -> float:
+        return self.valid_bpb[-1]
+
+    @property
+    def seconds(self) -> float:
+        return self.wall_s[-1]
+
+
+def train(
+    mechanism: str,
+    corpus: Corpus,
+    s: Setup | None = None,
+    *,
+    seed: int = 0,
+    device: torch.device | str = "cpu",
+    progress: Progress | None = None,
+    note: str = "",
+) -> Run:
+    """Train a :class:`~attnbook.lm.DecoderLM` with ``mechanism`` on ``corpus.train`` (AdamW, :func:`learning_rate`).
+
+    The seed fixes the initial weights and the training windows, so every mechanism of one seed sees the same
+    bytes in the same order. Validation uses the fixed windows of :func:`validation_starts`.
+    """
+    s = setup() if s is None else s
+    device = torch.device(device)
+    torch.manual_seed(seed)
+    model = s.model(mechanism).to(device)
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    other = [p for p in model.parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": s.weight_decay}, {"params": other, "weight_decay": 0.0}], lr=s.lr
+    )
+    data = torch.Generator().manual_seed(seed)
+    valid_starts = validation_starts(corpus.valid, s.eval_windows, s.context)
+    run = Run(mechanism, seed, model=model)
+    high = corpus.train.numel() - s.context - 1
+
+    def evaluate(step: int, elapsed: float) -> None:
+        run.steps.append(step)
+        run.wall_s.append(elapsed)
+        run.valid_bpb.append(bits_per_byte(model, corpus.valid, valid_starts, s.context))
+
+    elapsed = 0.0
+    evaluate(0, 0.0)
+    model.train()
+    for step in range(s.steps):
+        starts = torch.randint(0, high, (s.batch,), generator=data)
+        x, y = windows(corpus.train, starts, s.context)
+        x, y = x.to(device), y.to(device)
+        t0 = time.perf_counter()
+        for group in opt.param_groups:
+            group["lr"] = learning_rate(step, s)
+        logits = model(x)  # (batch, N, V)
+        loss = F.cross_entropy(logits.flatten(0, 1), y.flatten())
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        run.train_bpb.append(loss.item() / LN2)  # .item() also waits for the device
+        elapsed += time.perf_counter() - t0
+        if (step + 1) % s.eval_every == 0 or step + 1 == s.steps:
+            evaluate(step + 1, elapsed)
+        if progress is not None:
+            progress.update(note=f"{note}bpb {run.valid_bpb[-1]:.2f}")
+    model.eval()
+    return run
+
+
+def race(
+    mechanism_names: Sequence[str],
+    corpus: Corpus,
+    s: Setup | None = None,
+    *,
+    seeds: Sequence[int] = (0, 1, 2),
+    device: torch.device | str = "cpu",
+    progress: bool = True,
+) -> dict[str, list[Run]]:
+    """Train every mechanism with every seed (seed-major, so a partial run compares like with like)."""
+    s = setup() if s is None else s
+    if not mechanism_names or not seeds:
+        raise ValueError(f"race: need at least one mechanism and one seed, got {mechanism_names!r}, {seeds!r}")
+    bar = Progress(len(mechanism_names) * len(seeds) * s.steps, enabled=progress)
+    runs: dict[str, list[Run]] = {m: [] for m in mechanism_names}
+    for i, seed in enumerate(seeds):
+        for m in mechanism_names:
+            note = f"{m} seed {i + 1}/{len(seeds)}  "
+            runs[m].append(train(m, corpus, s, seed=seed, device=device, progress=bar, note=note))
+    bar.close()
+    return runs
+
+
+def step_seconds(
+    mechanism_names: Sequence[str],
+    corpus: Corpus,
+    s: Setup | None = None,
+    *,
+    repeats: int = 15,
+    device: torch.device | str = "cpu",
+) -> dict[str, dict[str, float]]:
+    """Seconds of one training step (forward, backward, AdamW) per mechanism, timed in one alternating run.
+
+    Training runs made one after another on a shared machine see different loads; this times the same step
+    of every mechanism alternately (:func:`attnbook.lab.profiling.compare`), so the ratios between them are
+    fair. Returns ``{name: {"median": s, "min": s}}``.
+    """
+    from .profiling import compare
+
+    s = setup() if s is None else s
+    device = torch.device(device)
+    starts = torch.randint(
+        0, corpus.train.numel() - s.context - 1, (s.batch,), generator=torch.Generator().manual_seed(0)
+    )
+    x, y = (t.to(device) for t in windows(corpus.train, starts, s.context))
+    steps = {}
+    for name in mechanism_names:
+        torch.manual_seed(0)
+        model = s.model(name).to(device).train()
+        opt = torch.optim.AdamW(model.parameters(), lr=s.lr)
+
+        def one_step(model=model, opt=opt):
+            loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten())
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            return loss.item()
+
+        steps[name] = one_step
+    timing = compare(steps, repeats=repeats, warmup=2, device=device)
+    return {n: {"median": t.median, "min": min(t.samples)} for n, t in timing.items()}
+
+
+def spread(values: Sequence[float]) -> tuple[float, float]:
+    """Mean and sample standard deviation (0 for a single value)."""
+    values = list(values)
+    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)

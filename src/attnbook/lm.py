@@ -1,0 +1,431 @@
+"""A small decoder-only language model whose attention is chosen by name: chapter 7.
+
+The model is the pre-norm decoder of GPT-2 (Radford et al. 2019) at toy size: token embeddings plus fixed
+sinusoidal positions (Vaswani et al., NeurIPS 2017), ``n_layers`` blocks of causal self-attention and a
+two-layer MLP, each on a residual path behind a LayerNorm, a final LayerNorm and a head tied to the
+embeddings. Only the attention changes between mechanisms: every block builds its layer from the registry,
+``MECHANISMS[name].module(dim, n_heads, causal=True)``, so softmax, linear, Flow- and mixture-of-head attention
+are swapped by one string. Mobile-Attention has no causal form and the registry refuses to build it.
+
+Generation runs one token at a time and carries the past in a per-layer state:
+
+* a **recurrent state** of constant size for the mechanisms whose registry entry has a ``step``: causal
+  linear attention is an RNN (Katharopoulos et al., ICML 2020), ``S_t = S_{t-1} + phi(k_t) v_t^T``, and causal
+  Flow-Attention keeps its prefix sums (:class:`attnbook.FlowState`);
+* a **KV cache** for the others (softmax attention, MoH): the keys and values of every past token, which grows
+  by one row per token, and a new query that attends to all of them.
+
+:meth:`DecoderLM.step` gives the same logits as :meth:`DecoderLM.forward` over the same tokens (to rounding).
+
+Cost of one generated token at position t, per layer, width C = H D: the projections and the MLP cost O(C^2)
+for every mechanism; the KV cache adds O(t C) time and holds 2 t C numbers; the recurrent state adds O(H D^2)
+time and holds O(H D^2) numbers, whatever t.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from . import mechanisms
+from ._checks import accumulation_dtype, check_int, check_number, describe
+from .moh import MoHAttention
+from .softmax import SoftmaxAttention, softmax_attention
+
+__all__ = ["DecoderLM", "Block", "KVCache", "LMState", "sinusoidal_positions", "state_bytes"]
+
+
+def sinusoidal_positions(positions: torch.Tensor, dim: int, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Fixed sinusoidal position vectors (Vaswani et al. 2017), defined for every position t >= 0.
+
+    ``P[t, 2i] = sin(t / 10000^(2i / C))``, ``P[t, 2i + 1] = cos(t / 10000^(2i / C))``. Computed in at least
+    float32 (float64 stays float64), returned in ``dtype`` (default: that accumulation dtype).
+
+    Args:
+        positions: (N,) integer positions.
+        dim: width C (any C >= 1; an odd C drops the last cosine).
+
+    Returns:
+        (N, C) tensor on the device of ``positions``.
+    """
+    dim = check_int(dim, "dim", name="sinusoidal_positions", minimum=1)
+    acc = accumulation_dtype(dtype or torch.float32)
+    t = positions.to(acc).unsqueeze(-1)  # (N, 1)
+    i = torch.arange(0, dim, 2, device=positions.device, dtype=acc)  # (ceil(C / 2),)
+    angle = t * torch.exp(i * (-math.log(10000.0) / dim))  # (N, ceil(C / 2))
+    out = torch.stack([angle.sin(), angle.cos()], dim=-1).flatten(-2)[..., :dim]  # (N, C)
+    return out if dtype is None else out.to(dtype)
+
+
+class _Buffer:
+    """Storage behind a :class:`KVCache`: keys and values (B, H, capacity, D) and how many rows are in use."""
+
+    __slots__ = ("keys", "values", "length")
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, length: int):
+        self.keys, self.values, self.length = keys, values, length
+
+
+@dataclass(frozen=True)
+class KVCache:
+    """The keys and values of the first ``t`` tokens of one attention layer: the softmax/MoH decoding state.
+
+    Rows are appended into a buffer whose capacity doubles when full, so an append costs O(1) amortised
+    instead of copying the whole cache each token. :meth:`append` returns a new cache and leaves this one
+    valid: appending twice to the same cache (branching a generation) copies the shared rows first.
+
+    Attributes:
+        buffer: the storage, shared by the caches of one generation.
+        t: number of tokens held.
+    """
+
+    buffer: _Buffer | None
+    t: int
+
+    @property
+    def keys(self) -> torch.Tensor:
+        """(B, H, t, D) keys of tokens 1..t (a view)."""
+        return self.buffer.keys[:, :, : self.t]
+
+    @property
+    def values(self) -> torch.Tensor:
+        """(B, H, t, Dv) values of tokens 1..t (a view)."""
+        return self.buffer.values[:, :, : self.t]
+
+    @staticmethod
+    def empty() -> KVCache:
+        return KVCache(None, 0)
+
+    def append(self, k_t: torch.Tensor, v_t: torch.Tensor) -> KVCache:
+        """The cache with one more token: k_t (B, H, D), v_t (B, H, Dv)."""
+        buf = self.buffer
+        if buf is None:  # first token: room for 16, doubled when full
+            B, H, D = k_t.shape
+            buf = _Buffer(k_t.new_empty(B, H, 16, D), v_t.new_empty(B, H, 16, v_t.shape[-1]), 0)
+        elif buf.length != self.t:  # this cache was appended to before: branch on a copy of its rows
+            buf = _Buffer(buf.keys.clone(), buf.values.clone(), self.t)
+        if buf.length == buf.keys.shape[2]:  # full: double the capacity
+            buf = _Buffer(
+                torch.cat([buf.keys, torch.empty_like(buf.keys)], dim=2),
+                torch.cat([buf.values, torch.empty_like(buf.values)], dim=2),
+                buf.length,
+            )
+        buf.keys[:, :, buf.length] = k_t
+        buf.values[:, :, buf.length] = v_t
+        buf.length += 1
+        return KVCache(buf, self.t + 1)
+
+
+class LMState(NamedTuple):
+    """Everything :meth:`DecoderLM.step` needs about the past: the position and one state per block.
+
+    Attributes:
+        t: number of tokens seen (the next token's position).
+        layers: per block a :class:`KVCache`, :class:`attnbook.LinearState` or :class:`attnbook.FlowState`.
+    """
+
+    t: int
+    layers: tuple
+
+
+def state_bytes(state, *, allocated: bool = False) -> int:
+    """Bytes held by a decoding state (an :class:`LMState`, one layer's state, or nested tuples of them).
+
+    ``allocated=False`` counts the rows in use (a :class:`KVCache` of t tokens: 2 t H D numbers per layer);
+    ``allocated=True`` counts the storage behind them (a KV cache's buffer has room for up to 2 t rows).
+    """
+    if isinstance(state, torch.Tensor):
+        return state.untyped_storage().nbytes() if allocated else state.numel() * state.element_size()
+    if isinstance(state, KVCache):
+        if state.buffer is None:
+            return 0
+        if allocated:
+            return state_bytes((state.buffer.keys, state.buffer.values), allocated=True)
+        return state_bytes((state.keys, state.values))
+    if isinstance(state, tuple):
+        return sum(state_bytes(s, allocated=allocated) for s in state)
+    return 0  # ints (positions) and None
+
+
+def _heads(x: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """(B, H D) -> (B, H, D): the head split of the module family (head h reads columns h D .. (h+1) D)."""
+    return x.view(x.shape[0], n_heads, -1)
+
+
+def _cached_softmax_step(layer: SoftmaxAttention, x_t: torch.Tensor, cache: KVCache):
+    """One token of causal softmax attention from its KV cache: the new query attends to every cached key."""
+    H = layer.n_heads
+    q = _heads(layer.query_projection(x_t), H)  # (B, H, D)
+    cache = cache.append(_heads(layer.key_projection(x_t), H), _heads(layer.value_projection(x_t), H))
+    out = softmax_attention(q.unsqueeze(2), cache.keys, cache.values)  # (B, H, 1, Dv)
+    return layer.out_projection(out.flatten(1)), cache  # (B, C)
+
+
+def _cached_moh_step(layer: MoHAttention, x_t: torch.Tensor, cache: KVCache):
+    """One token of causal MoH from its KV cache, with the layer's own router, projections and norms.
+
+    The same computation as :meth:`MoHAttention.forward` restricted to the last query: the gates of a token
+    depend on that token alone (``route``), and its heads attend to every cached key.
+    """
+    B = x_t.shape[0]
+    H, D = layer.num_heads, layer.head_dim
+    x = x_t.unsqueeze(1)  # (B, 1, C)
+    gates = layer.route(x).gates  # (B, 1, H), in at least float32
+    q, k, v = layer.qkv(x).view(B, 1, 3, H, D).permute(2, 0, 3, 1, 4).unbind(0)  # 3 x (B, H, 1, D)
+    q, k = layer.q_norm(q), layer.k_norm(k)
+    cache = cache.append(k[:, :, 0], v[:, :, 0])
+    heads = softmax_attention(q, cache.keys, cache.values, scale=layer.scale)  # (B, H, 1, D)
+    heads = heads.squeeze(2) * gates[:, 0].to(heads.dtype).unsqueeze(-1)  # (B, H, D)
+    return layer.proj(heads.reshape(B, H * D)), cache  # (B, C)
+
+
+def _recurrent_options(step, layer: nn.Module) -> dict:
+    """The keyword options of a registry ``step`` (``eps``, ``feature_map``, ...) read from the layer."""
+    params = inspect.signature(step).parameters.values()
+    return {p.name: getattr(layer, p.name) for p in params if p.kind is p.KEYWORD_ONLY and hasattr(layer, p.name)}
+
+
+class Block(nn.Module):
+    """Pre-norm decoder block: ``x + attn(LN(x))``, then ``x + MLP(LN(x))``, attention chosen by name.
+
+    Args:
+        mechanism: a name of :data:`attnbook.mechanisms.MECHANISMS` with a causal form.
+        dim: model width C.
+        n_heads: number of heads H.
+        mlp_ratio: hidden width of the MLP is ``mlp_ratio * C``.
+
+    Shape:
+        ``forward(x)``: (B, N, C) -> (B, N, C); ``step(x_t, state)``: (B, C) -> ((B, C), new state).
+    """
+
+    def __init__(self, mechanism: str, dim: int, n_heads: int, mlp_ratio: int = 4):
+        super().__init__()
+        self.mechanism = mechanisms.get(mechanism)
+        self.norm1 = nn.LayerNorm(dim)
+        self.attn = self.mechanism.module(dim, n_heads, causal=True)  # raises for mobile (no causal form)
+        self.norm2 = nn.LayerNorm(dim)
+        self.mlp = nn.Sequential(nn.Linear(dim, mlp_ratio * dim), nn.GELU(), nn.Linear(mlp_ratio * dim, dim))
+        step = self.mechanism.step
+        self._options = _recurrent_options(step, self.attn) if step is not None else {}
+
+    @property
+    def recurrent(self) -> bool:
+        """True when generation carries a constant-size state, False when it keeps a KV cache."""
+        return self.mechanism.step is not None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.norm1(x))  # (B, N, C)
+        return x + self.mlp(self.norm2(x))  # (B, N, C)
+
+    def initial_state(self):
+        """The state before the first token: None for a recurrent step (it starts from zeros), else a cache."""
+        return None if self.recurrent else KVCache.empty()
+
+    def attention_step(self, h_t: torch.Tensor, state):
+        """Causal self-attention of one token h_t (B, C) given the state of the previous tokens."""
+        layer = self.attn
+        if self.recurrent:
+            H = layer.n_heads
+            q = _heads(layer.query_projection(h_t), H)  # (B, H, D)
+            k = _heads(layer.key_projection(h_t), H)  # (B, H, D)
+            v = _heads(layer.value_projection(h_t), H)  # (B, H, Dv)
+            out, state = self.mechanism.step(q, k, v, state, **self._options)  # (B, H, Dv)
+            return layer.out_projection(out.flatten(1)), state  # (B, C)
+        if isinstance(layer, MoHAttention):
+            return _cached_moh_step(layer, h_t, state)
+        if isinstance(layer, SoftmaxAttention):
+            return _cached_softmax_step(layer, h_t, state)
+        raise ValueError(
+            f"Block: the {self.mechanism.name!r} mechanism has neither a recurrent step in the registry nor a "
+            f"KV-cache step here, so it cannot generate token by token"
+        )
+
+    def step(self, x_t: torch.Tensor, state):
+        """One token through the block: x_t (B, C) -> ((B, C), new state)."""
+        a, state = self.attention_step(self.norm1(x_t), state)
+        x_t = x_t + a  # (B, C)
+        return x_t + self.mlp(self.norm2(x_t)), state  # (B, C)
+
+
+class DecoderLM(nn.Module):
+    """A small decoder-only language model, its attention chosen by name (chapter 7).
+
+    ``logits = W_E LN(blocks(sqrt(C) E[x] + P))`` with E the token embeddings (tied to the head W_E), P the
+    sinusoidal positions and each block pre-norm attention + MLP (:class:`Block`).
+
+    Cost of a forward over N tokens: O(N L C^2) for projections and MLPs plus the attention's own cost
+    (O(N^2 C) for softmax and MoH, O(N C D) for linear and flow); of one :meth:`step`, see the module docstring.
+
+    Args:
+        mechanism: the attention of every block, a causal mechanism of :mod:`attnbook.mechanisms`
+            (``mechanisms.names(causal=True)``).
+        vocab: number of token values V (256 for bytes).
+        dim: model width C.
+        n_heads: number of heads H (``dim`` divisible by it).
+        n_layers: number of blocks L.
+        mlp_ratio: MLP hidden width, ``mlp_ratio * C``.
+
+    Shape:
+        ``forward(tokens, start=0)``: (B, N) integer tokens -> (B, N, V) logits;
+        ``step(token, state)``: (B,) tokens -> ((B, V) logits, :class:`LMState`).
+    """
+
+    def __init__(
+        self,
+        mechanism: str,
+        *,
+        vocab: int = 256,
+        dim: int = 64,
+        n_heads: int = 4,
+        n_layers: int = 2,
+        mlp_ratio: int = 4,
+    ):
+        super().__init__()
+        name = "DecoderLM"
+        if mechanism not in mechanisms.MECHANISMS:
+            raise ValueError(f"{name}: mechanism must be one of {list(mechanisms.MECHANISMS)}, got {mechanism!r}")
+        self.vocab = check_int(vocab, "vocab", name=name, minimum=2)
+        self.dim = check_int(dim, "dim", name=name, minimum=1)
+        n_heads = check_int(n_heads, "n_heads", name=name, minimum=1)
+        n_layers = check_int(n_layers, "n_layers", name=name, minimum=1)
+        mlp_ratio = check_int(mlp_ratio, "mlp_ratio", name=name, minimum=1)
+        if dim % n_heads:
+            raise ValueError(f"{name}: dim must be divisible by n_heads, got dim={dim}, n_heads={n_heads}")
+        self.mechanism = mechanism
+        self.n_heads, self.n_layers = n_heads, n_layers
+        self.embed = nn.Embedding(vocab, dim)
+        self.blocks = nn.ModuleList(Block(mechanism, dim, n_heads, mlp_ratio) for _ in range(n_layers))
+        self.norm = nn.LayerNorm(dim)
+        self.apply(self._init)
+
+    @staticmethod
+    def _init(module: nn.Module) -> None:
+        # GPT-2's initialisation: small normal weights, zero biases; embeddings N(0, 1 / C) so that the
+        # scaled embedding sqrt(C) E[x] has unit-size entries, like the positions it is added to.
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, std=0.02)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, std=module.embedding_dim**-0.5)
+
+    def extra_repr(self) -> str:
+        return f"mechanism={self.mechanism!r}, vocab={self.vocab}, dim={self.dim}, n_layers={self.n_layers}"
+
+    @property
+    def recurrent(self) -> bool:
+        """True when generation carries a constant-size state (linear, flow), False for a KV cache."""
+        return self.blocks[0].recurrent
+
+    def _check_tokens(self, tokens, arg: str, dims: int) -> torch.Tensor:
+        name = "DecoderLM"
+        layout = "(B, N)" if dims == 2 else "(B,)"
+        if not isinstance(tokens, torch.Tensor):
+            raise TypeError(f"{name}: {arg} must be a torch.Tensor of token ids {layout}, got {describe(tokens)}")
+        if tokens.dtype.is_floating_point or tokens.dtype.is_complex or tokens.dtype == torch.bool:
+            raise TypeError(f"{name}: {arg} must be an integer tensor of token ids, got {describe(tokens)}")
+        if tokens.dim() != dims or tokens.numel() == 0:
+            raise ValueError(f"{name}: {arg} must be a non-empty {layout} tensor, got {describe(tokens)}")
+        low, high = int(tokens.min()), int(tokens.max())
+        if low < 0 or high >= self.vocab:
+            raise ValueError(f"{name}: {arg} must hold token ids in 0..{self.vocab - 1}, got values in {low}..{high}")
+        return tokens
+
+    def _embed(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        x = self.embed(tokens)  # (B, N, C) or (B, C)
+        return x * math.sqrt(self.dim) + sinusoidal_positions(positions, self.dim, x.dtype)
+
+    def _logits(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(self.norm(x), self.embed.weight)  # (..., V): the head tied to the embeddings
+
+    def forward(self, tokens: torch.Tensor, start: int = 0) -> torch.Tensor:
+        """Next-token logits at every position of tokens (B, N), the first token at position ``start``."""
+        tokens = self._check_tokens(tokens, "tokens", 2)
+        start = check_int(start, "start", name="DecoderLM", minimum=0)
+        positions = torch.arange(start, start + tokens.shape[1], device=tokens.device)  # (N,)
+        x = self._embed(tokens, positions)  # (B, N, C)
+        for block in self.blocks:
+            x = block(x)  # (B, N, C)
+        return self._logits(x)  # (B, N, V)
+
+    def initial_state(self) -> LMState:
+        """The state before the first token (position 0, every layer empty)."""
+        return LMState(0, tuple(block.initial_state() for block in self.blocks))
+
+    def step(self, token: torch.Tensor, state: LMState | None = None) -> tuple[torch.Tensor, LMState]:
+        """Logits for the token after ``token`` (B,), given the state of the tokens before it.
+
+        Feeding tokens one at a time from ``state=None`` gives the rows of :meth:`forward` over the same
+        tokens. Per token: O(L C^2) plus O(L t C) for a KV cache or O(L H D^2) for a recurrent state.
+
+        Returns:
+            ``(logits (B, V), new state)``.
+        """
+        token = self._check_tokens(token, "token", 1)
+        if state is None:
+            state = self.initial_state()
+        elif not isinstance(state, LMState) or len(state.layers) != len(self.blocks):
+            raise ValueError(
+                f"DecoderLM.step: state must be an LMState with {len(self.blocks)} layers (or None), "
+                f"got {describe(state)}"
+            )
+        x = self._embed(token, torch.tensor([state.t], device=token.device))  # (B, C)
+        layers = []
+        for block, layer_state in zip(self.blocks, state.layers, strict=True):
+            x, layer_state = block.step(x, layer_state)  # (B, C)
+            layers.append(layer_state)
+        return self._logits(x), LMState(state.t + 1, tuple(layers))
+
+    @torch.no_grad()
+    def generate(
+        self,
+        prompt: torch.Tensor,
+        n_new: int,
+        *,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        seed: int = 0,
+    ) -> torch.Tensor:
+        """Sample ``n_new`` tokens after ``prompt`` (B, P), one at a time; returns (B, P + n_new).
+
+        The prompt is fed through :meth:`step` token by token, then each new token is drawn from
+        ``softmax(logits / temperature)`` (restricted to the ``top_k`` likeliest when given) and fed back.
+        ``temperature=0`` takes the likeliest token. Runs in eval mode without gradients and restores the
+        mode it found.
+        """
+        name = "DecoderLM.generate"
+        prompt = self._check_tokens(prompt, "prompt", 2)
+        n_new = check_int(n_new, "n_new", name=name, minimum=0)
+        temperature = check_number(temperature, "temperature", name=name, minimum=0.0)
+        if top_k is not None:
+            top_k = check_int(top_k, "top_k", name=name, minimum=1, maximum=self.vocab)
+        generator = torch.Generator(device=prompt.device).manual_seed(check_int(seed, "seed", name=name))
+        was_training = self.training
+        self.eval()
+        try:
+            state = None
+            for t in range(prompt.shape[1]):
+                logits, state = self.step(prompt[:, t], state)  # (B, V)
+            out = [prompt]
+            for i in range(n_new):
+                logits = logits.float()
+                if temperature == 0:
+                    token = logits.argmax(-1)  # (B,)
+                else:
+                    logits = logits / temperature
+                    if top_k is not None:
+                        kth = logits.topk(top_k, dim=-1).values[:, -1:]  # (B, 1)
+                        logits = logits.masked_fill(logits < kth, float("-inf"))
+                    token = torch.multinomial(logits.softmax(-1), 1, generator=generator)[:, 0]  # (B,)
+                out.append(token.unsqueeze(1))
+                if i + 1 < n_new:  # the last token needs no logits after it
+                    logits, state = self.step(token, state)
+            return torch.cat(out, dim=1)  # (B, P + n_new)
+        finally:
+            self.train(was_training)

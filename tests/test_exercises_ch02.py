@@ -1,0 +1,207 @@
+"""Chapter 2's exercise checkers: right answers pass, the mistakes students make are named, nothing crashes."""
+
+import math
+
+import pytest
+import torch
+
+import attnbook
+from attnbook import reference
+from attnbook.exercises import check
+from attnbook.exercises.ch02 import chunk_cost, linear_step_solution, taylor_kernel
+from attnbook.feature_maps import elu_feature_map
+
+
+def named(r, diagnosis):
+    return (not r.passed) and "\nIt looks like " in r.message and diagnosis in r.message.split("It looks like ")[1]
+
+
+# --- 2.1 the recurrent step -----------------------------------------------------------------------------------
+
+
+def step_with_the_package(q, k, v, state):
+    return attnbook.linear_attention_step(q, k, v, attnbook.LinearState(*state))
+
+
+def step_by_einsum(q, k, v, state):
+    S, z = state
+    fq, fk = elu_feature_map(q), elu_feature_map(k)
+    S = S + torch.einsum("bhr,bhv->bhrv", fk, v)
+    z = z + fk
+    return torch.einsum("bhr,bhrv->bhv", fq, S) / (torch.einsum("bhr,bhr->bh", fq, z)[..., None] + 1e-6), (S, z)
+
+
+@pytest.mark.parametrize("answer", [linear_step_solution, step_with_the_package, step_by_einsum])
+def test_linear_step_right_answers_pass(answer):
+    r = check("2.1", answer)
+    assert r.passed, r.message
+
+
+def test_the_solution_is_the_package_step_and_walks_the_reference_loop():
+    B, H, N, D, Dv = 2, 2, 7, 3, 4
+    q, k, v = (torch.randn(B, H, N, d, dtype=torch.float64) for d in (D, D, Dv))
+    S, z = torch.zeros(B, H, D, Dv, dtype=torch.float64), torch.zeros(B, H, D, dtype=torch.float64)
+    outs, state = [], (S, z)
+    for t in range(N):
+        out, state = linear_step_solution(q[:, :, t], k[:, :, t], v[:, :, t], state)
+        outs.append(out)
+    torch.testing.assert_close(torch.stack(outs, dim=2), reference.linear_attention_loop(q, k, v))
+
+
+def before_update(q, k, v, state):
+    S, z = state
+    fq, fk = elu_feature_map(q), elu_feature_map(k)
+    out = (fq[..., None, :] @ S).squeeze(-2) / ((fq * z).sum(-1, keepdim=True) + 1e-6)
+    return out, (S + fk[..., :, None] * v[..., None, :], z + fk)
+
+
+def change(out=None, phi_q=True, transpose=False, update_z=True):
+    def answer(q, k, v, state):
+        S, z = state
+        fq = elu_feature_map(q) if phi_q else q
+        fk = elu_feature_map(k)
+        S = S + (v[..., :, None] * fk[..., None, :] if transpose else fk[..., :, None] * v[..., None, :])
+        z = z + fk if update_z else z
+        num, den = (fq[..., None, :] @ S).squeeze(-2), (fq * z).sum(-1, keepdim=True)
+        return (num / (den + 1e-6) if out is None else out(num, den)), (S, z)
+
+    return answer
+
+
+@pytest.mark.parametrize(
+    "answer, diagnosis",
+    [
+        (before_update, "the state is updated after the readout"),
+        (change(out=lambda n, d: n), "the output is not normalised"),
+        (change(out=lambda n, d: (n + 1e-6) / (d + 1e-6)), "eps is added to the numerator too"),
+        (change(phi_q=False), "the feature map is not applied to the query"),
+        (change(transpose=True), "the outer product is transposed"),
+        (change(update_z=False), "z is not updated"),
+    ],
+    ids=["readout-first", "unnormalised", "eps-numerator", "raw-query", "transposed", "stale-z"],
+)
+def test_linear_step_mistakes_are_named(answer, diagnosis):
+    r = check("2.1", answer)
+    assert named(r, diagnosis), r.message
+
+
+def test_linear_step_reports_shapes_tuples_exceptions_and_stubs():
+    r = check("2.1", lambda q, k, v, state: linear_step_solution(q, k, v, state).out)
+    assert not r.passed and "expected a tuple of 2 (out, state)" in r.message
+    r = check("2.1", lambda q, k, v, state: (q, state))
+    assert not r.passed and "the result.out" in r.message
+    r = check("2.1", lambda q, k, v, state: (linear_step_solution(q, k, v, state).out, state))
+    assert not r.passed and "the result.state.S" in r.message  # the state was not updated
+    r = check("2.1", lambda q, k, v, state: (q @ state[0], state))
+    assert not r.passed and r.message.startswith("linear_step raised RuntimeError on the first token")
+
+    def stub(q, k, v, state):
+        raise NotImplementedError
+
+    assert "not written yet" in check("2.1", stub).message
+
+
+# --- 2.2 Taylor features ---------------------------------------------------------------------------------------
+
+
+def taylor_flat(x):
+    one = torch.ones_like(x[..., :1])
+    return torch.cat([one, x, (x[..., :, None] * x[..., None, :]).flatten(-2) / math.sqrt(2)], dim=-1)
+
+
+def taylor_packed(x):
+    """The same kernel with the symmetric products packed: R = 1 + D + D (D + 1) / 2."""
+    D = x.shape[-1]
+    i, j = torch.triu_indices(D, D)
+    weight = torch.where(i == j, 2**-0.5, 1.0).to(x.dtype)
+    return torch.cat([torch.ones_like(x[..., :1]), x, x[..., i] * x[..., j] * weight], dim=-1)
+
+
+def rescaled(features, D, factor):
+    """The features with the quadratic ones multiplied by ``factor``."""
+    return torch.cat([features[..., : 1 + D], features[..., 1 + D :] * factor], dim=-1)
+
+
+def test_taylor_features_built_in_float32_are_right_too():
+    assert check("2.2", lambda x: taylor_flat(x.float())).passed
+
+
+@pytest.mark.parametrize("answer", [taylor_flat, taylor_packed], ids=["outer-product", "packed"])
+def test_taylor_right_answers_pass_whatever_the_packing(answer):
+    r = check("2.2", answer)
+    assert r.passed, r.message
+
+
+def test_taylor_kernel_is_exp_to_second_order_and_positive():
+    s = torch.linspace(-3, 3, 61, dtype=torch.float64)
+    k = taylor_kernel(s[:, None], torch.ones(1, 1, dtype=torch.float64))[:, 0]
+    assert (k >= 0.5).all()
+    small = torch.tensor([[1e-3]], dtype=torch.float64)
+    assert abs(float(taylor_kernel(small, small)) - math.exp(1e-6)) < 1e-15
+
+
+@pytest.mark.parametrize(
+    "answer, diagnosis",
+    [
+        (lambda x: rescaled(taylor_flat(x), x.shape[-1], 2**0.5), "not divided by sqrt(2)"),
+        (lambda x: rescaled(taylor_flat(x), x.shape[-1], 2**-0.5), "divided by 2 instead of sqrt(2)"),
+        (lambda x: taylor_flat(x)[..., 1:], "the constant feature 1 is missing"),
+        (lambda x: torch.cat([torch.ones_like(x[..., :1]), x, x * x / math.sqrt(2)], -1), "the squares x_d^2 only"),
+        (lambda x: torch.cat([taylor_flat(x)[..., :1], taylor_flat(x)[..., 1 + x.shape[-1] :]], -1),
+         "the linear features x are missing"),
+    ],
+    ids=["no-sqrt2", "half", "no-one", "squares-only", "no-linear"],
+)  # fmt: skip
+def test_taylor_mistakes_are_named(answer, diagnosis):
+    r = check("2.2", answer)
+    assert named(r, diagnosis), r.message
+
+
+def test_taylor_reports_what_is_not_a_feature_map():
+    r = check("2.2", lambda x: taylor_flat(x).flatten(-2))  # mixes the leading dimensions
+    assert not r.passed and "must keep the leading dimensions" in r.message
+    assert "must return a tensor" in check("2.2", lambda x: x.tolist()).message
+    assert "returned None" in check("2.2", lambda x: None).message
+    assert "expected a function" in check("2.2", 3).message
+
+
+# --- 2.3 and 2.4: formulas --------------------------------------------------------------------------------------
+
+
+def test_best_chunk_is_the_minimum_of_the_cost_model():
+    r = check("2.3", lambda R, Dv: math.sqrt(2 * R * Dv / (R + Dv)))
+    assert r.passed, r.message
+    costs = {ell: chunk_cost(ell, 4096, 64, 64) for ell in range(1, 257)}
+    assert min(costs, key=costs.get) == 8  # sqrt(2 * 64 * 64 / 128)
+
+
+def test_best_chunk_mistakes_are_named():
+    assert named(check("2.3", lambda R, Dv: math.sqrt(R * Dv / (R + Dv))), "only the ell (ell + 1) / 2 pairs")
+    assert named(check("2.3", lambda R, Dv: 2 * R * Dv / (R + Dv)), "the square root is missing")
+    assert named(check("2.3", lambda R, Dv: math.sqrt(R * Dv)), "ell = sqrt(R Dv)")
+    assert named(check("2.3", lambda R, Dv: math.sqrt(2 * R)), "not Dv alone")
+    assert named(check("2.3", lambda R, Dv: math.sqrt(2 * Dv)), "not R alone")
+    r = check("2.3", lambda R, Dv: 8)
+    assert not r.passed and "on R = 16, Dv = 64: the result is 8, expected 5.05964" in r.message
+
+
+def relative_variance_solution(x, y):
+    return math.expm1(float(((x + y) ** 2).sum()))
+
+
+def test_relative_variance_formula_and_a_monte_carlo_estimate_agree():
+    assert check("2.4", relative_variance_solution).passed
+    x, y = torch.tensor([0.3, -0.2, 0.5], dtype=torch.float64), torch.tensor([0.1, 0.4, 0.2], dtype=torch.float64)
+    w = torch.randn(400_000, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    est = torch.exp(w @ x - x @ x / 2) * torch.exp(w @ y - y @ y / 2)
+    assert abs(est.mean().item() / math.exp(x @ y) - 1) < 0.01
+    assert abs((est.var() / est.mean() ** 2).item() / relative_variance_solution(x, y) - 1) < 0.1
+
+
+def test_relative_variance_mistakes_are_named():
+    assert named(check("2.4", lambda x, y: math.exp(((x + y) ** 2).sum())), "the variance is E[Z^2] - E[Z]^2")
+    assert named(check("2.4", lambda x, y: 0.0), "E[Z^2] came out as E[Z]^2")
+    assert named(check("2.4", lambda x, y: math.expm1(float(x @ x + y @ y))), "the cross term 2 x.y is missing")
+    r = check("2.4", lambda x, y: math.exp(2 * float(x @ y)) * relative_variance_solution(x, y))
+    assert named(r, "the variance itself")
+    assert "relative_variance raised" in check("2.4", lambda x, y: x @ torch.ones(5)).message

@@ -1,0 +1,222 @@
+"""Chapter 3's exercise checkers: the solutions pass, plausible mistakes are named, nothing propagates."""
+
+import math
+
+import pytest
+import torch
+
+import attnbook
+from attnbook.exercises import ch03, check, registered
+from attnbook.viz import flow as flow_viz
+
+
+def test_every_exercise_of_the_chapter_is_registered():
+    assert [i for i in registered() if i.startswith("3.")] == ["3.1", "3.2", "3.3", "3.4", "3.5"]
+
+
+# 3.1 -------------------------------------------------------------------------------------------------
+
+
+def test_total_outgoing_flow_is_n_and_the_checker_knows_it():
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, n, 3, generator=g, dtype=torch.float64) for n in (5, 7, 7))
+    _, stats = attnbook.flow_attention(q, k, v, eps=0.0, return_flows=True)
+    total = stats.conserved_outgoing_raw.sum(-1)
+    torch.testing.assert_close(total, torch.full_like(total, 5.0))
+    assert check("3.1", 5).passed and check("3.1", 5.0).passed
+
+
+@pytest.mark.parametrize(
+    "answer, says",
+    [(7, "7 is M, the number of sources"), (3, "is not right"), (None, "no answer yet"), ("5", "expected a number")],
+)
+def test_total_outgoing_flow_wrong_answers(answer, says):
+    r = check("3.1", answer)
+    assert not r.passed and says in r.message
+
+
+# 3.2 -------------------------------------------------------------------------------------------------
+
+
+def causal_incoming(q, k, eps=1e-6):
+    qs, ks = torch.sigmoid(q), torch.sigmoid(k)
+    t = torch.arange(1, q.shape[-2] + 1, dtype=q.dtype)
+    return ((qs + eps) * (ks.cumsum(-2) + eps)).sum(-1) / t
+
+
+def test_causal_incoming_solution_is_accepted():
+    r = check("3.2", causal_incoming)
+    assert r.passed and r.message.startswith("causal_incoming is right on 4 inputs"), r.message
+
+
+def no_t(q, k):
+    qs, ks = torch.sigmoid(q), torch.sigmoid(k)
+    return ((qs + 1e-6) * (ks.cumsum(-2) + 1e-6)).sum(-1)
+
+
+def whole_sequence(q, k):
+    qs, ks = torch.sigmoid(q), torch.sigmoid(k)
+    t = torch.arange(1, q.shape[-2] + 1, dtype=q.dtype)
+    return ((qs + 1e-6) * (ks.sum(-2, keepdim=True) + 1e-6)).sum(-1) / t
+
+
+def whole_sequence_flow(q, k):  # the non-causal incoming flow
+    qs, ks = torch.sigmoid(q), torch.sigmoid(k)
+    return ((qs + 1e-6) * (ks.sum(-2, keepdim=True) + 1e-6)).sum(-1)
+
+
+def strict_prefix(q, k):
+    qs, ks = torch.sigmoid(q), torch.sigmoid(k)
+    t = torch.arange(1, q.shape[-2] + 1, dtype=q.dtype)
+    return ((qs + 1e-6) * (ks.cumsum(-2) - ks + 1e-6)).sum(-1) / t
+
+
+def divides_by_i(q, k):
+    qs, ks = torch.sigmoid(q), torch.sigmoid(k)
+    i = torch.arange(q.shape[-2], dtype=q.dtype)
+    return ((qs + 1e-6) * (ks.cumsum(-2) + 1e-6)).sum(-1) / i
+
+
+def eps_once(q, k):
+    qs, ks = torch.sigmoid(q), torch.sigmoid(k)
+    t = torch.arange(1, q.shape[-2] + 1, dtype=q.dtype)
+    return ((qs * ks.cumsum(-2)).sum(-1) + 1e-6) / t
+
+
+def no_sigmoid(q, k):
+    t = torch.arange(1, q.shape[-2] + 1, dtype=q.dtype)
+    return ((q + 1e-6) * (k.cumsum(-2) + 1e-6)).sum(-1) / t
+
+
+@pytest.mark.parametrize(
+    "wrong, says",
+    [
+        (no_t, "not divided by the prefix length"),
+        (whole_sequence, "runs over all keys instead of the prefix j <= i"),
+        (whole_sequence_flow, "and is not divided by t_i"),
+        (strict_prefix, "stops before key i"),
+        (divides_by_i, "divides by i instead of t_i"),
+        (eps_once, "eps is added once to the dot product"),
+        (no_sigmoid, "sigmoid features are missing"),
+    ],
+    ids=lambda x: getattr(x, "__name__", "")[:20],
+)
+def test_causal_incoming_mistakes_are_named(wrong, says):
+    r = check("3.2", wrong)
+    assert not r.passed and "It looks like" in r.message and says in r.message, r.message
+    assert "at index" in r.message  # where it first differs, too
+
+
+def test_causal_incoming_shape_exceptions_and_stubs_are_reported():
+    r = check("3.2", lambda q, k: causal_incoming(q, k)[..., None])
+    assert not r.passed and "has shape (1, 2, 7, 1), expected (1, 2, 7)" in r.message
+
+    def broken(q, k):
+        return 1 // 0
+
+    r = check("3.2", broken)
+    assert not r.passed and "raised ZeroDivisionError" in r.message
+
+    def stub(q, k):
+        raise NotImplementedError
+
+    assert "not written yet" in check("3.2", stub).message
+    assert "returned None" in check("3.2", lambda q, k: None).message
+
+
+# 3.3 -------------------------------------------------------------------------------------------------
+
+
+def causal_competition(o_hat):
+    e = o_hat.clamp(-1.0, 1.0).exp()
+    t = torch.arange(1, o_hat.shape[-1] + 1, dtype=o_hat.dtype)
+    return t * e / e.cumsum(-1)
+
+
+def test_the_literal_competition_is_the_packages():
+    g = torch.Generator().manual_seed(5)
+    q, k, v = (2 * torch.randn(2, 3, 11, 4, generator=g, dtype=torch.float64) for _ in range(3))
+    _, stats = attnbook.flow_attention(q, k, v, causal=True, return_flows=True)
+    torch.testing.assert_close(ch03._reference_competition(stats.conserved_outgoing_raw), stats.competition)
+
+
+def test_causal_competition_solution_is_accepted():
+    r = check("3.3", causal_competition)
+    assert r.passed, r.message
+
+
+def no_clamp(o_hat):
+    e = o_hat.exp()
+    return torch.arange(1, o_hat.shape[-1] + 1, dtype=o_hat.dtype) * e / e.cumsum(-1)
+
+
+def whole_softmax(o_hat):
+    return o_hat.shape[-1] * torch.softmax(o_hat.clamp(-1, 1), dim=-1)
+
+
+def no_t_factor(o_hat):
+    e = o_hat.clamp(-1, 1).exp()
+    return e / e.cumsum(-1)
+
+
+def clamp_after_exp(o_hat):
+    e = o_hat.exp().clamp(-1, 1)
+    return torch.arange(1, o_hat.shape[-1] + 1, dtype=o_hat.dtype) * e / e.cumsum(-1)
+
+
+@pytest.mark.parametrize(
+    "wrong, says",
+    [
+        (no_clamp, "the clamp to [-1, 1] is missing"),
+        (whole_softmax, "the softmax runs over the whole sequence"),
+        (no_t_factor, "not multiplied by t_j"),
+        (clamp_after_exp, "the clamp is applied after the exponential"),
+    ],
+    ids=lambda x: getattr(x, "__name__", "")[:20],
+)
+def test_causal_competition_mistakes_are_named(wrong, says):
+    r = check("3.3", wrong)
+    assert not r.passed and "It looks like" in r.message and says in r.message, r.message
+
+
+def test_causal_competition_shape_and_exceptions():
+    r = check("3.3", lambda o: causal_competition(o)[..., :-1])
+    assert "expected (1, 2, 9)" in r.message
+    r = check("3.3", lambda o: o.view(-1, 5))
+    assert "raised RuntimeError" in r.message
+
+
+# 3.4 -------------------------------------------------------------------------------------------------
+
+
+def test_largest_competition_is_reached_in_the_limit():
+    o_hat = torch.tensor([1.0] + [1e-12] * 7, dtype=torch.float64)
+    c = 8 * torch.softmax(o_hat, dim=0)
+    assert math.isclose(c[0].item(), ch03.largest_competition(8), rel_tol=1e-9)
+    assert check("3.4", 8 * math.e / (math.e + 7)).passed
+
+
+@pytest.mark.parametrize("answer, says", [(math.e, "e is the ratio"), (8, "limit without the clamp"), (2.0, "Hint")])
+def test_largest_competition_wrong_answers(answer, says):
+    r = check("3.4", answer)
+    assert not r.passed and says in r.message
+
+
+# 3.5 -------------------------------------------------------------------------------------------------
+
+
+def largest_o_hat(similarity):
+    _, stats = attnbook.flow_attention(*flow_viz.make_toy_input(similarity=similarity), return_flows=True)
+    return stats.conserved_outgoing_raw.max().item()
+
+
+def test_the_clamp_acts_until_similarity_one():
+    assert largest_o_hat(0.99) > 1.1 and largest_o_hat(0.999) > 1.01
+    assert largest_o_hat(1.0) < 1 + 1e-5  # only eps above 1: the clamp cuts nothing that matters
+    assert check("3.5", 1.0).passed and check("3.5", 1).passed
+
+
+@pytest.mark.parametrize("answer, says", [(0.5, "some sources still have O^ > 1"), (None, "no answer yet")])
+def test_clamp_similarity_wrong_answers(answer, says):
+    r = check("3.5", answer)
+    assert not r.passed and says in r.message

@@ -1,0 +1,53 @@
+"""attnbook.lab.generation: the generation benchmark measures what it says (counts exactly, times something)."""
+
+import math
+
+import pytest
+
+from attnbook.lab import generation
+from attnbook.lab.lm import Setup
+
+TINY = Setup(dim=16, n_heads=4, n_layers=2)
+
+
+@pytest.fixture(scope="module")
+def result():
+    return generation.measure(TINY, positions=[4, 8, 64], repeats=3, warmup=1, progress=False)
+
+
+def test_every_causal_mechanism_is_measured_at_every_position(result):
+    assert result["config"]["mechanisms"] == ["softmax", "linear", "flow", "moh"]
+    assert len(result["records"]) == 4 * 3
+    for r in result["records"]:
+        assert r["median_s"] > 0 and r["min_s"] <= r["median_s"] and len(r["samples_s"]) == 3
+    assert result["environment"]["device"] == "cpu" and "device_name" in result["environment"]
+
+
+def test_a_position_the_previous_calls_went_past_is_recorded_where_it_was_measured(result):
+    ts, _ = generation.series(result)
+    # 3 timed + 1 warm-up + 1 memory call per point: 4 -> 9 (not 8), then 64
+    assert ts == [4, 9, 64]
+
+
+def test_state_memory_is_exact_the_cache_grows_with_t_and_the_recurrent_state_does_not(result):
+    ts, held = generation.series(result, "state_bytes")
+    C, layers = TINY.dim, TINY.n_layers
+    for name in ("softmax", "moh"):
+        assert held[name] == [2 * layers * C * t * 4 for t in ts]  # keys and values, float32
+        assert generation.slope(result, name, "state_bytes", 4, 64) == pytest.approx(1.0)
+    for name in ("linear", "flow"):
+        assert len(set(held[name])) == 1 and held[name][0] > 0
+        assert generation.slope(result, name, "state_bytes", 4, 64) == pytest.approx(0.0, abs=1e-12)
+
+
+def test_ratio_and_slope_read_the_series(result):
+    ts, med = generation.series(result)
+    assert generation.ratio(result, "softmax", "linear", 64) == med["softmax"][-1] / med["linear"][-1]
+    assert math.isfinite(generation.slope(result, "flow", lo=4, hi=64))
+    with pytest.raises(ValueError, match="two positive points"):
+        generation.slope(result, "flow", lo=64, hi=64)
+
+
+def test_nothing_to_measure_raises():
+    with pytest.raises(ValueError, match="need mechanisms and positions"):
+        generation.measure(TINY, positions=[], progress=False)
