@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterable, Sequence
 import torch
 from torch import nn
 
-from ._runtime import autocast_dtype, result_dtype
+from ._runtime import accumulation_dtype, autocast_dtype, result_dtype
 
 __all__ = [
     "shape_str",
@@ -70,6 +70,7 @@ __all__ = [
     "check_module",
     "check_callables",
     "check_found",
+    "accumulation_dtype",  # decided in attnbook._runtime; re-exported for the modules that import it from here
 ]
 
 _FLOAT32 = torch.finfo(torch.float32)
