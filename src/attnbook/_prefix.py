@@ -118,9 +118,6 @@ def prefix_product(
     return result.view(*lead, N, Dv)
 
 
-_prefix_product = prefix_product  # the name chapter 2 prints; new code uses prefix_product
-
-
 def _product(q, k, v, C: int, reverse: bool) -> torch.Tensor:
     """The prefix product, recorded for autograd when grad mode is on (inside a backward with create_graph)."""
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
