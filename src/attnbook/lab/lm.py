@@ -39,6 +39,7 @@ __all__ = [
     "race",
     "spread",
     "step_seconds",
+    "distinct_fraction",
 ]
 
 LN2 = math.log(2.0)
@@ -297,3 +298,17 @@ def spread(values: Sequence[float]) -> tuple[float, float]:
     """Mean and sample standard deviation (0 for a single value)."""
     values = list(values)
     return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
+
+
+def distinct_fraction(data: bytes, n: int = 4) -> float:
+    """How varied a text is: the fraction of its n-byte windows that are distinct (1 = no window repeats).
+
+    A text that loops on a short phrase scores near 0; random bytes score near 1.
+    """
+    if not isinstance(data, (bytes, bytearray)):
+        raise TypeError(f"distinct_fraction: data must be bytes, got {type(data).__name__}")
+    n = check_int(n, "n", name="distinct_fraction", minimum=1)
+    if len(data) < n:
+        raise ValueError(f"distinct_fraction: data must hold at least n = {n} bytes, got {len(data)}")
+    grams = [bytes(data[i : i + n]) for i in range(len(data) - n + 1)]
+    return len(set(grams)) / len(grams)
