@@ -146,7 +146,7 @@ def test_mobile_attention_is_refused_with_the_reason():
     "kwargs, error, match",
     [
         ({"mechanism": "rnn"}, ValueError, "mechanism must be one of"),
-        ({"mechanism": "softmax", "dim": 10, "n_heads": 4}, ValueError, "divisible by n_heads"),
+        ({"mechanism": "softmax", "dim": 10, "n_heads": 4}, ValueError, "dim must be a multiple of n_heads"),
         ({"mechanism": "softmax", "n_layers": 0}, ValueError, "n_layers must be an int >= 1"),
         ({"mechanism": "softmax", "vocab": 2.5}, TypeError, "vocab must be an int"),
     ],

@@ -65,6 +65,7 @@ __all__ = [
     "check_drawn_width",
     "check_feature_map",
     "check_moh_heads",
+    "check_token_ids",
     "check_head_dim",
     "check_norm_layer",
     "check_module",
@@ -440,6 +441,24 @@ def check_tokens(x, arg: str, *, name: str, width: int, like: torch.Tensor, widt
     check_sizes({arg: x}, {arg: ("B", "N", width_name)}, name=name)
     _check_layer_dtype(x, arg, like, name=name)
     return x
+
+
+def check_token_ids(tokens, arg: str, *, name: str, vocab: int, layout: str = "(B, N)") -> torch.Tensor:
+    """Integer token ids of a language model: a non-empty tensor with ``layout``'s dimensions, ids in 0..vocab-1.
+
+    Reading the range needs the values on the host (one synchronisation), which is fine at a model's input.
+    """
+    dims = len([part for part in layout.strip("()").split(",") if part.strip()])  # "(B,)" -> 1
+    if not isinstance(tokens, torch.Tensor):
+        raise TypeError(f"{name}: {arg} must be a torch.Tensor of token ids {layout}, got {describe(tokens)}")
+    if tokens.dtype.is_floating_point or tokens.dtype.is_complex or tokens.dtype == torch.bool:
+        raise TypeError(f"{name}: {arg} must be an integer tensor of token ids, got {describe(tokens)}")
+    if tokens.dim() != dims or tokens.numel() == 0:
+        raise ValueError(f"{name}: {arg} must be a non-empty {layout} tensor, got {describe(tokens)}")
+    low, high = int(tokens.min()), int(tokens.max())
+    if low < 0 or high >= vocab:
+        raise ValueError(f"{name}: {arg} must hold token ids in 0..{vocab - 1}, got values in {low}..{high}")
+    return tokens
 
 
 def check_layer_inputs(

@@ -34,7 +34,15 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import mechanisms
-from ._checks import accumulation_dtype, check_int, check_number, describe
+from ._checks import (
+    accumulation_dtype,
+    check_choice,
+    check_divisible,
+    check_int,
+    check_number,
+    check_token_ids,
+    describe,
+)
 from .moh import MoHAttention
 from .softmax import SoftmaxAttention, softmax_attention
 
@@ -288,15 +296,13 @@ class DecoderLM(nn.Module):
     ):
         super().__init__()
         name = "DecoderLM"
-        if mechanism not in mechanisms.MECHANISMS:
-            raise ValueError(f"{name}: mechanism must be one of {list(mechanisms.MECHANISMS)}, got {mechanism!r}")
+        mechanism = check_choice(mechanism, "mechanism", list(mechanisms.MECHANISMS), name=name)
         self.vocab = check_int(vocab, "vocab", name=name, minimum=2)
         self.dim = check_int(dim, "dim", name=name, minimum=1)
         n_heads = check_int(n_heads, "n_heads", name=name, minimum=1)
         n_layers = check_int(n_layers, "n_layers", name=name, minimum=1)
         mlp_ratio = check_int(mlp_ratio, "mlp_ratio", name=name, minimum=1)
-        if dim % n_heads:
-            raise ValueError(f"{name}: dim must be divisible by n_heads, got dim={dim}, n_heads={n_heads}")
+        check_divisible(dim, n_heads, name=name, total_arg="dim", parts_arg="n_heads")
         self.mechanism = mechanism
         self.n_heads, self.n_layers = n_heads, n_layers
         self.embed = nn.Embedding(vocab, dim)
@@ -324,18 +330,9 @@ class DecoderLM(nn.Module):
         return self.blocks[0].recurrent
 
     def _check_tokens(self, tokens, arg: str, dims: int) -> torch.Tensor:
-        name = "DecoderLM"
-        layout = "(B, N)" if dims == 2 else "(B,)"
-        if not isinstance(tokens, torch.Tensor):
-            raise TypeError(f"{name}: {arg} must be a torch.Tensor of token ids {layout}, got {describe(tokens)}")
-        if tokens.dtype.is_floating_point or tokens.dtype.is_complex or tokens.dtype == torch.bool:
-            raise TypeError(f"{name}: {arg} must be an integer tensor of token ids, got {describe(tokens)}")
-        if tokens.dim() != dims or tokens.numel() == 0:
-            raise ValueError(f"{name}: {arg} must be a non-empty {layout} tensor, got {describe(tokens)}")
-        low, high = int(tokens.min()), int(tokens.max())
-        if low < 0 or high >= self.vocab:
-            raise ValueError(f"{name}: {arg} must hold token ids in 0..{self.vocab - 1}, got values in {low}..{high}")
-        return tokens
+        return check_token_ids(
+            tokens, arg, name="DecoderLM", vocab=self.vocab, layout="(B, N)" if dims == 2 else "(B,)"
+        )
 
     def _embed(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         x = self.embed(tokens)  # (B, N, C) or (B, C)
