@@ -34,21 +34,64 @@ from ._runtime import accumulation_dtype, autocast_disabled
 
 __all__ = ["causal_dot_product", "prefix_product"]
 
-_BLOCK_NUMBERS = 1 << 22  # temporaries of one block of products, in numbers (16 MiB in float32)
+_BLOCK_NUMBERS = 1 << 20  # temporaries of one block of products, in numbers (4 MiB in float32)
 
 
-def _plan(rows: int, N: int, C: int, D: int, Dv: int) -> tuple[int, int]:
+def _plan(rows: int, N: int, C: int, per_chunk: int) -> tuple[int, int]:
     """(r, G): rows of (B H) and chunks per block, so that a block's temporaries stay within a fixed budget.
 
-    A chunk costs C^2 numbers of scores and 2 D Dv of per-chunk states, so r G <= budget / (C^2 + 2 D Dv):
-    the extra memory beside the output does not grow with N. Several rows at once only when a block spans
-    whole rows (then the rows are contiguous in memory and the batched products need no copies).
+    A chunk costs ``per_chunk`` numbers of temporaries (C^2 scores and a few D x Dv states), so
+    r G <= budget / per_chunk: the extra memory beside the output does not grow with N. Several rows at once
+    only when a block spans whole rows (then the rows are contiguous in memory and the batched products need
+    no copies).
     """
-    per_block = max(1, _BLOCK_NUMBERS // (C * C + 2 * D * Dv))  # r G at most
+    per_block = max(1, _BLOCK_NUMBERS // per_chunk)  # r G at most
     full = N // C
     if per_block >= full and full * C == N:
         return max(1, min(rows, per_block // full)), full
-    return 1, min(full, per_block)
+    return 1, max(1, min(full, per_block))
+
+
+def _blocks(rows: int, N: int, C: int, per_chunk: int, reverse: bool):
+    """The blocks of the chunked algorithm, in the order they are computed: (rows, r, span, c, first).
+
+    ``rows`` a slice of r rows of (B H), ``span`` a slice of positions holding whole chunks of ``c``
+    positions, ``first`` true for the first block of a group of rows (the carried state starts again from
+    zero). Chunks are aligned to the start of the sequence (to its end when ``reverse``); within a group of
+    rows the blocks run forwards (backwards) in time and the partial chunk that remains comes last.
+    """
+    C = min(C, N)
+    full, part = divmod(N, C)
+    base = part if reverse else 0  # first position of the whole chunks
+    r, G = _plan(rows, N, C, per_chunk)
+    starts = range(0, full, G)
+    for r0 in range(0, rows, r):
+        group, n = slice(r0, r0 + r), min(r, rows - r0)
+        first = True
+        for g0 in reversed(starts) if reverse else starts:
+            yield group, n, slice(base + g0 * C, base + min(g0 + G, full) * C), C, first
+            first = False
+        if part:
+            yield group, n, slice(0, part) if reverse else slice(full * C, N), part, first
+
+
+def _states(x: torch.Tensor, carry: torch.Tensor | None, reverse: bool):
+    """Per-chunk states of a block and the state after it, from x (r, g, ...), each chunk's own sum.
+
+    states[:, c] = carry + the sum of x over the chunks before c (after c when ``reverse``): a cumulative sum
+    shifted by one, rather than the inclusive sum minus x, which would lose small sums next to a large x.
+    Returns (states (r, g, ...), the new carry (r, 1, ...)). Pass x without keeping a reference to it: it is
+    released as soon as its shifted copy exists, so a block never holds more than two such tensors.
+    """
+    if reverse:
+        x = x.flip(1)
+    head = torch.zeros_like(x[:, :1]) if carry is None else carry  # (r, 1, ...)
+    last = x[:, -1:].clone()  # (r, 1, ...)
+    states = torch.cat((head, x[:, :-1]), 1)  # (r, g, ...), shifted by one chunk
+    del x
+    states = states.cumsum_(1)
+    carry = states[:, -1:] + last  # (r, 1, ...)
+    return (states.flip(1) if reverse else states), carry
 
 
 def prefix_product(
@@ -58,64 +101,67 @@ def prefix_product(
 
     The unchecked kernel: q, k, v of one dtype and device, already validated; no autograd (it is called from
     the autograd.Function, or under no_grad) and no autocast (the caller switches it off). Written into
-    ``out`` (contiguous, (..., N, Dv), q's dtype) when given. Chunks are aligned to the start of the sequence
-    (to its end when ``reverse``); the partial chunk that remains is done last.
+    ``out`` (contiguous, (..., N, Dv), q's dtype) when given. Blocks of chunks as in :func:`_blocks`.
     """
     *lead, N, D = q.shape
     Dv = v.shape[-1]
-    q = q.contiguous().view(-1, N, D)  # (BH, N, D)
-    k = k.contiguous().view(-1, N, D)  # (BH, N, D)
-    v = v.contiguous().view(-1, N, Dv)  # (BH, N, Dv)
-    rows = q.shape[0]
-    result = q.new_empty(rows, N, Dv) if out is None else out  # (BH, N, Dv)
-    out = result.view(rows, N, Dv)
-    C = min(C, N)
-    full = N // C  # whole chunks
-    part = N - full * C  # positions in the partial chunk
-    base = part if reverse else 0  # first position of the whole chunks
-    r_max, G = _plan(rows, N, C, D, Dv)
-    for r0 in range(0, rows, r_max):
-        r1 = min(r0 + r_max, rows)
-        r = r1 - r0
-        carry = None  # (r, 1, D, Dv): sum of k_j v_j^T over the blocks already done
-        blocks = range(0, full, G)
-        for g0 in reversed(blocks) if reverse else blocks:
-            g = min(G, full - g0)
-            span = slice(base + g0 * C, base + (g0 + g) * C)
-            q3 = q[r0:r1, span].reshape(r * g, C, D)  # (r g, C, D), a view when rows are whole
-            k3 = k[r0:r1, span].reshape(r * g, C, D)  # (r g, C, D)
-            v3 = v[r0:r1, span].reshape(r * g, C, Dv)  # (r g, C, Dv)
-            o3 = out[r0:r1, span].view(r * g, C, Dv)  # (r g, C, Dv), written in place
-            scores = torch.bmm(q3, k3.transpose(1, 2))  # (r g, C, C)
-            scores = scores.triu_() if reverse else scores.tril_()
-            torch.bmm(scores, v3, out=o3)  # inside each chunk
-            del scores
-            kv = torch.bmm(k3.transpose(1, 2), v3).view(r, g, D, Dv)  # each chunk's sum k_j v_j^T
-            # states: the sum over the chunks before (after) each chunk, shifted by one rather than
-            # inclusive - kv, which would lose small sums next to a large kv
-            states = torch.empty_like(kv)  # (r, g, D, Dv)
-            if reverse:
-                torch.cumsum(kv[:, 1:].flip(1), 1, out=states[:, :-1])  # backwards, reversed
-                states[:, :-1] = states[:, :-1].flip(1)  # chunks > this one
-                states[:, -1:] = 0.0 if carry is None else carry
-                if carry is not None:
-                    states[:, :-1] += carry
-                carry = states[:, :1] + kv[:, :1]  # (r, 1, D, Dv)
-            else:
-                torch.cumsum(kv[:, :-1], 1, out=states[:, 1:])  # chunks < this one
-                states[:, :1] = 0.0 if carry is None else carry
-                if carry is not None:
-                    states[:, 1:] += carry
-                carry = states[:, -1:] + kv[:, -1:]  # (r, 1, D, Dv)
-            del kv
-            o3.baddbmm_(q3, states.view(r * g, D, Dv))  # plus all earlier (later) chunks
-        if part:
-            span = slice(0, part) if reverse else slice(full * C, N)
-            qp, kp, vp, op = q[r0:r1, span], k[r0:r1, span], v[r0:r1, span], out[r0:r1, span]
-            scores = torch.bmm(qp, kp.transpose(1, 2))  # (r, part, part)
-            scores = scores.triu_() if reverse else scores.tril_()
-            op.copy_(torch.bmm(scores, vp).baddbmm_(qp, carry.view(r, D, Dv)))  # (r, part, Dv)
+    q, k, v = (x.contiguous().view(-1, N, x.shape[-1]) for x in (q, k, v))  # (BH, N, D), ..., (BH, N, Dv)
+    result = q.new_empty(q.shape[0], N, Dv) if out is None else out
+    out = result.view(-1, N, Dv)  # (BH, N, Dv)
+    carry = None  # (r, 1, D, Dv): sum of k_j v_j^T over the blocks already done
+    for rows, r, span, c, first in _blocks(q.shape[0], N, C, _chunk_numbers(C, D, Dv), reverse):
+        q3, k3 = q[rows, span].reshape(-1, c, D), k[rows, span].reshape(-1, c, D)  # (r g, c, D), views
+        v3 = v[rows, span].reshape(-1, c, Dv)  # (r g, c, Dv)
+        o3 = out[rows, span].view(-1, c, Dv)  # (r g, c, Dv), written in place
+        scores = torch.bmm(q3, k3.transpose(1, 2))  # (r g, c, c)
+        scores = scores.triu_() if reverse else scores.tril_()
+        torch.bmm(scores, v3, out=o3)  # inside each chunk
+        del scores
+        kv = torch.bmm(k3.transpose(1, 2), v3).view(r, -1, D, Dv)  # (r, g, D, Dv): each chunk's k^T v
+        states, carry = _states(kv, None if first else carry, reverse)  # earlier (later) chunks' sums
+        del kv
+        o3.baddbmm_(q3, states.view(-1, D, Dv))  # plus all earlier (later) chunks
     return result.view(*lead, N, Dv)
+
+
+def _chunk_numbers(C: int, D: int, Dv: int) -> int:
+    """Numbers of temporaries per chunk of a block: the C x C scores, or (not at the same time) the D x Dv
+    sums and their shifted copy, plus a few vectors."""
+    return max(C * C, 2 * D * Dv) + 2 * (C + D)
+
+
+def normalised_prefix_product(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, C: int, eps: float, out: torch.Tensor
+) -> torch.Tensor:
+    """Causal linear attention on features, in place into ``out``: without autograd only.
+
+        out_i = sum_{j <= i} (q_i . k_j) v_j / (sum_{j <= i} q_i . k_j + eps)
+
+    The normaliser comes from the same blocks as the numerator (row sums of each chunk's masked scores, and
+    a carried sum of k), so no (..., N, R) prefix sum of the keys is ever formed; the extra memory is one
+    block's temporaries. q, k (..., N, R), v (..., N, Dv) of one dtype, ``out`` contiguous (..., N, Dv).
+    """
+    *lead, N, D = q.shape
+    Dv = v.shape[-1]
+    q, k, v = (x.contiguous().view(-1, N, x.shape[-1]) for x in (q, k, v))  # (BH, N, R), ..., (BH, N, Dv)
+    o = out.view(-1, N, Dv)  # (BH, N, Dv)
+    carry = z_carry = None  # (r, 1, R, Dv), (r, 1, R): sums of k_j v_j^T and of k_j over the blocks done
+    for rows, r, span, c, first in _blocks(q.shape[0], N, C, _chunk_numbers(C, D, Dv), False):
+        q3, k3 = q[rows, span].reshape(-1, c, D), k[rows, span].reshape(-1, c, D)  # (r g, c, R), views
+        v3 = v[rows, span].reshape(-1, c, Dv)  # (r g, c, Dv)
+        o3 = o[rows, span].view(-1, c, Dv)  # (r g, c, Dv), written in place
+        scores = torch.bmm(q3, k3.transpose(1, 2)).tril_()  # (r g, c, c)
+        torch.bmm(scores, v3, out=o3)  # inside each chunk
+        den = scores.sum(-1, keepdim=True)  # (r g, c, 1)
+        del scores
+        kv = torch.bmm(k3.transpose(1, 2), v3).view(r, -1, D, Dv)  # (r, g, R, Dv): each chunk's k^T v
+        states, carry = _states(kv, None if first else carry, False)  # (r, g, R, Dv)
+        del kv
+        z, z_carry = _states(k3.sum(1).view(r, -1, D), None if first else z_carry, False)  # (r, g, R)
+        o3.baddbmm_(q3, states.view(-1, D, Dv))  # plus all earlier chunks
+        den.baddbmm_(q3, z.view(-1, D, 1))  # (r g, c, 1)
+        o3.mul_(den.add_(eps).reciprocal_())  # times the reciprocal, as in fast-transformers
+    return out
 
 
 def _product(q, k, v, C: int, reverse: bool) -> torch.Tensor:

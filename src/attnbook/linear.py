@@ -35,9 +35,9 @@ from ._checks import (
     shape_str,
 )
 from ._module import ProjectedAttention
-from ._prefix import causal_dot_product, prefix_product
+from ._prefix import causal_dot_product, normalised_prefix_product
 from ._runtime import accumulation_dtype, autocast_disabled, needs_autograd, result_dtype, rows_per_group
-from .feature_maps import FeatureMap, PerformerFeatures, resolve_feature_map
+from .feature_maps import FeatureMap, PerformerFeatures, elu_feature_map, relu_feature_map, resolve_feature_map
 
 __all__ = ["linear_attention", "LinearState", "linear_attention_step", "LinearAttention"]
 
@@ -114,17 +114,29 @@ def linear_attention(
             return _attend(q, k, v, keep, phi, causal, eps, chunk_size, name, (B, H)).to(dtype)  # (B, H, N, Dv)
         # Without autograd: groups of rows of (B H), each written into one preallocated output and normalised
         # in place; for large batches the features of q and k then never exist for the whole batch at once.
+        # Causal: groups of about ROW_POSITIONS positions (the features of one group beside the output);
+        # non-causal: a few large products, for which groups only bound the memory of large batches.
         rows = B * H
         out = q.new_empty(rows, N, Dv)  # (B H, N, Dv)
         q, k, v = q.reshape(rows, N, D), k.reshape(rows, M, D), v.reshape(rows, M, Dv)
         if keep is not None:
             keep = keep.expand(B, H, M, 1).reshape(rows, M, 1)
-        step = rows_per_group(q, max(N, M), rows, products=True)
+        step = rows_per_group(q, max(N, M), rows, products=not causal)
         for r0 in range(0, rows, step):
             r = slice(r0, r0 + step)
             mask = None if keep is None else keep[r]
             _attend(q[r], k[r], v[r], mask, phi, causal, eps, chunk_size, name, (B, H), out[r])
         return out.view(B, H, N, Dv).to(dtype)
+
+
+def _features(phi, x, *, name, label, lead, into=None):
+    """phi(x) checked, in x's dtype. ``into`` (no autograd; contiguous, x's shape and dtype) is scratch space
+    that the built-in maps write into instead of allocating (other maps ignore it)."""
+    if into is not None and phi is elu_feature_map:
+        return torch._C._nn.elu(x, out=into).add_(1.0)  # elu(x) + 1
+    if into is not None and phi is relu_feature_map:
+        return torch.clamp_min(x, 0.0, out=into)  # max(x, 0)
+    return check_features(phi(x), x, name=name, label=label, lead=lead).to(x.dtype)
 
 
 def _attend(q, k, v, keep, phi, causal, eps, chunk_size, name, lead, out=None):
@@ -133,32 +145,34 @@ def _attend(q, k, v, keep, phi, causal, eps, chunk_size, name, lead, out=None):
     ``keep`` (..., M, 1) bool marks real keys. With ``out`` (contiguous (..., N, Dv)) and no autograd, the
     result is written there and the normalisation happens in place. ``lead`` = (B, H), for messages.
     """
-    acc = q.dtype
     if keep is not None:
         # Zero padded keys and values *before* phi: a huge padded key must not become inf * 0 = NaN.
         k = torch.where(keep, k, 0.0)  # (..., M, D)
         v = torch.where(keep, v, 0.0)  # (..., M, Dv)
-    fq = check_features(phi(q), q, name=name, label="q", lead=lead).to(acc)  # (..., N, R)
-    fk = check_features(phi(k), k, name=name, label="k", lead=lead).to(acc)  # (..., M, R)
-    check_feature_widths(fq, fk, name=name, lead=lead)
+    # Non-causal without autograd, the output is scratch space for phi(k) until phi(k) is summed up.
+    scratch = out if out is not None and not causal and k.shape == out.shape else None
+    fq = None if scratch is not None else _features(phi, q, name=name, label="q", lead=lead)  # (..., N, R)
+    fk = _features(phi, k, name=name, label="k", lead=lead, into=scratch)  # (..., M, R)
     if keep is not None:
         fk = torch.where(keep, fk, 0.0)  # (..., M, R), phi(0) need not be 0
     if causal:
-        if out is None:
-            num = causal_dot_product(fq, fk, v, chunk_size)  # (..., N, Dv)
-        else:
-            num = prefix_product(fq, fk, v, chunk_size, out=out)  # (..., N, Dv), no autograd
+        check_feature_widths(fq, fk, name=name, lead=lead)
+        if out is not None:  # no autograd: the normaliser from the same blocks, in place
+            return normalised_prefix_product(fq, fk, v, chunk_size, eps, out)  # (..., N, Dv)
+        num = causal_dot_product(fq, fk, v, chunk_size)  # (..., N, Dv)
         z = torch.cumsum(fk, dim=-2)  # (..., N, R): sum_{j <= i} phi(k_j)
         den = torch.linalg.vecdot(fq, z).unsqueeze(-1)  # (..., N, 1)
-    else:
-        kv = fk.transpose(-2, -1) @ v  # (..., R, Dv)
-        z = fk.sum(dim=-2)  # (..., R)
-        num = fq @ kv if out is None else torch.matmul(fq, kv, out=out)  # (..., N, Dv)
-        den = fq @ z.unsqueeze(-1)  # (..., N, 1)
+        return num * (den + eps).reciprocal()  # (..., N, Dv)
+    kv = fk.transpose(-2, -1) @ v  # (..., R, Dv)
+    z = fk.sum(dim=-2, keepdim=True).transpose(-2, -1)  # (..., R, 1)
+    if fq is None:  # phi(k) is summed up: its scratch space (the output) is free again
+        fq = _features(phi, q, name=name, label="q", lead=lead)  # (..., N, R)
+    check_feature_widths(fq, fk, name=name, lead=lead)
+    den = fq @ z  # (..., N, 1)
     # times the reciprocal, as in fast-transformers (and its backward needs fewer N x Dv temporaries than /)
     if out is None:
-        return num * (den + eps).reciprocal()  # (..., N, Dv)
-    return num.mul_(den.add_(eps).reciprocal_())  # (..., N, Dv), in place: no autograd here
+        return (fq @ kv) * (den + eps).reciprocal()  # (..., N, Dv)
+    return torch.matmul(fq, kv, out=out).mul_(den.add_(eps).reciprocal_())  # (..., N, Dv), in place
 
 
 class LinearState(NamedTuple):
