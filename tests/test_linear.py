@@ -82,12 +82,12 @@ def test_key_padding_mask_matches_reference_outputs_and_gradients(causal):
         )
 
 
-@pytest.mark.parametrize("row_positions", [1, 20, 4096], ids=lambda r: f"rows_of_{r}_positions")
+@pytest.mark.parametrize("work_numbers", [1, 80, 4096], ids=lambda r: f"groups_of_{r}_numbers")
 @pytest.mark.parametrize("fmap", FEATURE_MAP_IDS)
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_without_autograd_groups_of_rows_give_the_same_numbers(monkeypatch, causal, fmap, row_positions):
+def test_without_autograd_groups_of_rows_give_the_same_numbers(monkeypatch, causal, fmap, work_numbers):
     """Under no_grad the work runs a few (B H) rows at a time, into one output: same result as with autograd."""
-    monkeypatch.setattr(_runtime, "PRODUCT_ROW_POSITIONS", row_positions)
+    monkeypatch.setattr(_runtime, "WORK_NUMBERS", work_numbers)
     phi = feature_map(fmap, 4)
     B, H, N, D, Dv = 2, 3, 9, 4, 5
     pad = torch.rand(B, N) > 0.3

@@ -89,7 +89,11 @@ def _states(x: torch.Tensor, carry: torch.Tensor | None, reverse: bool):
     last = x[:, -1:].clone()  # (r, 1, ...)
     states = torch.cat((head, x[:, :-1]), 1)  # (r, g, ...), shifted by one chunk
     del x
-    states = states.cumsum_(1)
+    if states.device.type == "cpu":  # torch's CPU cumsum over a leading dim is a strided scalar loop, 4x slower
+        for c in range(1, states.shape[1]):
+            states[:, c] += states[:, c - 1]
+    else:
+        states = states.cumsum_(1)
     carry = states[:, -1:] + last  # (r, 1, ...)
     return (states.flip(1) if reverse else states), carry
 
@@ -133,34 +137,36 @@ def _chunk_numbers(C: int, D: int, Dv: int) -> int:
 def normalised_prefix_product(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, C: int, eps: float, out: torch.Tensor
 ) -> torch.Tensor:
-    """Causal linear attention on features, in place into ``out``: without autograd only.
+    """Causal linear attention on features, written into ``out``: without autograd only.
 
         out_i = sum_{j <= i} (q_i . k_j) v_j / (sum_{j <= i} q_i . k_j + eps)
 
-    The normaliser comes from the same blocks as the numerator (row sums of each chunk's masked scores, and
-    a carried sum of k), so no (..., N, R) prefix sum of the keys is ever formed; the extra memory is one
-    block's temporaries. q, k (..., N, R), v (..., N, Dv) of one dtype, ``out`` contiguous (..., N, Dv).
+    The normaliser comes from the same products as the numerator: each block's values get a column of ones,
+    [v, 1], so the masked scores times [v, 1] give the numerator and the normaliser inside each chunk, and the
+    carried state k^T [v, 1] = [S, z] the rest. No (..., N, R) prefix sum of the keys is ever formed; the
+    extra memory is one block's temporaries. q, k (..., N, R), v (..., N, Dv) of one dtype, ``out``
+    contiguous (..., N, Dv).
     """
     *lead, N, D = q.shape
     Dv = v.shape[-1]
     q, k, v = (x.contiguous().view(-1, N, x.shape[-1]) for x in (q, k, v))  # (BH, N, R), ..., (BH, N, Dv)
     o = out.view(-1, N, Dv)  # (BH, N, Dv)
-    carry = z_carry = None  # (r, 1, R, Dv), (r, 1, R): sums of k_j v_j^T and of k_j over the blocks done
-    for rows, r, span, c, first in _blocks(q.shape[0], N, C, _chunk_numbers(C, D, Dv), False):
+    carry = None  # (r, 1, R, Dv + 1): [sum k_j v_j^T, sum k_j] over the blocks already done
+    per_chunk = _chunk_numbers(C, D, Dv + 1) + 2 * C * (Dv + 1)  # and [v, 1], the block's output
+    for rows, r, span, c, first in _blocks(q.shape[0], N, C, per_chunk, False):
         q3, k3 = q[rows, span].reshape(-1, c, D), k[rows, span].reshape(-1, c, D)  # (r g, c, R), views
         v3 = v[rows, span].reshape(-1, c, Dv)  # (r g, c, Dv)
-        o3 = o[rows, span].view(-1, c, Dv)  # (r g, c, Dv), written in place
+        v1 = torch.cat((v3, v3.new_ones(v3.shape[0], c, 1)), -1)  # (r g, c, Dv + 1): [v, 1]
         scores = torch.bmm(q3, k3.transpose(1, 2)).tril_()  # (r g, c, c)
-        torch.bmm(scores, v3, out=o3)  # inside each chunk
-        den = scores.sum(-1, keepdim=True)  # (r g, c, 1)
+        o1 = torch.bmm(scores, v1)  # (r g, c, Dv + 1): numerator and normaliser inside each chunk
         del scores
-        kv = torch.bmm(k3.transpose(1, 2), v3).view(r, -1, D, Dv)  # (r, g, R, Dv): each chunk's k^T v
-        states, carry = _states(kv, None if first else carry, False)  # (r, g, R, Dv)
+        kv = torch.bmm(k3.transpose(1, 2), v1).view(r, -1, D, Dv + 1)  # (r, g, R, Dv + 1): [k^T v, k^T 1]
+        states, carry = _states(kv, None if first else carry, False)  # (r, g, R, Dv + 1): earlier chunks
         del kv
-        z, z_carry = _states(k3.sum(1).view(r, -1, D), None if first else z_carry, False)  # (r, g, R)
-        o3.baddbmm_(q3, states.view(-1, D, Dv))  # plus all earlier chunks
-        den.baddbmm_(q3, z.view(-1, D, 1))  # (r g, c, 1)
-        o3.mul_(den.add_(eps).reciprocal_())  # times the reciprocal, as in fast-transformers
+        o1.baddbmm_(q3, states.view(-1, D, Dv + 1))  # plus all earlier chunks
+        del states
+        # times the reciprocal, as in fast-transformers
+        torch.mul(o1[..., :Dv], o1[..., Dv:].add_(eps).reciprocal_(), out=o[rows, span].view(-1, c, Dv))
     return out
 
 

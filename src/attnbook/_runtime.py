@@ -32,7 +32,7 @@ __all__ = [
     "autocast_disabled",
     "needs_autograd",
     "ROW_POSITIONS",
-    "PRODUCT_ROW_POSITIONS",
+    "WORK_NUMBERS",
     "rows_per_group",
     "linear_in_range",
 ]
@@ -81,30 +81,31 @@ def needs_autograd(*xs) -> bool:
     return False
 
 
-# Positions per group of independent rows on the no-autograd CPU path. One rule (:func:`rows_per_group`), two
-# budgets for the two kinds of work:
+# Group sizes of independent rows on the no-autograd CPU path. One rule (:func:`rows_per_group`), two budgets
+# for the two kinds of work:
 #
-# * ROW_POSITIONS for work made of many O(N D) passes (the flows of Flow- and Mobile-Attention): small enough
-#   for a group's features and temporaries to stay in a shared L3 cache, large enough that a busy machine does
-#   not pay a thread wake-up for each of the many small operations (measured at N = 4096 with flow attention:
-#   4096 and 16384 run alike on one thread, but with two threads on a loaded 2-core machine 4096 was 3x
-#   slower);
-# * PRODUCT_ROW_POSITIONS for work made of a few large products (linear attention, causal or not): there the
-#   groups only bound the memory of the features for large batches, and every group costs ~10 operations
-#   that each pay a thread synchronisation on a busy CPU (B=4, H=8, N=4096, D=64, 2 contended threads:
-#   groups of 16384 positions were 2.4x slower than one group of all rows non-causal, 1.4x causal).
+# * ROW_POSITIONS, in positions, for work made of many O(N D) passes (the flows of Flow- and
+#   Mobile-Attention): small enough for a group's features and temporaries to stay in a shared L3 cache,
+#   large enough that a busy machine does not pay a thread wake-up for each of the many small operations
+#   (measured at N = 4096 with flow attention: 4096 and 16384 run alike on one thread, but with two threads
+#   on a loaded 2-core machine 4096 was 3x slower);
+# * WORK_NUMBERS, in numbers, for work made of a few large products (linear attention, causal or not): the
+#   features of one group, written into buffers allocated once per call. Under 32 MiB, such a buffer is
+#   reused from the heap on the next call, where a fresh tensor of 32 MiB or more costs a page fault per
+#   4 KiB (malloc maps it anew each time); a group of 8 MiB of features kept B=4, H=8, N=4096, D=64 at
+#   the speed of one group on a loaded 2-core machine and was 1.3x faster on a quiet one.
 ROW_POSITIONS = 16384
-PRODUCT_ROW_POSITIONS = 1 << 20
+WORK_NUMBERS = 1 << 21
 
 
-def rows_per_group(x: torch.Tensor, positions_per_row: int, rows: int, *, products: bool = False) -> int:
+def rows_per_group(x: torch.Tensor, per_row: int, rows: int, *, numbers: bool = False) -> int:
     """How many independent rows to process at once without autograd: on the CPU about :data:`ROW_POSITIONS`
-    positions (:data:`PRODUCT_ROW_POSITIONS` for work made of large ``products``), on other devices all of them
-    (one launch)."""
+    positions (``per_row`` positions per row), or with ``numbers`` about :data:`WORK_NUMBERS` numbers
+    (``per_row`` numbers per row); on other devices all of them (one launch)."""
     if x.device.type != "cpu":
         return rows
-    budget = PRODUCT_ROW_POSITIONS if products else ROW_POSITIONS
-    return max(1, min(rows, budget // max(1, positions_per_row)))
+    budget = WORK_NUMBERS if numbers else ROW_POSITIONS
+    return max(1, min(rows, budget // max(1, per_row)))
 
 
 def linear_in_range(layer: nn.Linear, x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

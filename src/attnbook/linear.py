@@ -114,65 +114,80 @@ def linear_attention(
             return _attend(q, k, v, keep, phi, causal, eps, chunk_size, name, (B, H)).to(dtype)  # (B, H, N, Dv)
         # Without autograd: groups of rows of (B H), each written into one preallocated output and normalised
         # in place; for large batches the features of q and k then never exist for the whole batch at once.
-        # Causal: groups of about ROW_POSITIONS positions (the features of one group beside the output);
-        # non-causal: a few large products, for which groups only bound the memory of large batches.
+        # Groups of about WORK_NUMBERS numbers of features: beside the output there are only the features
+        # of one group, and they stay in cache for the products that read them.
         rows = B * H
         out = q.new_empty(rows, N, Dv)  # (B H, N, Dv)
         q, k, v = q.reshape(rows, N, D), k.reshape(rows, M, D), v.reshape(rows, M, Dv)
         if keep is not None:
             keep = keep.expand(B, H, M, 1).reshape(rows, M, 1)
-        step = rows_per_group(q, max(N, M), rows, products=not causal)
+        step = rows_per_group(q, max(N, M) * D * (2 if causal else 1), rows, numbers=True)
+        # The built-in maps write into buffers allocated once for all groups (small enough to be reused
+        # from the heap on later calls: fresh large tensors cost a page fault per 4 KiB on first touch).
+        # Non-causal, phi(q) reuses phi(k)'s buffer once phi(k) is summed up.
+        work = None
+        if phi in _IN_PLACE:  # flat: the first numbers of a buffer, viewed, are contiguous for any group
+            work = q.new_empty(step * max(N, M) * D), (k.new_empty(step * M * D) if causal else None)
         for r0 in range(0, rows, step):
             r = slice(r0, r0 + step)
             mask = None if keep is None else keep[r]
-            _attend(q[r], k[r], v[r], mask, phi, causal, eps, chunk_size, name, (B, H), out[r])
+            _attend(q[r], k[r], v[r], mask, phi, causal, eps, chunk_size, name, (B, H), out[r], work)
         return out.view(B, H, N, Dv).to(dtype)
 
 
+_IN_PLACE = (elu_feature_map, relu_feature_map)
+
+
 def _features(phi, x, *, name, label, lead, into=None):
-    """phi(x) checked, in x's dtype. ``into`` (no autograd; contiguous, x's shape and dtype) is scratch space
-    that the built-in maps write into instead of allocating (other maps ignore it)."""
-    if into is not None and phi is elu_feature_map:
-        return torch._C._nn.elu(x, out=into).add_(1.0)  # elu(x) + 1
-    if into is not None and phi is relu_feature_map:
-        return torch.clamp_min(x, 0.0, out=into)  # max(x, 0)
+    """phi(x) checked, in x's dtype. Without autograd the built-in maps write into ``into`` (a flat buffer
+    of at least x's size, x's dtype); other maps ignore it."""
+    if into is not None and phi in _IN_PLACE:
+        into = into[: x.numel()].view(x.shape)  # (..., N, D), contiguous
+        if phi is elu_feature_map:
+            return torch._C._nn.elu(x, out=into).add_(1.0)  # elu(x) + 1, as elu_feature_map
+        return torch.clamp(x, min=0.0, out=into)  # max(x, 0), as relu_feature_map
     return check_features(phi(x), x, name=name, label=label, lead=lead).to(x.dtype)
 
 
-def _attend(q, k, v, keep, phi, causal, eps, chunk_size, name, lead, out=None):
+def _attend(q, k, v, keep, phi, causal, eps, chunk_size, name, lead, out=None, work=None):
     """Linear attention on q (..., N, D), k (..., M, D), v (..., M, Dv) in the accumulation dtype.
 
     ``keep`` (..., M, 1) bool marks real keys. With ``out`` (contiguous (..., N, Dv)) and no autograd, the
-    result is written there and the normalisation happens in place. ``lead`` = (B, H), for messages.
+    result is written there and the normalisation happens in place; ``work`` = (buffer for phi(q), buffer
+    for phi(k) or None to reuse phi(q)'s) for the built-in feature maps. ``lead`` = (B, H), for messages.
     """
     if keep is not None:
         # Zero padded keys and values *before* phi: a huge padded key must not become inf * 0 = NaN.
         k = torch.where(keep, k, 0.0)  # (..., M, D)
         v = torch.where(keep, v, 0.0)  # (..., M, Dv)
-    # Non-causal without autograd, the output is scratch space for phi(k) until phi(k) is summed up.
-    scratch = out if out is not None and not causal and k.shape == out.shape else None
-    fq = None if scratch is not None else _features(phi, q, name=name, label="q", lead=lead)  # (..., N, R)
-    fk = _features(phi, k, name=name, label="k", lead=lead, into=scratch)  # (..., M, R)
-    if keep is not None:
-        fk = torch.where(keep, fk, 0.0)  # (..., M, R), phi(0) need not be 0
-    if causal:
+    if work is not None and work[1] is None:  # non-causal, built-in map: phi(k), summed up, then phi(q)
+        fk = _keys(phi, k, keep, name, lead, into=work[0])  # (..., M, R)
+        kv, z = fk.transpose(-2, -1) @ v, fk.sum(dim=-2).unsqueeze(-1)  # (..., R, Dv), (..., R, 1)
+        fq = _features(phi, q, name=name, label="q", lead=lead, into=work[0])  # (..., N, R), over phi(k)
+    else:
+        into_q, into_k = (None, None) if work is None else work
+        fq = _features(phi, q, name=name, label="q", lead=lead, into=into_q)  # (..., N, R)
+        fk = _keys(phi, k, keep, name, lead, into=into_k)  # (..., M, R)
         check_feature_widths(fq, fk, name=name, lead=lead)
-        if out is not None:  # no autograd: the normaliser from the same blocks, in place
+        if causal and out is not None:  # no autograd: the normaliser from the same blocks, written into out
             return normalised_prefix_product(fq, fk, v, chunk_size, eps, out)  # (..., N, Dv)
-        num = causal_dot_product(fq, fk, v, chunk_size)  # (..., N, Dv)
-        z = torch.cumsum(fk, dim=-2)  # (..., N, R): sum_{j <= i} phi(k_j)
-        den = torch.linalg.vecdot(fq, z).unsqueeze(-1)  # (..., N, 1)
-        return num * (den + eps).reciprocal()  # (..., N, Dv)
-    kv = fk.transpose(-2, -1) @ v  # (..., R, Dv)
-    z = fk.sum(dim=-2, keepdim=True).transpose(-2, -1)  # (..., R, 1)
-    if fq is None:  # phi(k) is summed up: its scratch space (the output) is free again
-        fq = _features(phi, q, name=name, label="q", lead=lead)  # (..., N, R)
-    check_feature_widths(fq, fk, name=name, lead=lead)
-    den = fq @ z  # (..., N, 1)
+        if causal:
+            num = causal_dot_product(fq, fk, v, chunk_size)  # (..., N, Dv)
+            z = torch.cumsum(fk, dim=-2)  # (..., N, R): sum_{j <= i} phi(k_j)
+            den = torch.linalg.vecdot(fq, z).unsqueeze(-1)  # (..., N, 1)
+            return num * (den + eps).reciprocal()  # (..., N, Dv)
+        kv, z = fk.transpose(-2, -1) @ v, fk.sum(dim=-2).unsqueeze(-1)  # (..., R, Dv), (..., R, 1)
+    den = fq @ z  # (..., N, 1): phi(q_i) . sum_j phi(k_j)
     # times the reciprocal, as in fast-transformers (and its backward needs fewer N x Dv temporaries than /)
     if out is None:
         return (fq @ kv) * (den + eps).reciprocal()  # (..., N, Dv)
     return torch.matmul(fq, kv, out=out).mul_(den.add_(eps).reciprocal_())  # (..., N, Dv), in place
+
+
+def _keys(phi, k, keep, name, lead, into=None):
+    """phi(k) (..., M, R), zero at padded keys (``keep`` (..., M, 1) False): phi(0) need not be 0."""
+    fk = _features(phi, k, name=name, label="k", lead=lead, into=into)
+    return fk if keep is None else torch.where(keep, fk, 0.0)
 
 
 class LinearState(NamedTuple):
