@@ -83,19 +83,23 @@ def _states(x: torch.Tensor, carry: torch.Tensor | None, reverse: bool):
     Returns (states (r, g, ...), the new carry (r, 1, ...)). Pass x without keeping a reference to it: it is
     released as soon as its shifted copy exists, so a block never holds more than two such tensors.
     """
-    if reverse:
-        x = x.flip(1)
     head = torch.zeros_like(x[:, :1]) if carry is None else carry  # (r, 1, ...)
-    last = x[:, -1:].clone()  # (r, 1, ...)
-    states = torch.cat((head, x[:, :-1]), 1)  # (r, g, ...), shifted by one chunk
+    if reverse:
+        last = x[:, :1].clone()  # (r, 1, ...), the chunk done last
+        states = torch.cat((x[:, 1:], head), 1)  # (r, g, ...), shifted by one chunk
+    else:
+        last = x[:, -1:].clone()
+        states = torch.cat((head, x[:, :-1]), 1)
     del x
+    g = states.shape[1]
     if states.device.type == "cpu":  # torch's CPU cumsum over a leading dim is a strided scalar loop, 4x slower
-        for c in range(1, states.shape[1]):
-            states[:, c] += states[:, c - 1]
+        for c in range(g - 2, -1, -1) if reverse else range(1, g):
+            states[:, c] += states[:, c + 1 if reverse else c - 1]
+    elif reverse:
+        states = states.flip(1).cumsum_(1).flip(1)
     else:
         states = states.cumsum_(1)
-    carry = states[:, -1:] + last  # (r, 1, ...)
-    return (states.flip(1) if reverse else states), carry
+    return states, (states[:, :1] if reverse else states[:, -1:]) + last
 
 
 def prefix_product(
