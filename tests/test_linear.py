@@ -260,6 +260,18 @@ def test_causal_memory_is_a_few_copies_of_the_inputs_not_n_by_n(grad):
         assert peak < 4 * io_bytes < N * N * 4, f"peak {peak} bytes for q, k, v, out of {io_bytes} bytes"
 
 
+@pytest.mark.parametrize("B, H, N", [(1, 4, 16384), (2, 4, 8192)], ids=["long", "batched"])
+def test_causal_inference_memory_is_at_most_twice_the_output(B, H, N):
+    """Without autograd, causal linear attention allocates at most twice its output in all (the output
+    included): the features of one group of rows and one block of chunks at a time, never the
+    (B, H, N, R) features, key prefix sums or per-chunk states of the whole batch (before: 5x)."""
+    q, k, v = qkv(B, H, N, N, 64, 64)
+    with torch.no_grad():
+        peak = peak_memory(lambda: attnbook.linear_attention(q, k, v, causal=True), existing=(q, k, v))
+    out_bytes = v.numel() * v.element_size()
+    assert peak <= 2 * out_bytes, f"peak {peak / 2**20:.1f} MiB for an output of {out_bytes / 2**20:.1f} MiB"
+
+
 @settings(max_examples=20, deadline=None)
 @given(n=st.integers(2, 12), cut=st.integers(0, 11), chunk=st.integers(1, 8), seed=st.integers(0, 2**16))
 def test_causal_output_ignores_the_future(n, cut, chunk, seed):
