@@ -144,13 +144,12 @@ def _mobile(q, k, v, eps, acc, out=None):
     conserved_outgoing = conserved_outgoing_raw.clamp(-1.0, 1.0)  # for stability, as published
     allocation = torch.sigmoid(conserved_incoming * (N / M))  # (B, H, N)
     competition = torch.softmax(conserved_outgoing, dim=-1) * M  # (B, H, M), over the sequence
+    kv = ks.transpose(-2, -1) @ (v.to(acc) * competition.unsqueeze(-1))  # (B, H, D, Dv)
     scale = (allocation / incoming).unsqueeze(-1)  # (B, H, N, 1)
     if out is None:
-        kv = ks.transpose(-2, -1) @ (v.to(acc) * competition.unsqueeze(-1))  # (B, H, D, Dv)
         out = (qs @ kv) * scale  # (B, H, N, Dv)
-    else:  # no autograd: the competition scales k~ in place (k~ is not needed any more), not a copy of v
-        kv = ks.mul_(competition.unsqueeze(-1)).transpose(-2, -1) @ v.to(acc)  # (B, H, D, Dv)
-        torch.matmul(qs, kv, out=out).mul_(scale)  # (B, H, N, Dv), in place
+    else:
+        torch.matmul(qs, kv, out=out).mul_(scale)  # (B, H, N, Dv), in place: no autograd here
     stats = (
         incoming,
         outgoing,
