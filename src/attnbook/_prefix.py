@@ -34,10 +34,16 @@ from ._runtime import accumulation_dtype, autocast_disabled
 
 __all__ = ["causal_dot_product", "prefix_product"]
 
-_BLOCK_NUMBERS = 1 << 20  # temporaries of one block of products, in numbers (4 MiB in float32)
+# Temporaries of one block of products, in numbers: _BLOCK_NUMBERS (16 MiB in float32) with autograd;
+# without it a third of the whole output, within _INFERENCE_BLOCK_NUMBERS (floor, cap), so that the extra
+# memory stays under the output's size. Few, large blocks matter on a busy CPU: every product is a parallel
+# region whose threads may have to wait for a core (B=4, H=8, N=8192, 2 threads on a loaded 2-core machine:
+# blocks of 4 MiB were 2.8x slower than blocks of 32 MiB).
+_BLOCK_NUMBERS = 1 << 22
+_INFERENCE_BLOCK_NUMBERS = (1 << 20, 1 << 23)
 
 
-def _plan(rows: int, N: int, C: int, per_chunk: int) -> tuple[int, int]:
+def _plan(rows: int, N: int, C: int, per_chunk: int, budget: int) -> tuple[int, int]:
     """(r, G): rows of (B H) and chunks per block, so that a block's temporaries stay within a fixed budget.
 
     A chunk costs ``per_chunk`` numbers of temporaries (C^2 scores and a few D x Dv states), so
@@ -45,14 +51,14 @@ def _plan(rows: int, N: int, C: int, per_chunk: int) -> tuple[int, int]:
     only when a block spans whole rows (then the rows are contiguous in memory and the batched products need
     no copies).
     """
-    per_block = max(1, _BLOCK_NUMBERS // per_chunk)  # r G at most
+    per_block = max(1, budget // per_chunk)  # r G at most
     full = N // C
     if per_block >= full and full * C == N:
         return max(1, min(rows, per_block // full)), full
     return 1, max(1, min(full, per_block))
 
 
-def _blocks(rows: int, N: int, C: int, per_chunk: int, reverse: bool):
+def _blocks(rows: int, N: int, C: int, per_chunk: int, reverse: bool, budget: int | None = None):
     """The blocks of the chunked algorithm, in the order they are computed: (rows, r, span, c, first).
 
     ``rows`` a slice of r rows of (B H), ``span`` a slice of positions holding whole chunks of ``c``
@@ -63,7 +69,7 @@ def _blocks(rows: int, N: int, C: int, per_chunk: int, reverse: bool):
     C = min(C, N)
     full, part = divmod(N, C)
     base = part if reverse else 0  # first position of the whole chunks
-    r, G = _plan(rows, N, C, per_chunk)
+    r, G = _plan(rows, N, C, per_chunk, _BLOCK_NUMBERS if budget is None else budget)
     starts = range(0, full, G)
     for r0 in range(0, rows, r):
         group, n = slice(r0, r0 + r), min(r, rows - r0)
@@ -138,8 +144,15 @@ def _chunk_numbers(C: int, D: int, Dv: int) -> int:
     return max(C * C, 2 * D * Dv) + 2 * (C + D)
 
 
+def inference_budget(output_numbers: int) -> int:
+    """Numbers of temporaries per block without autograd, for a call whose whole output has
+    ``output_numbers`` numbers: a third of it, within :data:`_INFERENCE_BLOCK_NUMBERS`."""
+    floor, cap = _INFERENCE_BLOCK_NUMBERS
+    return min(cap, max(floor, output_numbers // 3))
+
+
 def normalised_prefix_product(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, C: int, eps: float, out: torch.Tensor
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, C: int, eps: float, out: torch.Tensor, total: int = 0
 ) -> torch.Tensor:
     """Causal linear attention on features, written into ``out``: without autograd only.
 
@@ -148,8 +161,9 @@ def normalised_prefix_product(
     The normaliser comes from the same products as the numerator: each block's values get a column of ones,
     [v, 1], so the masked scores times [v, 1] give the numerator and the normaliser inside each chunk, and the
     carried state k^T [v, 1] = [S, z] the rest. No (..., N, R) prefix sum of the keys is ever formed; the
-    extra memory is one block's temporaries. q, k (..., N, R), v (..., N, Dv) of one dtype, ``out``
-    contiguous (..., N, Dv).
+    extra memory is one block's temporaries (:func:`inference_budget` of ``total``, the numbers of the whole
+    output when ``out`` is part of it). q, k (..., N, R), v (..., N, Dv) of one dtype, ``out`` contiguous
+    (..., N, Dv).
     """
     *lead, N, D = q.shape
     Dv = v.shape[-1]
@@ -157,7 +171,7 @@ def normalised_prefix_product(
     o = out.view(-1, N, Dv)  # (BH, N, Dv)
     carry = None  # (r, 1, R, Dv + 1): [sum k_j v_j^T, sum k_j] over the blocks already done
     per_chunk = _chunk_numbers(C, D, Dv + 1) + 2 * C * (Dv + 1)  # and [v, 1], the block's output
-    for rows, r, span, c, first in _blocks(q.shape[0], N, C, per_chunk, False):
+    for rows, r, span, c, first in _blocks(q.shape[0], N, C, per_chunk, False, inference_budget(total or o.numel())):
         q3, k3 = q[rows, span].reshape(-1, c, D), k[rows, span].reshape(-1, c, D)  # (r g, c, R), views
         v3 = v[rows, span].reshape(-1, c, Dv)  # (r g, c, Dv)
         v1 = torch.cat((v3, v3.new_ones(v3.shape[0], c, 1)), -1)  # (r g, c, Dv + 1): [v, 1]

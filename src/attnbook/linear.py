@@ -121,7 +121,10 @@ def linear_attention(
         q, k, v = q.reshape(rows, N, D), k.reshape(rows, M, D), v.reshape(rows, M, Dv)
         if keep is not None:
             keep = keep.expand(B, H, M, 1).reshape(rows, M, 1)
-        step = rows_per_group(q, max(N, M) * D * (2 if causal else 1), rows, numbers=True)
+        per_row = max(N, M) * D * (2 if causal else 1)  # numbers of features
+        step = rows_per_group(q, per_row, rows, numbers=True)
+        if causal:  # large groups, so that the causal blocks can be large too: features up to a third of out
+            step = max(step, min(rows, rows * N * Dv // 3 // per_row))
         # The built-in maps write into buffers allocated once for all groups (small enough to be reused
         # from the heap on later calls: fresh large tensors cost a page fault per 4 KiB on first touch).
         # Non-causal, phi(q) reuses phi(k)'s buffer once phi(k) is summed up.
@@ -131,7 +134,7 @@ def linear_attention(
         for r0 in range(0, rows, step):
             r = slice(r0, r0 + step)
             mask = None if keep is None else keep[r]
-            _attend(q[r], k[r], v[r], mask, phi, causal, eps, chunk_size, name, (B, H), out[r], work)
+            _attend(q[r], k[r], v[r], mask, phi, causal, eps, chunk_size, name, (B, H), out[r], work, out.numel())
         return out.view(B, H, N, Dv).to(dtype)
 
 
@@ -149,7 +152,7 @@ def _features(phi, x, *, name, label, lead, into=None):
     return check_features(phi(x), x, name=name, label=label, lead=lead).to(x.dtype)
 
 
-def _attend(q, k, v, keep, phi, causal, eps, chunk_size, name, lead, out=None, work=None):
+def _attend(q, k, v, keep, phi, causal, eps, chunk_size, name, lead, out=None, work=None, total=0):
     """Linear attention on q (..., N, D), k (..., M, D), v (..., M, Dv) in the accumulation dtype.
 
     ``keep`` (..., M, 1) bool marks real keys. With ``out`` (contiguous (..., N, Dv)) and no autograd, the
@@ -170,7 +173,7 @@ def _attend(q, k, v, keep, phi, causal, eps, chunk_size, name, lead, out=None, w
         fk = _keys(phi, k, keep, name, lead, into=into_k)  # (..., M, R)
         check_feature_widths(fq, fk, name=name, lead=lead)
         if causal and out is not None:  # no autograd: the normaliser from the same blocks, written into out
-            return normalised_prefix_product(fq, fk, v, chunk_size, eps, out)  # (..., N, Dv)
+            return normalised_prefix_product(fq, fk, v, chunk_size, eps, out, total)  # (..., N, Dv)
         if causal:
             num = causal_dot_product(fq, fk, v, chunk_size)  # (..., N, Dv)
             z = torch.cumsum(fk, dim=-2)  # (..., N, R): sum_{j <= i} phi(k_j)
