@@ -279,7 +279,7 @@ def check_exclusive(first: bool, second: bool, first_arg: str, second_arg: str, 
 
 
 def _plural(n: int, item: str) -> str:
-    return f"{n} {item}" + ("" if n == 1 else "s")
+    return f"{n} {item}" + ("" if n == 1 or item.endswith("s") else "s")  # "2 series", not "2 seriess"
 
 
 def check_count(
@@ -336,9 +336,14 @@ def check_all_equal(values: dict, arg: str, *, name: str, what: str) -> None:
     """Every value of ``values`` (label -> value) is equal to the first: ``arg`` must ``what``."""
     labels = list(values)
     first = values[labels[0]] if labels else None
+
+    def shown(value) -> str:  # the values themselves (describe() would give only a list's length)
+        text = repr(value)
+        return text if len(text) <= 80 else text[:77] + "..."
+
     for label in labels[1:]:
         if values[label] != first:
-            got = f"{describe(first)} for {labels[0]} but {describe(values[label])} for {label}"
+            got = f"{shown(first)} for {labels[0]} but {shown(values[label])} for {label}"
             raise ValueError(f"{name}: {arg} must {what}, got {got}")
 
 
