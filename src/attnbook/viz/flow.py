@@ -296,6 +296,20 @@ _SOURCE_COLOURS = ("#8c510a", "#dfc27d")  # conserved outgoing flow, competition
 _SINK_COLOURS = ("#4d4d4d", "#bababa")  # conserved incoming flow, allocation
 
 
+def _legend_above(ax, *, ncol: int, handlelength: float, **kwargs) -> None:
+    """A frameless legend just above ``ax``, as wide as it, filled column by column: it covers nothing."""
+    ax.legend(
+        loc="lower left",
+        bbox_to_anchor=(0.0, 1.0, 1.0, 0.1),
+        mode="expand",
+        ncol=ncol,
+        frameon=False,
+        borderaxespad=0.2,
+        handlelength=handlelength,
+        **kwargs,
+    )
+
+
 def _draw_bipartite(
     ax,
     weights: np.ndarray,
@@ -372,16 +386,7 @@ def _grouped_bars(
     if clamp:
         handles.append(ax.axhline(1.0, color="black", lw=0.8, ls="--", label="clamp at 1"))
     # above the axes, as wide as they are, filled column by column: it can neither cover a bar nor widen the page
-    ax.legend(
-        handles=handles,
-        loc="lower left",
-        bbox_to_anchor=(0.0, 1.0, 1.0, 0.1),
-        mode="expand",
-        ncol=2,
-        frameon=False,
-        borderaxespad=0.2,
-        handlelength=1.4,
-    )
+    _legend_above(ax, ncol=2, handlelength=1.4, handles=handles)
     ax.set_xticks(x, [str(i) for i in x])
     ax.set_xlim(-0.6, len(first) - 0.4)
     ax.set_xlabel(xlabel)
@@ -484,15 +489,7 @@ def _draw_head_shares(ax, state: FlowPicture, head: int) -> None:
     ax.set_xlim(-0.6, N - 0.4)
     ax.set_xlabel(f"token j: the H = {H} heads share its Ô (sum = H)")
     ax.set_ylim(0.0, 1.05 * max(H, float(bottom.max())))
-    ax.legend(
-        loc="lower left",
-        bbox_to_anchor=(0.0, 1.0, 1.0, 0.1),
-        mode="expand",
-        ncol=3,
-        frameon=False,
-        borderaxespad=0.2,
-        handlelength=1.0,
-    )
+    _legend_above(ax, ncol=3, handlelength=1.0)
 
 
 _CHECKS = {  # explorer parameter -> its validation (one wording, from attnbook._checks)
