@@ -71,8 +71,9 @@ def measure(
         text: the bytes fed to the models (cycled); default a fixed random byte string.
 
     Returns:
-        ``{"config": ..., "environment": ..., "records": [{"mechanism", "t", "median_s", "min_s", "samples_s",
-        "state_bytes", "allocated_bytes", "step_peak_bytes", "recurrent"}, ...]}``.
+        A dict with keys ``config``, ``environment`` and ``records``: one record per mechanism and position,
+        with keys ``mechanism``, ``t``, ``median_s``, ``min_s``, ``samples_s``, ``state_bytes``,
+        ``allocated_bytes``, ``step_peak_bytes`` and ``recurrent``.
     """
     names = list(mechanism_names or mechanisms.names(causal=True))
     check_count(positions, "positions", name="measure", item="position")
