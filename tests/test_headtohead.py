@@ -352,5 +352,5 @@ def test_curves_and_maps_draws_curves_above_and_maps_on_one_scale_below():
     assert len(images) == 2 and all(im.get_clim() == pytest.approx((0.0, 0.9)) for im in images)  # one scale
     texts = [t.get_text() for ax in fig.axes if ax.images for t in ax.texts]
     assert "0.90" in texts and "0.25" in texts  # annotated cells
-    with pytest.raises(ValueError, match="at least one curve"):
+    with pytest.raises(ValueError, match="^curves_and_maps: curves must hold at least 1 curve, got 0 curves$"):
         plots.curves_and_maps({}, {"a": torch.ones(1, 1)})
