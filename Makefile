@@ -22,7 +22,7 @@ WHEEL_VENV := _build/wheel-venv
 BOOK_TESTS := tests/test_notebooks.py tests/browser tests/frontend
 PACKAGE_TESTS := $(foreach t,$(BOOK_TESTS),--ignore=$(t))
 
-.PHONY: help venv assets book test lint unit wheel wheel-test notebooks book-strict browser colab serve lock clean
+.PHONY: help venv assets book test test-book test-frontends steps lint unit wheel wheel-test notebooks book-strict browser colab serve lock clean
 
 help:
 	@echo "make book       - set up .venv, execute every chapter and build the website into _build/html"
@@ -70,7 +70,28 @@ assets: $(ASSETS)/.copied
 book: venv assets
 	$(BIN)/jupyter-book build .
 
-test: lint wheel-test notebooks book-strict browser colab frontend
+# make test: lint, then two chains side by side: the book's (the unit tests against the wheel, the chapters,
+# the website, its browser tests) and the front-ends' (the Colab path, the explorers in JupyterLab and the
+# classic notebook). The second mostly waits on pip, servers and browsers, so on two cores the pair finishes
+# minutes before one after the other would. Each chain's log is printed whole when it ends (--output-sync),
+# with the seconds every step took. The chains never build into the checkout at the same time: the front-end
+# chain builds from private copies of the source (tests/frontend/envs.py: package_source).
+test: lint
+	@$(MAKE) --no-print-directory -j2 --output-sync=recurse test-book test-frontends
+	@echo "make test: every check passed"
+
+test-book: venv assets
+	@$(MAKE) --no-print-directory -j1 STEPS="wheel-test notebooks book-strict browser" steps
+
+test-frontends: venv
+	@$(MAKE) --no-print-directory -j1 STEPS="colab frontend" steps
+
+steps:
+	@for step in $(STEPS); do \
+	  start=$$(date +%s); \
+	  $(MAKE) --no-print-directory -j1 $$step || { echo "== make $$step failed after $$(( $$(date +%s) - start )) s"; exit 1; }; \
+	  echo "== make $$step: $$(( $$(date +%s) - start )) s"; \
+	done
 
 lint: venv
 	$(BIN)/ruff check src tests benchmarks book

@@ -459,3 +459,112 @@ def test_one_rule_for_empty_sizes_names_the_size():
         attnbook.flow_attention(*qkv(0, 2, 3, 3, 2, 2), return_flows=True)
     with pytest.raises(ValueError, match=r"mobile_attention: H must be at least 1"):
         attnbook.mobile_attention(*qkv(1, 0, 3, 3, 2, 2))
+
+
+# ---------------------------------------------------------------------------------------- the general checks
+# Each check: what it accepts comes back unchanged, and each way of failing raises the named error, one wording.
+
+C = _checks
+GENERAL_CHECKS = {
+    "int_why": (lambda: C.check_int(3, "n_keys", name="f", minimum=5, why=" (n_pairs)"), ValueError,
+                r"^f: n_keys must be an int >= 5 \(n_pairs\), got 3$"),
+    "number_why": (lambda: C.check_number(1, "hi", name="f", minimum=3, why=" (lo)"), ValueError,
+                   r"^f: hi must be a finite number >= 3 \(lo\), got 1.0$"),
+    "not_both_why": (lambda: C.check_not_both(1, 2, "a", "b", name="f", why=" (a has one)"), ValueError,
+                     r"^f: b must be None when a is given \(a has one\), got 2$"),
+    "exclusive": (lambda: C.check_exclusive(True, True, "a", "b", name="f", why=" (no b with a)"), ValueError,
+                  r"^f: b must be False with a=True \(no b with a\), got b=True$"),
+    "count_few": (lambda: C.check_count([], "xs", name="f", item="map"), ValueError,
+                  "^f: xs must hold at least 1 map, got 0 maps$"),
+    "count_many": (lambda: C.check_count([1] * 4, "xs", name="f", maximum=3, item="panel"), ValueError,
+                   "^f: xs must hold 1 to 3 panels, got 4 panels$"),
+    "count_exact": (lambda: C.check_count([1], "xs", name="f", minimum=2, maximum=2, item="value", why=" (one per N)"),
+                    ValueError, r"^f: xs must hold 2 values \(one per N\), got 1 value$"),
+    "count_series": (lambda: C.check_count({}, "xs", name="f", item="series"), ValueError,
+                     "^f: xs must hold at least 1 series, got 0 series$"),
+    "sequence_type": (lambda: C.check_sequence("ab", "xs", name="f"), TypeError,
+                      r"^f: xs must be a sequence \(a list or a tuple\), got 'ab'$"),
+    "sequence_mapping": (lambda: C.check_sequence([1], "xs", name="f", mapping=True), TypeError,
+                         "^f: xs must be a mapping, got a list of length 1$"),
+    "sequence_empty": (lambda: C.check_sequence((), "xs", name="f", minimum=1, item="seed"), ValueError,
+                       "^f: xs must hold at least 1 seed, got 0 seeds$"),
+    "subset": (lambda: C.check_subset(["a", "z"], "names", ["a", "b"], name="f"), ValueError,
+               r"^f: names must be among 'a', 'b', got unknown names \['z'\]$"),
+    "all_equal": (lambda: C.check_all_equal({"r0": [1, 2], "r1": [1, 3]}, "steps", name="f", what="be equal"),
+                  ValueError, r"^f: steps must be equal, got \[1, 2\] for r0 but \[1, 3\] for r1$"),
+    "dims_type": (lambda: C.check_dims([[1]], "w", 2, name="f"), TypeError,
+                  "^f: w must be an array or a tensor, got a list of length 1$"),
+    "dims_count": (lambda: C.check_dims(torch.zeros(2), "w", 2, name="f", layout="(N, M)"), ValueError,
+                   r"^f: w must have 2 dimensions \(N, M\), got a float32 tensor of shape \(2\)$"),
+    "dims_at_least": (lambda: C.check_dims(torch.tensor(1.0), "w", 1, name="f", at_least=True), ValueError,
+                      r"^f: w must have at least 1 dimensions, got a float32 tensor of shape \(\)$"),
+    "square": (lambda: C.check_square(torch.zeros(2, 3), "w", name="f"), ValueError,
+               r"^f: w must be square \(\.\.\., N, N\), got a float32 tensor of shape \(2, 3\)$"),
+    "square_type": (lambda: C.check_square([[1.0]], "w", name="f"), TypeError, "^f: w must be a torch.Tensor"),
+    "non_negative": (lambda: C.check_non_negative(torch.tensor([1.0, -2.0]), "w", name="f"), ValueError,
+                     "^f: w must be non-negative, got a minimum of -2$"),
+    "nonzero": (lambda: C.check_nonzero(torch.zeros(2), "e", name="f", why=" (it divides)"), ValueError,
+                r"^f: e must not be all zeros \(it divides\), got a float32 tensor of shape \(2\) of zeros$"),
+    "same_shape": (lambda: C.check_same_shape(torch.zeros(2), torch.zeros(3), "a", "b", name="f"), ValueError,
+                   r"^f: b must have the shape \(2\) of a, got a float32 tensor of shape \(3\)$"),
+    "max_size": (lambda: C.check_max_size(torch.zeros(1, 9), "t", 1, 8, name="f", label="N", why=" (length)"),
+                 ValueError, r"^f: t must have N <= 8 \(length\), got a float32 tensor of shape \(1, 9\)$"),
+    "unbatched": (lambda: C.check_unbatched(torch.zeros(2, 2, 3, 4), "q", name="f"), ValueError,
+                  r"^f: q must have shape \(H, N, D\) or \(1, H, N, D\), got a float32 tensor of shape \(2, 2"),
+    "unbatched_type": (lambda: C.check_unbatched(torch.zeros(2, 3, 4, dtype=torch.long), "q", name="f"), TypeError,
+                       "^f: q must be a floating-point tensor"),
+    "moh_routed": (lambda: C.check_moh_routed(4, 4, name="f", why=" to train"), ValueError,
+                   r"^f: the layer must have routed heads \(shared_head < num_heads\) to train, got num_heads=4, "
+                   "shared_head=4$"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("call, error, message", GENERAL_CHECKS.values(), ids=GENERAL_CHECKS.keys())
+def test_general_checks_refuse_with_one_wording(call, error, message):
+    with pytest.raises(error, match=message):
+        call()
+
+
+def test_general_checks_pass_good_values_through():
+    x = torch.zeros(1, 2, 3, 4)
+    assert C.check_int(5, "n", name="f", minimum=5, why=" (w)") == 5
+    assert C.check_number(3, "hi", name="f", minimum=3, why=" (lo)") == 3.0
+    assert C.check_not_both(None, 2, "a", "b", name="f", why="") is None
+    assert C.check_exclusive(True, False, "a", "b", name="f") is None
+    assert C.check_exclusive(False, True, "a", "b", name="f") is None
+    assert C.check_count([1, 2], "xs", name="f", maximum=2) == [1, 2]
+    assert C.check_sequence(range(3), "xs", name="f", minimum=3) == range(3)
+    assert C.check_sequence({"a": 1}, "xs", name="f", mapping=True) == {"a": 1}
+    assert C.check_subset(["b"], "names", ["a", "b"], name="f") is None
+    assert C.check_all_equal({"r0": [1], "r1": [1]}, "steps", name="f", what="be equal") is None
+    assert C.check_dims(x, "x", 4, name="f") is x and C.check_dims(x, "x", 2, name="f", at_least=True) is x
+    sq = torch.rand(2, 3, 3)
+    assert C.check_square(sq, "w", name="f") is sq
+    assert C.check_non_negative(sq, "w", name="f") is sq
+    assert C.check_nonzero(sq, "w", name="f") is sq
+    assert C.check_same_shape(sq, sq.clone(), "a", "b", name="f") is None
+    assert C.check_max_size(x, "x", -1, 4, name="f", label="D") is x
+    assert C.check_unbatched(x, "q", name="f") is x
+    assert C.check_unbatched(x[0], "q", name="f").shape == (1, 2, 3, 4)
+    assert C.check_moh_routed(4, 3, name="f") is None
+
+
+def test_no_validation_outside_the_validation_module():
+    """Every raise in src/attnbook outside _checks.py is one of the known non-validation ones: a re-raise, an
+    abstract method, an internal invariant or a capability the object lacks (each named here with its reason)."""
+    allowed = {
+        "exercises/_core.py": 2,  # Result.require's AssertionError (its purpose); a checker registered twice
+        "_module.py": 1,  # NotImplementedError: the abstract attend()
+        "mechanisms.py": 1,  # Mechanism.__call__ on a token-input entry: the entry has no q, k, v function
+        "lm.py": 1,  # Block.attention_step: a registry entry with neither a step nor a KV cache (capability)
+    }
+    root = Path(attnbook.__file__).parent
+    found = {}
+    for path in root.rglob("*.py"):
+        rel = path.relative_to(root).as_posix()
+        if rel == "_checks.py":
+            continue
+        count = len(re.findall(r"^\s*raise\b", path.read_text(), flags=re.M))
+        if count:
+            found[rel] = count
+    assert found == allowed

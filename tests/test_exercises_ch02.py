@@ -159,8 +159,13 @@ def test_taylor_mistakes_are_named(answer, diagnosis):
 
 def test_taylor_reports_what_is_not_a_feature_map():
     r = check("2.2", lambda x: taylor_flat(x).flatten(-2))  # mixes the leading dimensions
-    assert not r.passed and "must keep the leading dimensions" in r.message
-    assert "must return a tensor" in check("2.2", lambda x: x.tolist()).message
+    assert not r.passed and "taylor_features: the feature map must keep the leading dimensions of x" in r.message
+    message = check("2.2", lambda x: x.tolist()).message
+    assert (
+        "raised TypeError" in message and "the feature map must return a floating-point tensor, got a list" in message
+    )
+    widths = check("2.2", lambda x: taylor_flat(x)[..., : x.shape[-2] + 1])  # the width depends on N: x, y differ
+    assert not widths.passed and "the feature map must give x and y features of one width R" in widths.message
     assert "returned None" in check("2.2", lambda x: None).message
     assert "expected a function" in check("2.2", 3).message
 

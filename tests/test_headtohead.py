@@ -36,7 +36,10 @@ def test_batches_are_reproducible_and_targets_cover_every_value():
 
 
 def test_impossible_tasks_raise_value_error():
-    with pytest.raises(ValueError, match="n_keys must be >= n_pairs = 5"):
+    with pytest.raises(
+        ValueError,
+        match=r"^RecallTask: n_keys must be an int >= 5 \(n_pairs: the keys of a sequence are distinct\), got 3",
+    ):
         h2h.RecallTask(n_pairs=5, n_keys=3)
     with pytest.raises(ValueError, match="n_pairs must be an int >= 1, got 0"):
         h2h.RecallTask(n_pairs=0)
@@ -44,7 +47,7 @@ def test_impossible_tasks_raise_value_error():
         h2h.RecallTask(n_values=2.0)
     with pytest.raises(ValueError, match="size must be an int >= 1"):
         TASK.batch(0, torch.Generator())
-    with pytest.raises(TypeError, match="generator must be a torch.Generator"):
+    with pytest.raises(TypeError, match="^RecallTask.batch: generator must be a torch.Generator, got 0"):
         TASK.batch(4, 0)
 
 
@@ -86,13 +89,23 @@ def test_every_mechanism_plugs_into_the_model_and_gets_gradients(mechanism):
 
 
 def test_bad_mechanism_or_tokens_raise_value_error():
-    with pytest.raises(ValueError, match="mechanism must be one of"):
+    with pytest.raises(ValueError, match="^TinyModel: mechanism must be one of 'softmax', .*got 'rnn'"):
         h2h.TinyModel("rnn", vocab=10, length=4, n_out=2)
-    with pytest.raises(ValueError, match="d_model must be divisible by n_heads = 3"):
+    with pytest.raises(TypeError, match="^TinyModel: mechanism must be one of .*got 3"):
+        h2h.TinyModel(3, vocab=10, length=4, n_out=2)
+    with pytest.raises(ValueError, match="^TinyModel: d_model must be a multiple of n_heads, got d_model=8, n_heads=3"):
         h2h.TinyModel("linear", vocab=10, length=4, n_out=2, d_model=8, n_heads=3)
+    with pytest.raises(TypeError, match="^TinyModel: embedding must be an nn.Module, got 'table'"):
+        h2h.TinyModel("linear", vocab=10, length=4, n_out=2, embedding="table")
     model = h2h.TinyModel("linear", vocab=10, length=4, n_out=2, d_model=8, n_heads=2, n_layers=1)
-    with pytest.raises(ValueError, match="tokens"):
+    with pytest.raises(
+        ValueError, match=r"^TinyModel: tokens must have N <= 4 \(length\), got a int64 tensor of shape \(2, 5\)"
+    ):
         model(torch.zeros(2, 5, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"^TinyModel: tokens must have 2 dimensions \(B, N\)"):
+        model(torch.zeros(5, dtype=torch.long))
+    with pytest.raises(TypeError, match="^TinyModel: tokens must be a torch.Tensor, got a list"):
+        model([[1, 2]])
 
 
 def test_training_curve_is_complete_and_learning_happens():
@@ -133,9 +146,9 @@ def test_train_names_the_bad_argument(kwargs, error, message):
 
 
 def test_train_refuses_an_unknown_mechanism_or_task():
-    with pytest.raises(ValueError, match="mechanism must be one of"):
+    with pytest.raises(ValueError, match="^train: mechanism must be one of 'softmax', .*got 'rnn'"):
         h2h.train("rnn", TASK)
-    with pytest.raises(TypeError, match="task must be a RecallTask"):
+    with pytest.raises(TypeError, match=r"^train: task must be a RecallTask, got a tuple of length 3"):
         h2h.train("linear", (5, 9, 4))
 
 
@@ -182,7 +195,7 @@ def test_race_runs_every_mechanism_for_every_seed_and_summarises_them():
     # a race of one seed is the train() run of that seed
     alone = h2h.train("linear", TASK, seed=3, steps=8, eval_every=4, d_model=16, n_heads=2, n_layers=1, eval_size=32)
     assert race.curves["linear"][1].accuracy == alone.accuracy
-    with pytest.raises(ValueError, match="mechanism must be one of"):
+    with pytest.raises(ValueError, match="^Race: mechanism must be one of 'softmax', 'linear', got 'flow'"):
         race.summary("flow")
 
 
@@ -199,10 +212,16 @@ def test_mean_curve_carries_a_stopped_run_at_its_final_accuracy_and_late_gain_re
 
 
 def test_race_validates_its_arguments():
-    with pytest.raises(ValueError, match="mechanisms must be names from"):
+    with pytest.raises(
+        ValueError, match=r"^race: mechanisms must be among 'softmax', .*got unknown mechanisms \['rnn'\]"
+    ):
         h2h.race(TASK, mechanisms=["rnn"])
-    with pytest.raises(ValueError, match="at least one mechanism"):
+    with pytest.raises(ValueError, match="^race: mechanisms must hold at least 1 mechanism, got 0 mechanisms"):
         h2h.race(TASK, mechanisms=[])
+    with pytest.raises(TypeError, match="^race: mechanisms must be a sequence .*got 'flow'"):
+        h2h.race(TASK, mechanisms="flow")
+    with pytest.raises(ValueError, match="^race: seeds must hold at least 1 seed, got 0 seeds"):
+        h2h.race(TASK, seeds=[])
     with pytest.raises(ValueError, match="seeds must be an int >= 1, got 0"):
         h2h.race(TASK, seeds=0)
     with pytest.raises(TypeError, match="seeds must be an int"):
@@ -241,7 +260,7 @@ def test_lookup_share_of_a_hand_made_perfect_lookup_is_one():
     key, _, _ = task.fields(tokens)
     j = (key[:, :-1] == key[:, -1:]).float().argmax(-1)  # (10,)
     torch.testing.assert_close(share, row[torch.arange(10), :, j].detach())
-    with pytest.raises(TypeError, match="model must be a TinyModel"):
+    with pytest.raises(TypeError, match="^lookup_share: model must be a TinyModel, got a _Block module"):
         h2h.lookup_share(block, tokens, task)
 
 
@@ -255,7 +274,7 @@ def test_operator_count_counts_forward_and_backward_and_leaves_gradients_alone()
         assert all(p.grad is None for p in model.parameters())
         assert h2h.operator_count(model, tokens, target) == counts[m]  # deterministic
     assert 50 < counts["softmax"] < counts["mobile"]
-    with pytest.raises(TypeError, match="model must be an nn.Module"):
+    with pytest.raises(TypeError, match="^operator_count: model must be an nn.Module, got <function"):
         h2h.operator_count(lambda t: t, tokens, target)
 
 
@@ -268,8 +287,12 @@ def test_plot_race_draws_a_mean_line_and_band_per_mechanism_and_the_shares():
     assert len(by_step.collections) == 2  # one band per mechanism
     assert [round(p.get_height(), 2) for p in bars.patches] == [0.85, 0.55]
     assert fig.get_figwidth() <= 7.5
-    with pytest.raises(ValueError, match="shares must name mechanisms"):
+    with pytest.raises(
+        ValueError, match=r"^plot_race: shares must be among 'softmax', 'linear', got unknown shares \['flow'\]"
+    ):
         h2h.plot_race(race, shares={"flow": [1.0]})
+    with pytest.raises(TypeError, match="^plot_race: result must be a Race, got"):
+        h2h.plot_race(race.curves)
 
 
 # ------------------------------------------------------------------ the figures of chapters 5 and 6 (viz.plots)
@@ -329,5 +352,5 @@ def test_curves_and_maps_draws_curves_above_and_maps_on_one_scale_below():
     assert len(images) == 2 and all(im.get_clim() == pytest.approx((0.0, 0.9)) for im in images)  # one scale
     texts = [t.get_text() for ax in fig.axes if ax.images for t in ax.texts]
     assert "0.90" in texts and "0.25" in texts  # annotated cells
-    with pytest.raises(ValueError, match="at least one curve"):
+    with pytest.raises(ValueError, match="^curves_and_maps: curves must hold at least 1 curve, got 0 curves$"):
         plots.curves_and_maps({}, {"a": torch.ones(1, 1)})

@@ -167,8 +167,10 @@ def test_bad_tokens_and_states_raise_naming_them():
         model(torch.tensor([1, 2]))
     with pytest.raises(ValueError, match="start must be an int >= 0"):
         model(torch.tensor([[1, 2]]), start=-1)
-    with pytest.raises(ValueError, match="state must be an LMState with 2 layers"):
+    with pytest.raises(ValueError, match="^DecoderLM.step: state.layers must hold 2 layers, got 0 layers$"):
         model.step(torch.tensor([1]), LMState(0, ()))
+    with pytest.raises(TypeError, match="^DecoderLM.step: state must be an LMState with 2 layers or None, got 0$"):
+        model.step(torch.tensor([1]), 0)
     with pytest.raises(ValueError, match="temperature must be"):
         model.generate(torch.tensor([[1]]), 3, temperature=-1.0)
 
@@ -251,11 +253,17 @@ def test_a_file_keeps_its_split_when_other_files_come_and_go(tmp_path):
 
 
 def test_a_folder_without_sources_or_without_a_split_raises(tmp_path):
-    with pytest.raises(ValueError, match=r"no \*\.py files"):
+    with pytest.raises(
+        ValueError,
+        match=r"^stdlib_files: root must hold \*\.py files \(is the standard library zipped\?\), got none in",
+    ):
         corpus_mod.load_stdlib(tmp_path)
     name = next(f"f{i}.py" for i in range(100) if not corpus_mod.is_validation(f"f{i}.py"))
     (tmp_path / name).write_text("pass\n")
-    with pytest.raises(ValueError, match="empty split"):
+    with pytest.raises(
+        ValueError,
+        match=r"^load_stdlib: the validation split must hold at least 1 file \(of the 1 files in .*\), got 0 files$",
+    ):
         corpus_mod.load_stdlib(tmp_path)
 
 
@@ -264,8 +272,29 @@ def test_windows_give_inputs_and_the_next_byte_as_target():
     x, y = corpus_mod.windows(data, torch.tensor([0, 10]), 8)
     assert x.shape == y.shape == (2, 8) and x.dtype == torch.int64
     assert torch.equal(x[1], torch.arange(10, 18)) and torch.equal(y[1], torch.arange(11, 19))
-    with pytest.raises(ValueError, match="at least length"):
+    with pytest.raises(ValueError, match=r"^windows: data must hold at least 51 bytes \(length \+ 1\), got 50 bytes$"):
         corpus_mod.windows(data, torch.tensor([0]), 50)
+
+
+def test_validation_starts_and_distinct_fraction_refuse_too_little_data():
+    data = torch.arange(10, dtype=torch.uint8)
+    assert lab_lm.validation_starts(data, 2, 9).tolist() == [0, 0]
+    with pytest.raises(
+        ValueError, match=r"^validation_starts: data must hold at least 11 bytes \(length \+ 1\), got 10"
+    ):
+        lab_lm.validation_starts(data, 2, 10)
+    assert lab_lm.distinct_fraction(b"abab", 2) == 2 / 3
+    with pytest.raises(ValueError, match=r"^distinct_fraction: data must hold at least 4 bytes \(n\), got 3 bytes$"):
+        lab_lm.distinct_fraction(b"abc", 4)
+    with pytest.raises(TypeError, match="^distinct_fraction: data must be bytes, got 'abc'$"):
+        lab_lm.distinct_fraction("abc")
+
+
+def test_race_needs_a_mechanism_and_a_seed(stdlib):
+    with pytest.raises(ValueError, match="^race: mechanism_names must hold at least 1 mechanism, got 0 mechanisms$"):
+        lab_lm.race([], stdlib, seeds=(0,), progress=False)
+    with pytest.raises(ValueError, match="^race: seeds must hold at least 1 seed, got 0 seeds$"):
+        lab_lm.race(["softmax"], stdlib, seeds=(), progress=False)
 
 
 # --- training ---------------------------------------------------------------------------------------------

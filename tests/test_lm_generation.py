@@ -49,5 +49,9 @@ def test_ratio_and_slope_read_the_series(result):
 
 
 def test_nothing_to_measure_raises():
-    with pytest.raises(ValueError, match="need mechanisms and positions"):
+    with pytest.raises(ValueError, match="^measure: positions must hold at least 1 position, got 0 positions$"):
         generation.measure(TINY, positions=[], progress=False)
+    with pytest.raises(ValueError, match="^measure: positions must be an int >= 1, got 0$"):
+        generation.measure(TINY, positions=[0, 4], progress=False)
+    with pytest.raises(TypeError, match="^measure: positions must be an int, got 2.5$"):
+        generation.measure(TINY, positions=[2.5], progress=False)

@@ -36,7 +36,9 @@ def test_the_summary_is_mean_min_and_max_over_seeds_and_accepts_recorded_dicts()
 def test_runs_evaluated_at_different_steps_cannot_be_averaged():
     bad = runs()
     bad[1].steps = [0, 5, 20]
-    with pytest.raises(ValueError, match="different steps"):
+    message = r"^curve_summary: the steps of the 'softmax' runs must be equal, "
+    message += r"got \[0, 10, 20\] for run 0 but \[0, 5, 20\] for run 1$"
+    with pytest.raises(ValueError, match=message):
         lm_plots.curve_summary(bad)
 
 

@@ -90,7 +90,8 @@ BAD_TOY_ARGUMENTS = {  # id -> (keyword arguments, error, message after "make_to
     "negative_seed": (dict(seed=-1), ValueError, "seed must be an int >= 0"),
     "float_seed": (dict(seed=1.0), TypeError, "seed must be an int"),
     "no_head_width": (dict(d_head=0), ValueError, "d_head must be an int >= 1"),
-    "int_dtype": (dict(dtype=torch.int64), TypeError, "dtype must be a floating-point torch.dtype"),
+    "int_dtype": (dict(dtype=torch.int64), ValueError, "dtype must be a floating-point dtype, got torch.int64"),
+    "string_dtype": (dict(dtype="float32"), TypeError, "dtype must be a torch.dtype, got 'float32'"),
 }
 
 
@@ -243,13 +244,20 @@ def test_state_rejects_bad_inputs():
         vf.compute_flow_state(q, k, v, eps=float("inf"))
     with pytest.raises(TypeError, match="^compute_flow_state: q must be a torch.Tensor, got"):
         vf.compute_flow_state(q.tolist(), k, v)
-    with pytest.raises(ValueError, match="no causal"):
+    with pytest.raises(
+        ValueError,
+        match=r"^compute_flow_state: causal must be False with heads_compete=True \(Mobile-Attention has no causal",
+    ):
         vf.compute_flow_state(q, k, v, causal=True, heads_compete=True)
-    with pytest.raises(ValueError, match="toy sizes"):
-        big = torch.zeros(1, 1, vf.MAX_TOKENS + 1, 4, dtype=torch.float64)
-        vf.compute_flow_state(big, big, big)
-    with pytest.raises(ValueError, match=r"\(H, N, D\)"):
+    big = torch.zeros(1, 1, vf.MAX_TOKENS + 1, 4, dtype=torch.float64)
+    with pytest.raises(ValueError, match=rf"^compute_flow_state: q must have N <= {vf.MAX_TOKENS} \(.*toy sizes"):
+        vf.compute_flow_state(big, k, v)
+    with pytest.raises(ValueError, match=rf"^compute_flow_state: k must have M <= {vf.MAX_TOKENS} \(.*toy sizes"):
+        vf.compute_flow_state(q, big, big)
+    with pytest.raises(ValueError, match=r"^compute_flow_state: q must have shape \(H, N, D\) or \(1, H, N, D\), got"):
         vf.compute_flow_state(q[0, 0], k, v)
+    with pytest.raises(ValueError, match=r"^compute_flow_state: v must have shape \(H, M, D\) or \(1, H, M, D\)"):
+        vf.compute_flow_state(q, k, torch.cat([v, v]))
     with pytest.raises(ValueError, match="N == M"):  # from the package: Mobile pairs query i with key i
         vf.compute_flow_state(q, k[..., :3, :], v[..., :3, :], heads_compete=True)
 
@@ -313,13 +321,19 @@ def test_default_figure_and_frames():
     frames = vf.explorer_frames("similarity", [0.0, 0.5, 1.0])
     assert list(frames) == ["0", "0.5", "1"]
     assert all(isinstance(f, Figure) for f in frames.values())
-    with pytest.raises(ValueError, match="unknown parameter"):
+    with pytest.raises(
+        ValueError, match="^explorer_frames: parameter must be one of 'allocation', .*got 'temperature'"
+    ):
         vf.explorer_frames("temperature", [1.0])
-    with pytest.raises(ValueError, match="unknown parameter"):
+    with pytest.raises(
+        ValueError, match=r"^default_figure: parameters must be among .*got unknown parameters \['temperature'\]"
+    ):
         vf.default_figure(temperature=1.0)
+    with pytest.raises(ValueError, match=r"^explorer_frames: values must hold at least 1 value, got 0 values"):
+        vf.explorer_frames("n_heads", [])
     with pytest.raises(ValueError, match=r"^explorer_frames: n_heads must be an int >= 1, got 0"):
         vf.explorer_frames("n_heads", [2, 0])
-    with pytest.raises(TypeError, match="^explorer_frames: values must be a non-empty sequence"):
+    with pytest.raises(TypeError, match=r"^explorer_frames: values must be a sequence \(a list or a tuple\), got 3"):
         vf.explorer_frames("n_heads", 3)
 
 

@@ -44,8 +44,23 @@ def test_row_entropy_keeps_float64():
 
 
 def test_row_entropy_rejects_negative_weights():
-    with pytest.raises(ValueError, match="non-negative"):
+    with pytest.raises(ValueError, match="^row_entropy: weights must be non-negative, got a minimum of -0.1$"):
         row_entropy(torch.tensor([0.5, -0.1, 0.6]))
+    with pytest.raises(ValueError, match="^row_entropy: weights must be non-negative, got a minimum of nan$"):
+        row_entropy(torch.tensor([0.5, float("nan")]))
+
+
+@pytest.mark.parametrize(
+    "weights, error, message",
+    [
+        ([0.5, 0.5], TypeError, "weights must be a torch.Tensor, got a list of length 2"),
+        (torch.tensor(0.5), ValueError, r"weights must have at least 1 dimensions \(\.\.\., N, M\), got a float32"),
+    ],
+    ids=["not-a-tensor", "zero-dimensional"],
+)
+def test_row_entropy_rejects_what_is_not_rows_of_weights(weights, error, message):
+    with pytest.raises(error, match=f"^row_entropy: {message}"):
+        row_entropy(weights)
 
 
 def test_relative_error_values():
@@ -59,13 +74,17 @@ def test_relative_error_values():
 @pytest.mark.parametrize(
     "approx, exact, message",
     [
-        (torch.ones(2, 3), torch.ones(3, 2), "shapes differ"),
-        (torch.ones(2), torch.zeros(2), "all zeros"),
+        (
+            torch.ones(2, 3),
+            torch.ones(3, 2),
+            r"exact must have the shape \(2, 3\) of approx, got a float32 tensor of shape \(3, 2\)",
+        ),
+        (torch.ones(2), torch.zeros(2), r"exact must not be all zeros \(the relative error would be undefined\)"),
     ],
     ids=["shape-mismatch", "zero-exact"],
 )
 def test_relative_error_rejects_bad_input(approx, exact, message):
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(ValueError, match=f"^relative_error: {message}"):
         relative_error(approx, exact)
 
 
@@ -75,7 +94,7 @@ def test_attention_maps_figure_has_one_panel_per_map():
     titles = [ax.get_title() for ax in fig.axes if ax.get_title()]
     assert titles == ["a", "b", "c"]
     plt.close(fig)
-    with pytest.raises(ValueError, match="no maps"):
+    with pytest.raises(ValueError, match="^attention_maps_figure: maps must hold at least 1 map, got 0 maps$"):
         attention_maps_figure({})
 
 
@@ -85,8 +104,11 @@ def test_feature_error_plot_draws_series_and_guide():
     guide = ax.lines[1].get_ydata()
     torch.testing.assert_close(torch.tensor(guide), torch.tensor([0.4, 0.2, 0.1], dtype=torch.float64))
     plt.close(ax.figure)
-    with pytest.raises(ValueError, match="3 feature counts"):
+    message = r"^feature_error_plot: errors\['x'\] must hold 3 values \(one per feature count R\), got 2 values$"
+    with pytest.raises(ValueError, match=message):
         feature_error_plot([1, 2, 3], {"x": [1.0, 2.0]})
+    with pytest.raises(ValueError, match="^feature_error_plot: errors must hold at least 1 series, got 0 series$"):
+        feature_error_plot([1, 2, 3], {})
 
 
 # --- the retrieval toy shared by chapters 2 and 3 -------------------------------------------------------------

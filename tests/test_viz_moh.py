@@ -187,6 +187,37 @@ BAD_CALLS = {  # id -> (call, error, message)
     "explorer_no_tokens": (lambda: vm.routing_explorer(n_tokens=0), ValueError, "^routing_explorer: n_tokens must"),
     "explorer_nan_lr": (lambda: vm.routing_explorer(lr=float("nan")), ValueError, "^routing_explorer: lr must"),
     "explorer_float_steps": (lambda: vm.routing_explorer(steps_per_click=1.5), TypeError, "steps_per_click must"),
+    "train_not_a_state": (
+        lambda: vm.train_router("state"),
+        TypeError,
+        "^train_router: state_or_module must be a RoutingState or an MoHAttention, got 'state'",
+    ),
+    "train_state_and_tokens": (
+        lambda: vm.train_router(vm.compute_routing(n_tokens=4), tokens=torch.zeros(1, 4, 32)),
+        ValueError,
+        r"^train_router: tokens must be None when a RoutingState is given \(its tokens are used\), got a float32",
+    ),
+    "train_module_without_tokens": (
+        lambda: vm.train_router(attnbook.MoHAttention(16, num_heads=4, shared_head=1, routed_head=2)),
+        TypeError,
+        r"^train_router: tokens must be a \(B, N, C\) tensor with a module, got None",
+    ),
+    "train_no_routed_heads": (
+        lambda: vm.train_router(vm.compute_routing(4, 4, 0, n_tokens=4)),
+        ValueError,
+        r"^train_router: the layer must have routed heads \(shared_head < num_heads\) to have a router to train, "
+        "got num_heads=4, shared_head=4",
+    ),
+    "plot_bad_history": (
+        lambda: vm.plot_routing(vm.compute_routing(n_tokens=4), history=[1]),
+        TypeError,
+        "^plot_routing: history must be a RouterTraining or None, got a list of length 1",
+    ),
+    "frames_not_a_state": (
+        lambda: vm.training_frames("state"),
+        TypeError,
+        "^training_frames: state must be a RoutingState or None, got 'state'",
+    ),
 }
 
 

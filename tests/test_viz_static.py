@@ -13,6 +13,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
 from attnbook.viz import attention_heatmap, frame_slider, scaling_plot  # noqa: E402
+from attnbook.viz.plots import curves_and_maps, scaling_panels  # noqa: E402
 from attnbook.viz.static import (  # noqa: E402
     enable_slider_keys,
     figure_to_png,
@@ -81,12 +82,13 @@ def test_labels_are_escaped():
 @pytest.mark.parametrize(
     "frames, start, error, message",
     [
-        ({}, 0, ValueError, "at least one frame"),
+        ({}, 0, ValueError, "^frame_slider: frames must hold at least 1 frame, got 0 frames$"),
+        ([b"x"], 0, TypeError, "^frame_slider: frames must be a mapping, got a list of length 1$"),
         ({"a": b"x"}, 3, ValueError, r"start must be an int in 0..0, got 3"),
         ({"a": b"x"}, 0.5, TypeError, "start must be an int"),
         ({"a": b"x"}, -1, ValueError, "start must be an int in 0..0"),
     ],
-    ids=["no_frames", "start_past_the_end", "fractional_start", "negative_start"],
+    ids=["no_frames", "frames_not_a_mapping", "start_past_the_end", "fractional_start", "negative_start"],
 )
 def test_bad_arguments(frames, start, error, message):
     with pytest.raises(error, match=message):
@@ -96,8 +98,8 @@ def test_bad_arguments(frames, start, error, message):
 @pytest.mark.parametrize(
     "kwargs, error, message",
     [
-        (dict(frames=[1, 2]), TypeError, "frames must be a mapping"),
-        (dict(frames={}), ValueError, "frames must hold at least one figure"),
+        (dict(frames=[1, 2]), TypeError, "frames must be a mapping from labels to Figures, got a list of length 2$"),
+        (dict(frames={}), ValueError, "frames must hold at least 1 figure, got 0 figures$"),
         (dict(label=3), TypeError, "label must be a str"),
         (dict(dpi=0), ValueError, "dpi must be an int >= 1"),
         (dict(dpi=float("nan")), TypeError, "dpi must be an int"),
@@ -118,7 +120,7 @@ def test_figure_to_png_checks_its_arguments():
     assert figure_to_png(fig, dpi=20, tight=False).startswith(b"\x89PNG")
     with pytest.raises(ValueError, match="dpi must be an int >= 1, got 0"):
         figure_to_png(fig, dpi=0)
-    with pytest.raises(TypeError, match="fig must be a matplotlib Figure"):
+    with pytest.raises(TypeError, match="^figure_to_png: fig must be a matplotlib Figure, got 'figure'$"):
         figure_to_png("figure")
     with pytest.raises(TypeError, match="tight must be True or False"):
         figure_to_png(fig, tight="no")
@@ -135,8 +137,10 @@ def test_set_slider_range_in_place_and_by_replacement():
     new = set_slider_range(s, 0, 2, container=box)
     assert new is not s and box.children[1] is new and box.children[0].value == "x"
     assert (new.min, new.max, new.value, new.description, new.continuous_update) == (0, 2, 2, "k", False)
-    with pytest.raises(ValueError, match="hi must be >= lo"):
+    with pytest.raises(ValueError, match=r"^set_slider_range: hi must be a finite number >= 3 \(lo\), got 1.0$"):
         set_slider_range(new, 3, 1)
+    with pytest.raises(TypeError, match="^set_slider_range: lo must be a number, got '0'$"):
+        set_slider_range(new, "0", 1)
 
 
 def test_enable_slider_keys_outside_a_kernel_does_nothing(capsys):
@@ -157,7 +161,7 @@ def test_frame_slider_renders_and_closes_figures():
 
 
 def test_attention_heatmap_rejects_non_matrix():
-    with pytest.raises(ValueError, match=r"\(N, M\) matrix"):
+    with pytest.raises(ValueError, match=r"^attention_heatmap: weights must have 2 dimensions \(N, M\), got a numpy"):
         attention_heatmap(torch.rand(2, 3, 4))
     ax = attention_heatmap(torch.rand(3, 4))
     assert ax.images[0].get_array().shape == (3, 4)
@@ -165,11 +169,25 @@ def test_attention_heatmap_rejects_non_matrix():
 
 
 def test_scaling_plot_checks_lengths():
-    with pytest.raises(ValueError, match="has 2 values for 3 lengths"):
+    with pytest.raises(
+        ValueError, match=r"^scaling_plot: series\['x'\] must hold 3 values \(one per N\), got 2 values$"
+    ):
         scaling_plot([1, 2, 4], {"x": [1.0, 2.0]}, ylabel="s")
     ax = scaling_plot([1, 2, 4], {"x": [1.0, 2.0, 4.0]}, ylabel="s", reference_slopes=[1, 2])
     assert len(ax.lines) == 3
     plt.close("all")
+
+
+def test_panel_figures_count_their_panels():
+    with pytest.raises(ValueError, match="^scaling_panels: panels must hold 1 to 3 panels, got 4 panels$"):
+        scaling_panels([1, 2], {str(i): {"flow": [1.0, 2.0]} for i in range(4)})
+    with pytest.raises(ValueError, match="^scaling_panels: panels must hold 1 to 3 panels, got 0 panels$"):
+        scaling_panels([1, 2], {})
+    with pytest.raises(ValueError, match="^curves_and_maps: curves must hold at least 1 curve, got 0 curves$"):
+        curves_and_maps({}, {"m": [[1.0]]})
+    with pytest.raises(ValueError, match="^curves_and_maps: maps must hold at least 1 map, got 0 maps$"):
+        curves_and_maps({"c": [1.0, 2.0]}, {})
+    plt.close(scaling_panels([1, 2], {"time": {"flow": [1.0, 2.0]}}))
 
 
 def test_explorer_images_show_at_the_size_they_are_drawn_for():

@@ -68,7 +68,7 @@ def test_hidden_and_empty_text_does_not_count():
 
 
 def test_check_figure_wants_a_figure():
-    with pytest.raises(TypeError, match="check_figure: fig must be a matplotlib Figure, got int"):
+    with pytest.raises(TypeError, match="^check_figure: fig must be a matplotlib Figure, got 3$"):
         style.check_figure(3)
 
 

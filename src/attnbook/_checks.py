@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import torch
 from torch import nn
@@ -44,12 +44,24 @@ __all__ = [
     "check_choice",
     "check_instance",
     "check_callable",
+    "check_exclusive",
+    "check_count",
+    "check_sequence",
+    "check_subset",
+    "check_all_equal",
     "check_seed",
     "check_generator",
     "check_device",
     "check_dtype",
     "check_tensor",
     "check_last_dim",
+    "check_dims",
+    "check_square",
+    "check_non_negative",
+    "check_nonzero",
+    "check_same_shape",
+    "check_max_size",
+    "check_unbatched",
     "check_not_both",
     "check_sizes",
     "check_qkv",
@@ -65,6 +77,7 @@ __all__ = [
     "check_drawn_width",
     "check_feature_map",
     "check_moh_heads",
+    "check_moh_routed",
     "check_token_ids",
     "check_head_dim",
     "check_norm_layer",
@@ -102,8 +115,13 @@ def describe(value) -> str:
 # Numbers, flags and choices
 
 
-def check_int(value, arg: str, *, name: str, minimum: int | None = None, maximum: int | None = None) -> int:
-    """``value`` as an int in [minimum, maximum]; bools, floats (even 3.0), strings and tensors are refused."""
+def check_int(
+    value, arg: str, *, name: str, minimum: int | None = None, maximum: int | None = None, why: str = ""
+) -> int:
+    """``value`` as an int in [minimum, maximum]; bools, floats (even 3.0), strings and tensors are refused.
+
+    ``why`` follows the expectation in the message (say where a bound comes from: ``" (n_heads - 1)"``).
+    """
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{name}: {arg} must be an int, got {describe(value)}")
     value = int(value)
@@ -114,7 +132,7 @@ def check_int(value, arg: str, *, name: str, minimum: int | None = None, maximum
             expected = f"an int <= {maximum}"
         else:
             expected = f"an int in {minimum}..{maximum}"
-        raise ValueError(f"{name}: {arg} must be {expected}, got {value!r}")
+        raise ValueError(f"{name}: {arg} must be {expected}{why}, got {value!r}")
     return value
 
 
@@ -127,8 +145,12 @@ def check_number(
     maximum: float | None = None,
     strict_minimum: bool = False,
     strict_maximum: bool = False,
+    why: str = "",
 ) -> float:
-    """``value`` as a finite float within the bounds; bools, strings, tensors, NaN and infinities are refused."""
+    """``value`` as a finite float within the bounds; bools, strings, tensors, NaN and infinities are refused.
+
+    ``why`` follows the expectation in the message (say where a bound comes from).
+    """
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name}: {arg} must be a number, got {describe(value)}")
     value = float(value)
@@ -141,7 +163,7 @@ def check_number(
         if maximum is not None:
             parts.append(f"{'<' if strict_maximum else '<='} {maximum:g}")
         expected = "a finite number" + (" " + " and ".join(parts) if parts else "")
-        raise ValueError(f"{name}: {arg} must be {expected}, got {value!r}")
+        raise ValueError(f"{name}: {arg} must be {expected}{why}, got {value!r}")
     return value
 
 
@@ -246,6 +268,85 @@ def check_dtype(dtype, arg: str, *, name: str, floating: bool = True) -> torch.d
     return dtype
 
 
+def check_exclusive(first: bool, second: bool, first_arg: str, second_arg: str, *, name: str, why: str = ""):
+    """Two flags that cannot both be True: ``second`` must be False when ``first`` is (``why`` says why)."""
+    if first and second:
+        raise ValueError(f"{name}: {second_arg} must be False with {first_arg}=True{why}, got {second_arg}=True")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Containers
+
+
+def _plural(n: int, item: str) -> str:
+    return f"{n} {item}" + ("" if n == 1 or item.endswith("s") else "s")  # "2 series", not "2 seriess"
+
+
+def check_count(
+    items, arg: str, *, name: str, minimum: int = 1, maximum: int | None = None, item: str = "entry", why: str = ""
+):
+    """``items`` (anything with a length: a list, a dict, an array, a 1-D tensor) holds ``minimum`` to
+    ``maximum`` entries, each called an ``item`` in the message; returns ``items``."""
+    n = len(items)
+    if n < minimum or maximum is not None and n > maximum:
+        if maximum is None:
+            expected = f"at least {_plural(minimum, item)}"
+        elif maximum == minimum:
+            expected = _plural(minimum, item)
+        elif minimum <= 0:
+            expected = f"at most {_plural(maximum, item)}"
+        else:
+            expected = f"{minimum} to {_plural(maximum, item)}"
+        raise ValueError(f"{name}: {arg} must hold {expected}{why}, got {_plural(n, item)}")
+    return items
+
+
+def check_sequence(
+    value,
+    arg: str,
+    *,
+    name: str,
+    mapping: bool = False,
+    what: str | None = None,
+    minimum: int = 0,
+    maximum: int | None = None,
+    item: str = "entry",
+):
+    """``value`` if it is a sequence (a list, a tuple, a range; not a string) or, with ``mapping``, a mapping
+    (``what`` words the expectation) of ``minimum`` to ``maximum`` entries (:func:`check_count`)."""
+    kind = Mapping if mapping else Sequence
+    if isinstance(value, (str, bytes)) or not isinstance(value, kind):
+        expected = what or ("a mapping" if mapping else "a sequence (a list or a tuple)")
+        raise TypeError(f"{name}: {arg} must be {expected}, got {describe(value)}")
+    if minimum > 0 or maximum is not None:
+        check_count(value, arg, name=name, minimum=minimum, maximum=maximum, item=item)
+    return value
+
+
+def check_subset(values: Iterable, arg: str, allowed: Iterable, *, name: str) -> None:
+    """Every one of ``values`` (names, keys) is among ``allowed``; the message lists the unknown ones."""
+    allowed = list(allowed)
+    unknown = [v for v in values if v not in allowed]
+    if unknown:
+        listed = ", ".join(repr(a) for a in allowed)
+        raise ValueError(f"{name}: {arg} must be among {listed}, got unknown {arg} {unknown!r}")
+
+
+def check_all_equal(values: dict, arg: str, *, name: str, what: str) -> None:
+    """Every value of ``values`` (label -> value) is equal to the first: ``arg`` must ``what``."""
+    labels = list(values)
+    first = values[labels[0]] if labels else None
+
+    def shown(value) -> str:  # the values themselves (describe() would give only a list's length)
+        text = repr(value)
+        return text if len(text) <= 80 else text[:77] + "..."
+
+    for label in labels[1:]:
+        if values[label] != first:
+            got = f"{shown(first)} for {labels[0]} but {shown(values[label])} for {label}"
+            raise ValueError(f"{name}: {arg} must {what}, got {got}")
+
+
 # ----------------------------------------------------------------------------------------------------------
 # Tensors
 
@@ -271,12 +372,68 @@ def check_last_dim(x: torch.Tensor, arg: str, size: int, *, name: str, what: str
     return x
 
 
-def check_not_both(first, second, first_arg: str, second_arg: str, *, name: str) -> None:
-    """At most one of two alternatives is given."""
+def check_dims(x, arg: str, dims: int, *, name: str, layout: str = "", at_least: bool = False):
+    """An array or tensor (anything with ``ndim``) with ``dims`` dimensions, or at least ``dims``."""
+    ndim = getattr(x, "ndim", None)
+    if not isinstance(ndim, int):
+        raise TypeError(f"{name}: {arg} must be an array or a tensor, got {describe(x)}")
+    if ndim < dims if at_least else ndim != dims:
+        count = f"at least {dims}" if at_least else f"{dims}"
+        raise ValueError(f"{name}: {arg} must have {count} dimensions {layout}".rstrip() + f", got {describe(x)}")
+    return x
+
+
+def check_square(x: torch.Tensor, arg: str, *, name: str, layout: str = "(..., N, N)") -> torch.Tensor:
+    """A tensor of at least 2 dimensions whose last two are equal (a self-attention map)."""
+    check_tensor(x, arg, name=name)
+    if x.dim() < 2 or x.shape[-1] != x.shape[-2]:
+        raise ValueError(f"{name}: {arg} must be square {layout}, got {describe(x)}")
+    return x
+
+
+def check_non_negative(x: torch.Tensor, arg: str, *, name: str) -> torch.Tensor:
+    """No entry of the tensor x is negative (NaN counts as negative: it is no weight). One host synchronisation."""
+    if x.numel() and not bool((x >= 0).all()):
+        raise ValueError(f"{name}: {arg} must be non-negative, got a minimum of {x.min().item():g}")
+    return x
+
+
+def check_nonzero(x: torch.Tensor, arg: str, *, name: str, why: str = "") -> torch.Tensor:
+    """The tensor x has an entry that is not zero (``why``: what an all-zero x would leave undefined)."""
+    if not bool((x != 0).any()):
+        raise ValueError(f"{name}: {arg} must not be all zeros{why}, got {describe(x)} of zeros")
+    return x
+
+
+def check_same_shape(x: torch.Tensor, y: torch.Tensor, x_arg: str, y_arg: str, *, name: str) -> None:
+    """Two tensors of one shape."""
+    if x.shape != y.shape:
+        raise ValueError(f"{name}: {y_arg} must have the shape {shape_str(x)} of {x_arg}, got {describe(y)}")
+
+
+def check_max_size(x: torch.Tensor, arg: str, dim: int, maximum: int, *, name: str, label: str, why: str = ""):
+    """Dimension ``dim`` of x (called ``label``: ``"N"``) has at most ``maximum`` entries."""
+    if x.shape[dim] > maximum:
+        raise ValueError(f"{name}: {arg} must have {label} <= {maximum}{why}, got {describe(x)}")
+    return x
+
+
+def check_unbatched(x, arg: str, *, name: str, layout: str = "(H, N, D)") -> torch.Tensor:
+    """One example: a floating tensor ``layout`` or the same with a leading batch of 1; returned with the batch."""
+    check_tensor(x, arg, name=name)
+    if x.dim() == len(layout.split(",")):
+        return x[None]
+    if x.dim() == len(layout.split(",")) + 1 and x.shape[0] == 1:
+        return x
+    raise ValueError(f"{name}: {arg} must have shape {layout} or (1, {layout[1:]}, got {describe(x)}")
+
+
+def check_not_both(
+    first, second, first_arg: str, second_arg: str, *, name: str, why: str = " (pass one of them)"
+) -> None:
+    """At most one of two alternatives is given (``why`` replaces the default explanation)."""
     if first is not None and second is not None:
-        raise ValueError(
-            f"{name}: {second_arg} must be None when {first_arg} is given (pass one of them), got {describe(second)}"
-        )
+        raise ValueError(f"{name}: {second_arg} must be None when {first_arg} is given{why}, got {describe(second)}")
 
 
 def check_sizes(tensors: dict[str, torch.Tensor], labels: dict[str, tuple[str, ...]], *, name: str) -> None:
@@ -574,6 +731,15 @@ def check_moh_heads(num_heads, shared_head, routed_head, *, name: str) -> tuple[
             f"routed_head must be at most num_heads - shared_head = {H - s} ({heads})"
         )
     return H, s, k
+
+
+def check_moh_routed(num_heads: int, shared_head: int, *, name: str, why: str = "") -> None:
+    """An MoH layer with routed heads (``shared_head < num_heads``): one whose router chooses something."""
+    if shared_head >= num_heads:
+        raise ValueError(
+            f"{name}: the layer must have routed heads (shared_head < num_heads){why}, got "
+            f"num_heads={num_heads}, shared_head={shared_head}"
+        )
 
 
 def check_head_dim(head_dim, dim: int, num_heads: int, *, name: str) -> int:

@@ -37,11 +37,12 @@ from . import mechanisms
 from ._checks import (
     accumulation_dtype,
     check_choice,
+    check_count,
     check_divisible,
+    check_instance,
     check_int,
     check_number,
     check_token_ids,
-    describe,
 )
 from .moh import MoHAttention
 from .softmax import SoftmaxAttention, softmax_attention
@@ -367,11 +368,10 @@ class DecoderLM(nn.Module):
         token = self._check_tokens(token, "token", 1)
         if state is None:
             state = self.initial_state()
-        elif not isinstance(state, LMState) or len(state.layers) != len(self.blocks):
-            raise ValueError(
-                f"DecoderLM.step: state must be an LMState with {len(self.blocks)} layers (or None), "
-                f"got {describe(state)}"
-            )
+        else:
+            n = len(self.blocks)
+            check_instance(state, "state", LMState, name="DecoderLM.step", what=f"an LMState with {n} layers or None")
+            check_count(state.layers, "state.layers", name="DecoderLM.step", minimum=n, maximum=n, item="layer")
         x = self._embed(token, torch.tensor([state.t], device=token.device))  # (B, C)
         layers = []
         for block, layer_state in zip(self.blocks, state.layers, strict=True):

@@ -142,6 +142,42 @@ def test_no_block_scrolls_sideways(visit):
     assert wide == [], f"{len(wide)} blocks scroll sideways at {WINDOW['width']} px:\n" + "\n".join(wide)
 
 
+# For each kind of box that holds code on the page (a cell, a folded check, a dropdown, an exercise, a solution),
+# a copy of one of its code blocks with one line of 80 characters: the book's line length must fit every box.
+EIGHTY_COLUMNS = """() => {
+    const kinds = {cell: '.cell_input', 'folded check': '.tag_hide-input .cell_input', dropdown: 'details',
+                   exercise: 'div.exercise', solution: 'div.solution'};
+    const out = [];
+    for (const [kind, where] of Object.entries(kinds)) {
+        for (const box of document.querySelectorAll(`article.bd-article ${where}`)) {
+            const pre = box.querySelector('div.highlight pre');
+            if (!pre || !pre.getClientRects().length || pre.closest('.wrap')) continue;
+            const copy = pre.cloneNode(false);
+            copy.textContent = '='.repeat(80);
+            pre.parentNode.insertBefore(copy, pre);
+            out.push({kind, fits: copy.scrollWidth <= copy.clientWidth + 1, scroll: copy.scrollWidth,
+                      client: copy.clientWidth, px: parseFloat(getComputedStyle(copy).fontSize)});
+            copy.remove();
+            break;
+        }
+    }
+    return out;
+}"""
+
+
+def test_eighty_columns_fit_every_code_box(visit):
+    """Book cells are linted at 80 columns (book/ruff.toml): a line that long fits in every box that shows code,
+    at a font of at least 12 px."""
+    _open_all_folds(visit.page)
+    boxes = visit.page.evaluate(EIGHTY_COLUMNS)
+    if not boxes:
+        pytest.skip("no code on this page")
+    bad = [f"{b['kind']}: {b['scroll']} px in {b['client']} px at {b['px']} px" for b in boxes if not b["fits"]]
+    assert bad == [], "80 columns do not fit:\n" + "\n".join(bad)
+    small = [f"{b['kind']}: {b['px']} px" for b in boxes if b["px"] < 12]
+    assert small == [], "code shrunk below 12 px:\n" + "\n".join(small)
+
+
 def test_every_image_is_shown_at_its_natural_size(images):
     small = [
         f"{i['where']}: shown at {i['shown'] / i['natural']:.0%} ({i['shown']:.0f} of {i['natural']} px)"

@@ -21,6 +21,9 @@ import sys
 
 import yaml
 
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "frontend"))
+from envs import package_source  # noqa: E402
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 VENV = ROOT / "_build" / "colab-venv"
 PY = VENV / "bin" / "python"
@@ -32,7 +35,7 @@ IPYWIDGETS = next(
     if line.startswith("ipywidgets==")
 )
 COLAB_PREINSTALLED = ["torch==2.13.0", IPYWIDGETS, "numpy", "matplotlib", "ipykernel"]
-TEST_TOOLS = ["pytest", "nbmake", "hypothesis"]
+TEST_TOOLS = ["pytest", "pytest-xdist", "nbmake", "hypothesis"]
 KEPT = ["torch", "numpy", "matplotlib", "ipywidgets"]
 
 
@@ -64,7 +67,8 @@ def install_cell(chapter: pathlib.Path) -> str:
     remote = f"git+{config['url']}@{config['branch']}"
     if remote not in source:
         raise SystemExit(f"{chapter.name}: the install cell does not install {remote}")
-    return source.replace(remote, ROOT.as_uri())
+    # A private copy of the checkout's package source (pip builds a local folder in place).
+    return source.replace(remote, package_source(ROOT / "_build" / "colab-source").as_uri())
 
 
 def main() -> None:
@@ -106,7 +110,10 @@ def main() -> None:
         env=env,
     )
     widget_tests = sorted(str(p) for p in (ROOT / "tests").glob("test_viz_*.py"))
-    run(str(PY), "-m", "pytest", "-q", "-p", "no:cacheprovider", *widget_tests, cwd=str(ROOT), env=env)
+    one_thread = {**env, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}  # two workers on two cores
+    run(
+        str(PY), "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2", *widget_tests, cwd=str(ROOT), env=one_thread
+    )
 
 
 if __name__ == "__main__":

@@ -80,10 +80,24 @@ def _quiet_pip(py: pathlib.Path, *args: str) -> list[str]:
     return [str(py), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-compile", *args]
 
 
+def package_source(into: pathlib.Path) -> pathlib.Path:
+    """A private copy of what building the package reads (pyproject.toml, README.md, src/), so that a build
+    here never writes into the checkout (setuptools writes build/ and *.egg-info where it builds), while
+    `make test` runs this beside other targets that build or import the package."""
+    shutil.rmtree(into, ignore_errors=True)
+    into.mkdir(parents=True)
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy2(ROOT / name, into / name)
+    junk = shutil.ignore_patterns("__pycache__", "*.egg-info", "build")
+    shutil.copytree(ROOT / "src", into / "src", ignore=junk)
+    return into
+
+
 def build_wheel() -> pathlib.Path:
     out = BASE / "wheel"
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
+    source = package_source(BASE / "source")
     subprocess.run(
         [
             sys.executable,
@@ -95,7 +109,7 @@ def build_wheel() -> pathlib.Path:
             "--no-build-isolation",
             "-w",
             str(out),
-            str(ROOT),
+            str(source),
         ],
         check=True,
         stderr=subprocess.DEVNULL if os.environ.get("CI") is None else None,

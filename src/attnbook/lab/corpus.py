@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .._checks import check_int
+from .._checks import check_count, check_found, check_int
 
 __all__ = ["Corpus", "stdlib_files", "is_validation", "load_stdlib", "windows"]
 
@@ -26,8 +26,8 @@ def stdlib_files(root: str | pathlib.Path | None = None) -> list[pathlib.Path]:
     """The sorted top-level ``*.py`` files of the standard library (or of ``root``)."""
     root = pathlib.Path(sysconfig.get_paths()["stdlib"] if root is None else root)
     files = sorted(p for p in root.glob("*.py") if p.is_file())
-    if not files:
-        raise ValueError(f"stdlib_files: no *.py files in {str(root)!r} (is the standard library zipped?)")
+    why = "hold *.py files (is the standard library zipped?)"
+    check_found(files, "root", name="stdlib_files", expected=why, got=f"none in {str(root)!r}")
     return files
 
 
@@ -71,11 +71,9 @@ def load_stdlib(root: str | pathlib.Path | None = None) -> Corpus:
     files = stdlib_files(root)
     train = [p for p in files if not is_validation(p.name)]
     valid = [p for p in files if is_validation(p.name)]
-    if not train or not valid:
-        raise ValueError(
-            f"load_stdlib: the {len(files)} files in {str(files[0].parent)!r} give an empty split "
-            f"({len(train)} train, {len(valid)} validation files)"
-        )
+    where = f" (of the {len(files)} files in {str(files[0].parent)!r})"
+    check_count(train, "the training split", name="load_stdlib", item="file", why=where)
+    check_count(valid, "the validation split", name="load_stdlib", item="file", why=where)
     return Corpus(
         str(files[0].parent),
         tuple(p.name for p in train),
@@ -92,8 +90,7 @@ def windows(data: torch.Tensor, starts: torch.Tensor, length: int) -> tuple[torc
         ``(x, y)``, both (len(starts), length) int64: ``y[:, i] = x[:, i + 1]`` shifted by one byte.
     """
     length = check_int(length, "length", name="windows", minimum=1)
-    if data.numel() < length + 1:
-        raise ValueError(f"windows: data must hold at least length + 1 = {length + 1} bytes, got {data.numel()}")
+    check_count(data, "data", name="windows", minimum=length + 1, item="byte", why=" (length + 1)")
     offsets = torch.arange(length + 1)  # (length + 1,)
     chunk = data[starts.unsqueeze(1) + offsets].long()  # (n, length + 1)
     return chunk[:, :-1], chunk[:, 1:]

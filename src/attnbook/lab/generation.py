@@ -23,6 +23,7 @@ from collections.abc import Sequence
 import torch
 
 from .. import mechanisms
+from .._checks import check_count, check_int
 from ..lm import state_bytes
 from .bench import environment, loglog_slope
 from .lm import Setup
@@ -75,9 +76,8 @@ def measure(
         ``allocated_bytes``, ``step_peak_bytes`` and ``recurrent``.
     """
     names = list(mechanism_names or mechanisms.names(causal=True))
-    positions = sorted(int(t) for t in positions)
-    if not names or not positions or positions[0] < 1:
-        raise ValueError(f"measure: need mechanisms and positions >= 1, got {names!r}, {positions!r}")
+    check_count(positions, "positions", name="measure", item="position")
+    positions = sorted(check_int(t, "positions", name="measure", minimum=1) for t in positions)
     device = torch.device(device)
     if text is None:
         text = torch.randint(256, (4096,), generator=torch.Generator().manual_seed(0), dtype=torch.uint8)

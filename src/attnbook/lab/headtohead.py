@@ -38,7 +38,20 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from .. import mechanisms
-from .._checks import check_bool, check_int, check_number, describe
+from .._checks import (
+    check_bool,
+    check_choice,
+    check_count,
+    check_divisible,
+    check_instance,
+    check_int,
+    check_max_size,
+    check_module,
+    check_number,
+    check_sequence,
+    check_subset,
+    check_tensor,
+)
 from ..moh import MoHAttention
 
 __all__ = [
@@ -75,12 +88,8 @@ class RecallTask:
     def __post_init__(self):
         check_int(self.n_pairs, "n_pairs", name="RecallTask", minimum=1)
         check_int(self.n_values, "n_values", name="RecallTask", minimum=2)
-        check_int(self.n_keys, "n_keys", name="RecallTask", minimum=1)
-        if self.n_keys < self.n_pairs:
-            raise ValueError(
-                f"RecallTask: n_keys must be >= n_pairs = {self.n_pairs} (the keys of a sequence are distinct), "
-                f"got {self.n_keys}"
-            )
+        why = " (n_pairs: the keys of a sequence are distinct)"
+        check_int(self.n_keys, "n_keys", name="RecallTask", minimum=self.n_pairs, why=why)
 
     @property
     def vocab(self) -> int:
@@ -100,8 +109,7 @@ class RecallTask:
     def batch(self, size: int, generator: torch.Generator, device: torch.device | str = "cpu"):
         """``(tokens (size, P + 1) long, target (size,) long in [0, n_values))``."""
         size = check_int(size, "size", name="RecallTask.batch", minimum=1)
-        if not isinstance(generator, torch.Generator):
-            raise TypeError(f"RecallTask.batch: generator must be a torch.Generator, got {describe(generator)}")
+        check_instance(generator, "generator", torch.Generator, name="RecallTask.batch", what="a torch.Generator")
         P = self.n_pairs
         keys = torch.rand(size, self.n_keys, generator=generator).argsort(dim=-1)[:, :P]  # (size, P) distinct
         values = torch.randint(self.n_values, (size, P), generator=generator)  # (size, P)
@@ -132,8 +140,7 @@ class RecallEmbedding(nn.Module):
 
     def __init__(self, task: RecallTask, d_model: int):
         super().__init__()
-        if not isinstance(task, RecallTask):
-            raise TypeError(f"RecallEmbedding: task must be a RecallTask, got {describe(task)}")
+        check_instance(task, "task", RecallTask, name="RecallEmbedding", what="a RecallTask")
         d_model = check_int(d_model, "d_model", name="RecallEmbedding", minimum=1)
         self.task = task
         self.key = nn.Embedding(task.n_keys, d_model)
@@ -185,18 +192,16 @@ class TinyModel(nn.Module):
     ):
         super().__init__()
         name = "TinyModel"
-        if mechanism not in MECHANISMS:
-            raise ValueError(f"{name}: mechanism must be one of {MECHANISMS}, got {describe(mechanism)}")
+        check_choice(mechanism, "mechanism", MECHANISMS, name=name)
         vocab = check_int(vocab, "vocab", name=name, minimum=1)
         length = check_int(length, "length", name=name, minimum=1)
         n_out = check_int(n_out, "n_out", name=name, minimum=1)
         d_model = check_int(d_model, "d_model", name=name, minimum=1)
         n_heads = check_int(n_heads, "n_heads", name=name, minimum=1)
         n_layers = check_int(n_layers, "n_layers", name=name, minimum=1)
-        if d_model % n_heads:
-            raise ValueError(f"{name}: d_model must be divisible by n_heads = {n_heads}, got {d_model}")
-        if embedding is not None and not isinstance(embedding, nn.Module):
-            raise TypeError(f"{name}: embedding must be an nn.Module, got {describe(embedding)}")
+        check_divisible(d_model, n_heads, name=name, total_arg="d_model", parts_arg="n_heads")
+        if embedding is not None:
+            check_module(embedding, "embedding", name=name)
         self.mechanism = mechanism
         self.embed = nn.Embedding(vocab, d_model) if embedding is None else embedding
         self.position = nn.Parameter(torch.randn(length, d_model) * 0.02)
@@ -206,9 +211,8 @@ class TinyModel(nn.Module):
 
     def embed_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
         """Token plus position embeddings, (B, N) -> (B, N, d_model): the input of the first block."""
-        if not isinstance(tokens, torch.Tensor) or tokens.dim() != 2 or tokens.shape[1] > self.position.shape[0]:
-            got = describe(tokens)
-            raise ValueError(f"TinyModel: tokens must be (B, N <= {self.position.shape[0]}) long, got {got}")
+        check_tensor(tokens, "tokens", name="TinyModel", dims=2, layout="(B, N)", floating=False)
+        check_max_size(tokens, "tokens", 1, self.position.shape[0], name="TinyModel", label="N", why=" (length)")
         return self.embed(tokens) + self.position[: tokens.shape[1]]  # (B, N, d)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -289,10 +293,8 @@ def train(
         a :class:`Curve` with one point per evaluation, the first at step 0.
     """
     name = "train"
-    if mechanism not in MECHANISMS:
-        raise ValueError(f"{name}: mechanism must be one of {MECHANISMS}, got {describe(mechanism)}")
-    if not isinstance(task, RecallTask):
-        raise TypeError(f"{name}: task must be a RecallTask, got {describe(task)}")
+    check_choice(mechanism, "mechanism", MECHANISMS, name=name)
+    check_instance(task, "task", RecallTask, name=name, what="a RecallTask")
     steps = check_int(steps, "steps", name=name, minimum=1)
     batch = check_int(batch, "batch", name=name, minimum=1)
     lr = check_number(lr, "lr", name=name, minimum=0.0, strict_minimum=True)
@@ -432,8 +434,7 @@ class Race:
         return mean[-1] - mean[before]
 
     def _get(self, mechanism: str) -> list[Curve]:
-        if mechanism not in self.curves:
-            raise ValueError(f"Race: mechanism must be one of {list(self.curves)}, got {describe(mechanism)}")
+        check_choice(mechanism, "mechanism", self.mechanisms, name="Race")
         return self.curves[mechanism]
 
 
@@ -460,16 +461,14 @@ def race(
     Returns:
         a :class:`Race`.
     """
+    if mechanisms is not None:
+        check_sequence(mechanisms, "mechanisms", name="race", minimum=1, item="mechanism")
     names = list(MECHANISMS if mechanisms is None else mechanisms)
-    if not names:
-        raise ValueError("race: mechanisms must name at least one mechanism, got an empty list")
-    for n in names:
-        if n not in MECHANISMS:
-            raise ValueError(f"race: mechanisms must be names from {MECHANISMS}, got {describe(n)}")
+    check_subset(names, "mechanisms", MECHANISMS, name="race")
     if isinstance(seeds, Sequence):
-        seed_list = [check_int(s, "seeds", name="race", minimum=0) for s in seeds]
-        if not seed_list:
-            raise ValueError("race: seeds must hold at least one seed, got an empty list")
+        seed_list = [
+            check_int(s, "seeds", name="race", minimum=0) for s in check_count(seeds, "seeds", name="race", item="seed")
+        ]
     else:
         seed_list = list(range(check_int(seeds, "seeds", name="race", minimum=1)))
     curves: dict[str, list[Curve]] = {n: [] for n in names}
@@ -513,10 +512,8 @@ def lookup_share(model: TinyModel, tokens: torch.Tensor, task: RecallTask) -> to
     Returns:
         (B, H) the share for every sequence and head.
     """
-    if not isinstance(model, TinyModel):
-        raise TypeError(f"lookup_share: model must be a TinyModel, got {describe(model)}")
-    if not isinstance(task, RecallTask):
-        raise TypeError(f"lookup_share: task must be a RecallTask, got {describe(task)}")
+    check_instance(model, "model", TinyModel, name="lookup_share", what="a TinyModel")
+    check_instance(task, "task", RecallTask, name="lookup_share", what="a RecallTask")
     block = model.blocks[0]
     with torch.no_grad():
         h = block.norm1(model.embed_tokens(tokens))  # (B, N, d)
@@ -551,8 +548,7 @@ def operator_count(model: nn.Module, tokens: torch.Tensor, target: torch.Tensor)
         model: e.g. a :class:`TinyModel`.
         tokens, target: one batch, ``model(tokens)`` -> logits for ``target``.
     """
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"operator_count: model must be an nn.Module, got {describe(model)}")
+    check_module(model, "model", name="operator_count")
     saved = [(p, p.grad) for p in model.parameters()]
     counter = _OperatorCounter()
     with counter:
@@ -575,12 +571,9 @@ def plot_race(result: Race, *, shares: dict[str, Sequence[float]] | None = None,
 
     from ..viz import style
 
-    if not isinstance(result, Race):
-        raise TypeError(f"plot_race: result must be a Race, got {describe(result)}")
+    check_instance(result, "result", Race, name="plot_race", what="a Race")
     if shares is not None:
-        unknown = [n for n in shares if n not in result.curves]
-        if unknown:
-            raise ValueError(f"plot_race: shares must name mechanisms of the race {result.mechanisms}, got {unknown}")
+        check_subset(shares, "shares", result.mechanisms, name="plot_race")
     if fig is None:
         fig = plt.figure(figsize=(style.PAGE_WIDTH, 3.8 if shares is None else 6.6))
     if shares is None:

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import config
-from .._checks import check_int
+from .._checks import check_count, check_instance, check_int
 from ..lm import DecoderLM
 from .corpus import Corpus, windows
 from .progress import Progress
@@ -107,9 +107,8 @@ def learning_rate(step: int, s: Setup) -> float:
 def validation_starts(data: torch.Tensor, n: int, length: int) -> torch.Tensor:
     """``n`` fixed window starts spread evenly over ``data`` (no randomness: every run sees the same)."""
     n = check_int(n, "n", name="validation_starts", minimum=1)
+    check_count(data, "data", name="validation_starts", minimum=length + 1, item="byte", why=" (length + 1)")
     last = data.numel() - length - 1
-    if last < 0:
-        raise ValueError(f"validation_starts: data must hold more than {length} bytes, got {data.numel()}")
     return torch.linspace(0, last, n).long()  # (n,)
 
 
@@ -242,8 +241,8 @@ def race(
 ) -> dict[str, list[Run]]:
     """Train every mechanism with every seed (seed-major, so a partial run compares like with like)."""
     s = setup() if s is None else s
-    if not mechanism_names or not seeds:
-        raise ValueError(f"race: need at least one mechanism and one seed, got {mechanism_names!r}, {seeds!r}")
+    check_count(mechanism_names, "mechanism_names", name="race", item="mechanism")
+    check_count(seeds, "seeds", name="race", item="seed")
     bar = Progress(len(mechanism_names) * len(seeds) * s.steps, enabled=progress)
     runs: dict[str, list[Run]] = {m: [] for m in mechanism_names}
     for i, seed in enumerate(seeds):
@@ -305,10 +304,8 @@ def distinct_fraction(data: bytes, n: int = 4) -> float:
 
     A text that loops on a short phrase scores near 0; random bytes score near 1.
     """
-    if not isinstance(data, (bytes, bytearray)):
-        raise TypeError(f"distinct_fraction: data must be bytes, got {type(data).__name__}")
+    check_instance(data, "data", (bytes, bytearray), name="distinct_fraction", what="bytes")
     n = check_int(n, "n", name="distinct_fraction", minimum=1)
-    if len(data) < n:
-        raise ValueError(f"distinct_fraction: data must hold at least n = {n} bytes, got {len(data)}")
+    check_count(data, "data", name="distinct_fraction", minimum=n, item="byte", why=" (n)")
     grams = [bytes(data[i : i + n]) for i in range(len(data) - n + 1)]
     return len(set(grams)) / len(grams)

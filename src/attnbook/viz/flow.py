@@ -38,7 +38,20 @@ import numpy as np
 import torch
 from matplotlib.collections import LineCollection
 
-from .._checks import check_bool, check_eps, check_int, check_number, check_tensor, describe
+from .._checks import (
+    check_bool,
+    check_choice,
+    check_dtype,
+    check_eps,
+    check_exclusive,
+    check_instance,
+    check_int,
+    check_max_size,
+    check_number,
+    check_sequence,
+    check_subset,
+    check_unbatched,
+)
 from .static import enable_slider_keys, figure_to_png, set_slider_range
 from .style import DPI, MIN_FONT, PAGE_WIDTH, book_style, colour
 
@@ -159,8 +172,7 @@ def make_toy_input(
     seed = check_int(seed, "seed", name=where, minimum=0)
     d_head = check_int(d_head, "d_head", name=where, minimum=1)
     d_token = check_int(d_token, "d_token", name=where, minimum=1)
-    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-        raise TypeError(f"{where}: dtype must be a floating-point torch.dtype, got {describe(dtype)}")
+    check_dtype(dtype, "dtype", name=where)
     g = torch.Generator().manual_seed(int(seed))
     scale = 1.0 / math.sqrt(d_token)
     wq, wk, wv = (
@@ -174,15 +186,6 @@ def make_toy_input(
     k = magnitude * torch.einsum("nc,hcd->hnd", x, wk)  # (H, N, d_head)
     v = torch.einsum("nc,hcd->hnd", x, wv)  # (H, N, d_head)
     return q[None].to(dtype), k[None].to(dtype), v[None].to(dtype)
-
-
-def _single_batch(x: torch.Tensor, label: str) -> torch.Tensor:
-    check_tensor(x, label, name="compute_flow_state")
-    if x.dim() == 3:
-        return x[None]
-    if x.dim() == 4 and x.shape[0] == 1:
-        return x
-    raise ValueError(f"compute_flow_state: {label} must have shape (H, N, D) or (1, H, N, D), got {tuple(x.shape)}")
 
 
 def _cpu64(x: torch.Tensor) -> torch.Tensor:
@@ -229,18 +232,16 @@ def compute_flow_state(
     allocation = check_bool(allocation, "allocation", name=where)
     heads_compete = check_bool(heads_compete, "heads_compete", name=where)
     eps = check_eps(eps, name=where)
-    q, k, v = (_single_batch(x, label) for x, label in ((q, "q"), (k, "k"), (v, "v")))
-    N, M = q.shape[-2], k.shape[-2]
-    if max(N, M) > MAX_TOKENS:
-        raise ValueError(
-            f"compute_flow_state draws an (H, N, M) edge matrix and is meant for toy sizes "
-            f"(N, M <= {MAX_TOKENS}); got q {tuple(q.shape)}, k {tuple(k.shape)}"
-        )
-    if heads_compete and causal:
-        raise ValueError(
-            "compute_flow_state: causal must be False with heads_compete=True (Mobile-Attention has no causal "
-            "version), got causal=True"
-        )
+    q, k, v = (
+        check_unbatched(x, label, name=where, layout=f"(H, {n}, D)")
+        for x, label, n in ((q, "q", "N"), (k, "k", "M"), (v, "v", "M"))
+    )
+    toy = " (it draws an (H, N, M) edge matrix and is meant for toy sizes)"
+    check_max_size(q, "q", -2, MAX_TOKENS, name=where, label="N", why=toy)
+    check_max_size(k, "k", -2, MAX_TOKENS, name=where, label="M", why=toy)
+    N = q.shape[-2]
+    why = " (Mobile-Attention has no causal version)"
+    check_exclusive(heads_compete, causal, "heads_compete", "causal", name=where, why=why)
     if heads_compete:
         _, stats = attnbook.mobile_attention(q, k, v, eps=eps, return_flows=True)
     else:
@@ -293,6 +294,20 @@ def compute_flow_state(
 # of attnbook.viz.style (Flow or Mobile, on the edges) stays the only colour that means a mechanism.
 _SOURCE_COLOURS = ("#8c510a", "#dfc27d")  # conserved outgoing flow, competition
 _SINK_COLOURS = ("#4d4d4d", "#bababa")  # conserved incoming flow, allocation
+
+
+def _legend_above(ax, *, ncol: int, handlelength: float, **kwargs) -> None:
+    """A frameless legend just above ``ax``, as wide as it, filled column by column: it covers nothing."""
+    ax.legend(
+        loc="lower left",
+        bbox_to_anchor=(0.0, 1.0, 1.0, 0.1),
+        mode="expand",
+        ncol=ncol,
+        frameon=False,
+        borderaxespad=0.2,
+        handlelength=handlelength,
+        **kwargs,
+    )
 
 
 def _draw_bipartite(
@@ -371,16 +386,7 @@ def _grouped_bars(
     if clamp:
         handles.append(ax.axhline(1.0, color="black", lw=0.8, ls="--", label="clamp at 1"))
     # above the axes, as wide as they are, filled column by column: it can neither cover a bar nor widen the page
-    ax.legend(
-        handles=handles,
-        loc="lower left",
-        bbox_to_anchor=(0.0, 1.0, 1.0, 0.1),
-        mode="expand",
-        ncol=2,
-        frameon=False,
-        borderaxespad=0.2,
-        handlelength=1.4,
-    )
+    _legend_above(ax, ncol=2, handlelength=1.4, handles=handles)
     ax.set_xticks(x, [str(i) for i in x])
     ax.set_xlim(-0.6, len(first) - 0.4)
     ax.set_xlabel(xlabel)
@@ -405,8 +411,7 @@ def plot_flow(state: FlowPicture, *, head: int = 0, figsize: tuple[float, float]
     wide with text of at least :data:`~attnbook.viz.style.MIN_FONT` points: the panels wrap onto two rows
     instead of shrinking.
     """
-    if not isinstance(state, FlowPicture):
-        raise TypeError(f"plot_flow: state must be a FlowPicture, got {describe(state)}")
+    check_instance(state, "state", FlowPicture, name="plot_flow", what="a FlowPicture")
     head = check_int(head, "head", name="plot_flow", minimum=0, maximum=state.n_heads - 1)
     heads_mode = state.mode == "mobile"
     switches = []
@@ -484,15 +489,7 @@ def _draw_head_shares(ax, state: FlowPicture, head: int) -> None:
     ax.set_xlim(-0.6, N - 0.4)
     ax.set_xlabel(f"token j: the H = {H} heads share its Ô (sum = H)")
     ax.set_ylim(0.0, 1.05 * max(H, float(bottom.max())))
-    ax.legend(
-        loc="lower left",
-        bbox_to_anchor=(0.0, 1.0, 1.0, 0.1),
-        mode="expand",
-        ncol=3,
-        frameon=False,
-        borderaxespad=0.2,
-        handlelength=1.0,
-    )
+    _legend_above(ax, ncol=3, handlelength=1.0)
 
 
 _CHECKS = {  # explorer parameter -> its validation (one wording, from attnbook._checks)
@@ -510,15 +507,10 @@ _CHECKS = {  # explorer parameter -> its validation (one wording, from attnbook.
 
 
 def _params(where: str = "flow explorer", **overrides) -> dict:
-    unknown = set(overrides) - set(DEFAULTS)
-    if unknown:
-        raise ValueError(
-            f"{where}: parameters must be among {sorted(DEFAULTS)}, got unknown parameter(s) {sorted(unknown)}"
-        )
+    check_subset(sorted(overrides), "parameters", sorted(DEFAULTS), name=where)
     p = {**DEFAULTS, **overrides}
     p = {name: _CHECKS[name](value, where) for name, value in p.items()}
-    if p["head"] >= p["n_heads"]:
-        raise ValueError(f"{where}: head must be an int in 0..{p['n_heads'] - 1} (n_heads - 1), got {p['head']}")
+    check_int(p["head"], "head", name=where, minimum=0, maximum=p["n_heads"] - 1, why=" (n_heads - 1)")
     return p
 
 
@@ -547,12 +539,8 @@ def default_figure(**overrides):
 def explorer_frames(parameter: str, values: Sequence, **overrides) -> dict[str, object]:
     """Figures of the explorer with ``parameter`` set to each of ``values`` (others from :data:`DEFAULTS`
     and ``overrides``), keyed by the value's label: the input of :func:`attnbook.viz.frame_slider`."""
-    if parameter not in DEFAULTS:
-        raise ValueError(
-            f"explorer_frames: parameter must be one of {sorted(DEFAULTS)}, got unknown parameter {parameter!r}"
-        )
-    if isinstance(values, (str, bytes)) or not isinstance(values, Sequence) or not values:
-        raise TypeError(f"explorer_frames: values must be a non-empty sequence, got {describe(values)}")
+    check_choice(parameter, "parameter", sorted(DEFAULTS), name="explorer_frames")
+    check_sequence(values, "values", name="explorer_frames", minimum=1, item="value")
     frames = {}
     for value in values:
         p = _params("explorer_frames", **{**overrides, parameter: value})

@@ -11,7 +11,17 @@ from collections.abc import Mapping, Sequence
 import matplotlib.pyplot as plt
 import torch
 
-from .._checks import check_int, check_number, check_tensor, describe
+from .._checks import (
+    check_count,
+    check_dims,
+    check_int,
+    check_non_negative,
+    check_nonzero,
+    check_number,
+    check_same_shape,
+    check_square,
+    check_tensor,
+)
 from .plots import attention_heatmap, scaling_plot
 from .style import PAGE_WIDTH, shared_scale
 
@@ -56,9 +66,7 @@ def selectivity(weights: torch.Tensor) -> tuple[float, float]:
     For :func:`retrieval_toy` the diagonal is the right key: a perfect look-up has entropy 0 and diagonal 1,
     a uniform map entropy log N and diagonal 1/N.
     """
-    check_tensor(weights, "weights", name="selectivity")
-    if weights.dim() < 2 or weights.shape[-1] != weights.shape[-2]:
-        raise ValueError(f"selectivity: weights must be square (..., N, N), got {describe(weights)}")
+    check_square(weights, "weights", name="selectivity")
     return row_entropy(weights).mean().item(), weights.diagonal(dim1=-2, dim2=-1).mean().item()
 
 
@@ -68,23 +76,22 @@ def row_entropy(weights: torch.Tensor) -> torch.Tensor:
     0 log 0 counts as 0. A one-hot row has entropy 0, a uniform row over M keys log M: the lower, the more
     selective the attention. Rows are used as given (normalise them first).
     """
-    if not isinstance(weights, torch.Tensor) or weights.dim() < 1:
-        raise ValueError(f"row_entropy: expected a tensor with at least one dimension, got {weights!r}")
+    check_tensor(weights, "weights", name="row_entropy", floating=False)
+    check_dims(weights, "weights", 1, name="row_entropy", layout="(..., N, M)", at_least=True)
     w = weights.to(torch.promote_types(weights.dtype, torch.float32))
-    if bool((w < 0).any()):
-        raise ValueError(f"row_entropy: weights must be non-negative, got a minimum of {w.min().item():g}")
+    check_non_negative(w, "weights", name="row_entropy")
     logs = torch.where(w > 0, w.clamp_min(torch.finfo(w.dtype).tiny).log(), torch.zeros_like(w))
     return -(w * logs).sum(dim=-1)
 
 
 def relative_error(approx: torch.Tensor, exact: torch.Tensor) -> torch.Tensor:
     """||approx - exact|| / ||exact|| over all entries (Frobenius norms), as a 0-dim float64 tensor."""
-    if approx.shape != exact.shape:
-        raise ValueError(f"relative_error: shapes differ, approx {tuple(approx.shape)} vs exact {tuple(exact.shape)}")
+    check_tensor(approx, "approx", name="relative_error", floating=False)
+    check_tensor(exact, "exact", name="relative_error", floating=False)
+    check_same_shape(approx, exact, "approx", "exact", name="relative_error")
+    check_nonzero(exact, "exact", name="relative_error", why=" (the relative error would be undefined)")
     a, e = approx.to(torch.float64), exact.to(torch.float64)
     norm = e.norm()
-    if not bool(norm > 0):
-        raise ValueError("relative_error: the exact tensor is all zeros, the relative error is undefined")
     return (a - e).norm() / norm
 
 
@@ -107,8 +114,7 @@ def attention_maps_figure(
     compared; otherwise each panel has its own scale and bar. ``panel_width`` (inches per panel) overrides ``width``.
     ``labels`` names the tokens (tick labels on both axes, for square maps of self-attention).
     """
-    if not maps:
-        raise ValueError("attention_maps_figure: no maps given")
+    check_count(maps, "maps", name="attention_maps_figure", item="map")
     n = len(maps)
     ncols = min(n, 2) if ncols is None else check_int(ncols, "ncols", name="attention_maps_figure", minimum=1)
     ncols = min(ncols, n)
@@ -165,13 +171,11 @@ def feature_error_plot(
     A guide line proportional to R^(-1/2) (the Monte Carlo rate) goes through the first point of the first
     series. ``styles``: ``plot`` keyword arguments per series, as in :func:`attnbook.viz.scaling_plot`.
     """
-    if not errors:
-        raise ValueError("feature_error_plot: no error series given")
+    check_count(errors, "errors", name="feature_error_plot", item="series")
+    n = len(num_features)
     for name, ys in errors.items():
-        if len(ys) != len(num_features):
-            raise ValueError(
-                f"feature_error_plot: series {name!r} has {len(ys)} values for {len(num_features)} feature counts"
-            )
+        why = " (one per feature count R)"
+        check_count(ys, f"errors[{name!r}]", name="feature_error_plot", minimum=n, maximum=n, item="value", why=why)
     return scaling_plot(
         num_features,
         errors,

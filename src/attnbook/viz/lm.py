@@ -12,6 +12,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.ticker import FuncFormatter
 
+from .._checks import check_all_equal
 from .style import PAGE_WIDTH, book_style, line_style
 
 __all__ = ["curve_summary", "plot_bpb", "plot_generation"]
@@ -33,8 +34,8 @@ def curve_summary(runs: Sequence) -> dict[str, dict[str, list[float]]]:
     out = {}
     for name, group in by_name.items():
         steps = list(_get(group[0], "steps"))
-        if any(list(_get(r, "steps")) != steps for r in group):
-            raise ValueError(f"curve_summary: the runs of {name!r} were evaluated at different steps")
+        by_seed = {f"run {i}": list(_get(r, "steps")) for i, r in enumerate(group)}
+        check_all_equal(by_seed, f"the steps of the {name!r} runs", name="curve_summary", what="be equal")
         bpb = np.array([_get(r, "valid_bpb") for r in group], dtype=float)  # (seeds, evaluations)
         wall = np.array([_get(r, "wall_s") for r in group], dtype=float)
         out[name] = {

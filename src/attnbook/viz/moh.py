@@ -32,7 +32,15 @@ from matplotlib.colors import ListedColormap
 from matplotlib.figure import Figure
 from torch import nn
 
-from .._checks import check_int, check_moh_heads, check_number, check_tensor, describe
+from .._checks import (
+    check_instance,
+    check_int,
+    check_moh_heads,
+    check_moh_routed,
+    check_not_both,
+    check_number,
+    check_tensor,
+)
 from ..moh import MoHAttention
 from .static import enable_slider_keys, figure_to_png, set_slider_range
 from .style import DPI, PAGE_WIDTH, book_style, colour
@@ -277,11 +285,11 @@ def train_router(
     where = "train_router"
     steps = check_int(steps, "steps", name=where, minimum=0)
     lr = check_number(lr, "lr", name=where, minimum=0.0, strict_minimum=True)
+    kinds = (RoutingState, MoHAttention)
+    check_instance(state_or_module, "state_or_module", kinds, name=where, what="a RoutingState or an MoHAttention")
     if isinstance(state_or_module, RoutingState):
-        if tokens is not None:
-            raise ValueError(
-                f"{where}: tokens must be None with a RoutingState (its tokens are used), got {describe(tokens)}"
-            )
+        why = " (its tokens are used)"
+        check_not_both(state_or_module, tokens, "a RoutingState", "tokens", name=where, why=why)
         state = state_or_module
         module, tokens = _clone(state.module), state.tokens
         settings = dict(
@@ -292,24 +300,15 @@ def train_router(
             seed=state.seed,
         )
         start = state.step
-    elif isinstance(state_or_module, MoHAttention):
-        if tokens is None:
-            raise TypeError(f"{where}: tokens must be a (B, N, C) tensor with a module, got None")
+    else:
+        check_instance(tokens, "tokens", torch.Tensor, name=where, what="a (B, N, C) tensor with a module")
         check_tensor(tokens, "tokens", name=where, dims=3, layout="(B, N, C)")
         module = _clone(state_or_module)
         settings = dict(
             n_heads=module.num_heads, shared=module.shared_head, top_k=module.routed_head, temperature=1.0, seed=-1
         )  # the module's own router, as it is
         start = 0
-    else:
-        raise TypeError(
-            f"{where}: state_or_module must be a RoutingState or an MoHAttention, got {describe(state_or_module)}"
-        )
-    if settings["n_heads"] == settings["shared"]:
-        raise ValueError(
-            f"{where}: the layer must have routed heads (shared < n_heads) to have a router to train, got "
-            f"n_heads={settings['n_heads']}, shared={settings['shared']}"
-        )
+    check_moh_routed(settings["n_heads"], settings["shared"], name=where, why=" to have a router to train")
 
     router = _router_parameters(module)
     trainable = {name: p.requires_grad for name, p in module.named_parameters()}
@@ -399,10 +398,8 @@ def plot_routing(
         a matplotlib ``Figure`` (not registered with pyplot, so nothing needs closing).
     """
     where = "plot_routing"
-    if not isinstance(state, RoutingState):
-        raise TypeError(f"{where}: state must be a RoutingState, got {describe(state)}")
-    if history is not None and not isinstance(history, RouterTraining):
-        raise TypeError(f"{where}: history must be a RouterTraining or None, got {describe(history)}")
+    check_instance(state, "state", RoutingState, name=where, what="a RoutingState")
+    check_instance(history, "history", (RouterTraining, type(None)), name=where, what="a RouterTraining or None")
     max_tokens = check_int(max_tokens, "max_tokens", name=where, minimum=1)
     if next_steps is not None:
         next_steps = check_int(next_steps, "next_steps", name=where, minimum=1)
@@ -520,8 +517,7 @@ def training_frames(
     explorer. Keys are the total router steps (for :func:`attnbook.viz.frame_slider`).
     """
     where = "training_frames"
-    if state is not None and not isinstance(state, RoutingState):
-        raise TypeError(f"{where}: state must be a RoutingState or None, got {describe(state)}")
+    check_instance(state, "state", (RoutingState, type(None)), name=where, what="a RoutingState or None")
     clicks = check_int(clicks, "clicks", name=where, minimum=0)
     steps_per_click = check_int(steps_per_click, "steps_per_click", name=where, minimum=1)
     lr = check_number(lr, "lr", name=where, minimum=0.0, strict_minimum=True)

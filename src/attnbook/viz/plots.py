@@ -8,7 +8,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import torch
 
-from .._checks import check_number
+from .._checks import check_count, check_dims, check_number
 from .style import MIN_FONT
 
 __all__ = ["attention_heatmap", "scaling_plot", "scaling_panels", "curves_and_maps"]
@@ -44,8 +44,7 @@ def attention_heatmap(
     value in its cell.
     """
     w = _numpy(weights)
-    if w.ndim != 2:
-        raise ValueError(f"attention_heatmap: expected an (N, M) matrix, got shape {w.shape}")
+    check_dims(w, "weights", 2, name="attention_heatmap", layout="(N, M)")
     if vmax is not None:
         vmax = check_number(vmax, "vmax", name="attention_heatmap", minimum=0.0, strict_minimum=True)
     if ax is None:
@@ -98,8 +97,10 @@ def scaling_plot(
         _, ax = plt.subplots(figsize=(5, 3.6))
     styles = dict(styles or {})
     for name, ys in series.items():
-        if len(ys) != len(ns):
-            raise ValueError(f"scaling_plot: series {name!r} has {len(ys)} values for {len(ns)} lengths")
+        n = len(ns)
+        check_count(
+            ys, f"series[{name!r}]", name="scaling_plot", minimum=n, maximum=n, item="value", why=" (one per N)"
+        )
         style = styles.get(name)
         if style is None and mechanism_styles:
             try:
@@ -149,8 +150,8 @@ def curves_and_maps(
     """
     from .style import PAGE_WIDTH, shared_scale
 
-    if not curves or not maps:
-        raise ValueError("curves_and_maps: needs at least one curve and one map")
+    check_count(curves, "curves", name="curves_and_maps", item="curve")
+    check_count(maps, "maps", name="curves_and_maps", item="map")
     fig = plt.figure(figsize=(PAGE_WIDTH, 6.4))
     top, bottom = fig.subfigures(2, 1, height_ratios=[1.0, 1.1])
     ax = top.subplots()
@@ -194,8 +195,7 @@ def scaling_panels(
     """
     from .style import PAGE_WIDTH
 
-    if not 1 <= len(panels) <= 3:
-        raise ValueError(f"scaling_panels: panels must hold 1 to 3 panels, got {len(panels)}")
+    check_count(panels, "panels", name="scaling_panels", minimum=1, maximum=3, item="panel")
     fig, axes = plt.subplots(2, 2, figsize=(PAGE_WIDTH, 6.6))
     for ax, (ylabel, series) in zip(list(axes.flat)[: len(panels)], panels.items(), strict=True):
         shown = {name: ys for name, ys in series.items() if np.isfinite(_numpy(list(ys))).any()}

@@ -26,8 +26,9 @@ import io
 from collections.abc import Mapping
 
 import matplotlib.pyplot as plt
+from matplotlib.figure import Figure
 
-from .._checks import check_bool, check_int, describe
+from .._checks import check_bool, check_instance, check_int, check_number, check_sequence
 
 __all__ = ["frame_slider", "frame_slider_html", "figure_to_png", "set_slider_range", "enable_slider_keys"]
 
@@ -36,8 +37,7 @@ def figure_to_png(fig, *, dpi: int = 90, tight: bool = True) -> bytes:
     """Render a matplotlib Figure to PNG bytes (``tight``: cropped to what is drawn, as Jupyter shows figures)."""
     check_int(dpi, "dpi", name="figure_to_png", minimum=1)
     check_bool(tight, "tight", name="figure_to_png")
-    if not hasattr(fig, "savefig"):
-        raise TypeError(f"figure_to_png: fig must be a matplotlib Figure, got {describe(fig)}")
+    check_instance(fig, "fig", Figure, name="figure_to_png", what="a matplotlib Figure")
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight" if tight else None)
     return buf.getvalue()
@@ -52,8 +52,8 @@ def set_slider_range(slider, lo, hi, *, container=None):
     ``max`` would be reachable by arrow keys and dragging but not by End. Without a container the range is set
     in place. The caller observes the returned slider (a new one has no observers).
     """
-    if hi < lo:
-        raise ValueError(f"set_slider_range: hi must be >= lo = {lo!r}, got {hi!r}")
+    check_number(lo, "lo", name="set_slider_range")
+    check_number(hi, "hi", name="set_slider_range", minimum=lo, why=" (lo)")
     if slider.min == lo and slider.max == hi:
         return slider
     value = min(max(slider.value, lo), hi)
@@ -116,8 +116,7 @@ _ONINPUT = (
 
 def frame_slider_html(frames: Mapping[str, bytes], *, label: str, start: int = 0) -> str:
     """The HTML of a slider over PNG ``frames`` (a mapping from the value's label to PNG bytes)."""
-    if not frames:
-        raise ValueError("frame_slider: frames must hold at least one frame, got an empty mapping")
+    check_sequence(frames, "frames", name="frame_slider", mapping=True, minimum=1, item="frame")
     names = [str(n) for n in frames]
     start = check_int(start, "start", name="frame_slider", minimum=0, maximum=len(names) - 1)
     attrs = " ".join(f'data-label-{i}="{html.escape(n)}"' for i, n in enumerate(names))
@@ -150,13 +149,11 @@ def frame_slider(frames: Mapping[str, object], *, label: str, start: int = 0, dp
     """
     from IPython.display import HTML
 
-    if not isinstance(frames, Mapping):
-        raise TypeError(f"frame_slider: frames must be a mapping from labels to Figures, got {describe(frames)}")
-    if not isinstance(label, str):
-        raise TypeError(f"frame_slider: label must be a str, got {describe(label)}")
+    what = "a mapping from labels to Figures"
+    check_sequence(frames, "frames", name="frame_slider", mapping=True, what=what)
+    check_instance(label, "label", str, name="frame_slider", what="a str")
     dpi = check_int(dpi, "dpi", name="frame_slider", minimum=1)
-    if not frames:
-        raise ValueError("frame_slider: frames must hold at least one figure, got an empty mapping")
+    check_sequence(frames, "frames", name="frame_slider", mapping=True, minimum=1, item="figure")
     start = check_int(start, "start", name="frame_slider", minimum=0, maximum=len(frames) - 1)
     pngs = {}
     for name, fig in frames.items():

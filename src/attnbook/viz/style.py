@@ -31,6 +31,8 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 from matplotlib.text import Text
 
+from .._checks import check_choice, check_instance
+
 __all__ = [
     "COLOURS",
     "PAGE_WIDTH",
@@ -73,10 +75,9 @@ def _base(name: str) -> str:
 
 def colour(name: str) -> str:
     """The colour of mechanism ``name`` (``"flow"``, ``"flow_causal"``, ...); a ValueError for an unknown one."""
-    try:
-        return COLOURS[name] if name in COLOURS else COLOURS[_base(name)]
-    except KeyError:
-        raise ValueError(f"colour: unknown mechanism {name!r}; known: {sorted(COLOURS)}") from None
+    known = (*COLOURS, *(f"{n}_causal" for n in COLOURS))
+    check_choice(name, "name", known, name="colour", why=" (a mechanism, causal or not)")
+    return COLOURS[name] if name in COLOURS else COLOURS[_base(name)]
 
 
 def line_style(name: str) -> dict:
@@ -131,8 +132,7 @@ def check_figure(fig: Figure) -> list[str]:
     A figure may be at most :data:`PAGE_WIDTH` inches wide (wider ones are shrunk by the browser and their
     text with them) and its smallest text at least :data:`MIN_FONT` points.
     """
-    if not isinstance(fig, Figure):
-        raise TypeError(f"check_figure: fig must be a matplotlib Figure, got {type(fig).__name__}")
+    check_instance(fig, "fig", Figure, name="check_figure", what="a matplotlib Figure")
     problems = []
     width = float(fig.get_figwidth())
     if width > PAGE_WIDTH * 1.001:
