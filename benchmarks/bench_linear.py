@@ -1,8 +1,13 @@
 """Benchmark linear attention (chapter 2): time against its unavoidable products, causal against the masked
-N x N form, peak memory in a fresh process, and the recurrent step at early and late positions.
+N x N form, peak memory in a fresh process, the recurrent step at early and late positions, and causal
+linear attention against fast-transformers' hand-written C++ kernel (``peer``, one thread).
 
-    .venv/bin/python benchmarks/bench_linear.py                      # all sections, the recorded sizes
+    .venv/bin/python benchmarks/bench_linear.py                      # the recorded sections and sizes
     .venv/bin/python benchmarks/bench_linear.py --sections recurrent --repeats 50
+    .venv/bin/python benchmarks/peers.py --build                     # once: build the C++ peer (minutes)
+    .venv/bin/python benchmarks/bench_linear.py --sections peer --out benchmarks/results/linear_peer.json
+
+The peer section skips (with a message, and a note in the JSON) when fast-transformers is not built.
 
 Implementations that are compared are timed alternately in one run (attnbook.lab.profiling.compare); medians
 and ratios are printed and written to benchmarks/results/linear.json (or --out).
@@ -11,6 +16,7 @@ and ratios are printed and written to benchmarks/results/linear.json (or --out).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
@@ -79,6 +85,7 @@ def bench_non_causal(a):
     res = {name: ms(x) for name, x in t.items()}
     res["ratio_linear_attention_to_two_products"] = round(t["linear_attention"].median / t["two_products"].median, 2)
     res["ratio_seed_port_to_two_products"] = round(t["seed_einsum_port"].median / t["two_products"].median, 2)
+    res["speedup_vs_seed_port"] = round(t["seed_einsum_port"].median / t["linear_attention"].median, 2)
     return {"shape": dict(B=B, H=H, N=N, D=D, Dv=Dv), "median_ms": res}
 
 
@@ -214,6 +221,69 @@ def bench_recurrent(a):
     return {"shape": dict(B=B, H=H, D=D, Dv=Dv), "median_us": res}
 
 
+def peer_causal_linear(causal_dot_product):
+    """fast-transformers' ``CausalLinearAttention`` forward on (B, H, N, D) inputs, its C++ kernel for the
+    numerator: elu + 1 features, Z = 1 / (phi(q_i) . cumsum phi(k) + eps), V = causal_dot_product(Q, K, V) Z.
+    The kernel takes (B, H, N, D) itself, so the permutes of its (B, N, H, D) wrapper are left out."""
+
+    def attend(q, k, v, eps=1e-6):
+        fq, fk = F.elu(q) + 1, F.elu(k) + 1
+        z = 1 / (torch.einsum("nhli,nhli->nhl", fq, fk.cumsum(2)) + eps)
+        return causal_dot_product(fq, fk, v) * z[..., None]
+
+    return attend
+
+
+def bench_peer(a):
+    """Causal linear attention against fast-transformers' C++ kernel, forward and forward + backward, one
+    thread (the kernel's CPU code is single-threaded), for (B, H, N) in --peer-shapes."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import peers
+
+    kernel = peers.import_causal_product()
+    if kernel is None:
+        msg = f"fast-transformers is not built in {peers.cache_dir()}: run benchmarks/peers.py --build"
+        print("peer section skipped:", msg)
+        return {"skipped": msg}
+    peer = peer_causal_linear(kernel)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    cases = []
+    try:
+        for shape in a.peer_shapes:
+            B, H, N = (int(x) for x in shape.split("x"))
+            cases.append(_peer_case(peer, B, H, N, a.D, a.peer_repeats))
+            print(json.dumps(cases[-1]), flush=True)
+    finally:
+        torch.set_num_threads(threads)
+    return {
+        "threads": 1,
+        "peer": "pytorch-fast-transformers==0.4.0 CausalLinearAttention (C++ causal_dot_product), built by peers.py",
+        "cases": cases,
+    }
+
+
+def _peer_case(peer, B, H, N, D, repeats):
+    q, k, v = make_inputs(B, H, N, D, D, requires_grad=True)
+    up = torch.randn(B, H, N, D)
+    fns = {"ours": lambda q, k, v: attnbook.linear_attention(q, k, v, causal=True), "peer": peer}
+    with torch.no_grad():
+        torch.testing.assert_close(fns["ours"](q, k, v), peer(q, k, v), rtol=1e-3, atol=1e-4)
+        tf = compare({name: functools.partial(f, q, k, v) for name, f in fns.items()}, repeats=repeats)
+    tb = compare(
+        {
+            name: functools.partial(lambda f: torch.autograd.grad(f(q, k, v), (q, k, v), up), f)
+            for name, f in fns.items()
+        },
+        repeats=repeats,
+    )
+    case = {"B": B, "H": H, "N": N, "D": D}
+    for mode, t in (("forward", tf), ("forward_backward", tb)):
+        case[mode] = {"ours_ms": ms(t["ours"]), "peer_ms": ms(t["peer"])}
+        case[mode]["speedup_vs_peer"] = round(t["peer"].median / t["ours"].median, 2)
+    return case
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--B", type=int, default=4)
@@ -228,11 +298,13 @@ def main():
     p.add_argument("--repeats-step", type=int, default=200)
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's choice)")
     p.add_argument("--skip-quadratic", action="store_true", help="do not time the masked N x N form")
+    p.add_argument("--peer-shapes", nargs="+", default=["2x8x1024", "2x8x4096", "1x4x16384", "1x8x16384"])
+    p.add_argument("--peer-repeats", type=int, default=15)
     p.add_argument(
         "--sections",
         nargs="+",
         default=["non_causal", "causal", "memory", "recurrent"],
-        choices=["non_causal", "causal", "memory", "recurrent"],
+        choices=["non_causal", "causal", "memory", "recurrent", "peer"],
     )
     p.add_argument("--out", type=Path, default=RESULTS / "linear.json")
     p.add_argument("--memory-child", choices=["inference", "forward_backward"], help=argparse.SUPPRESS)

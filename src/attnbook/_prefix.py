@@ -21,6 +21,12 @@ kernel. Time O(B H N (C + D) Dv) forward, three times that backward; nothing of 
 Because the backward is made of the same (differentiable) products, derivatives of every order are exact:
 ``torch.autograd.gradgradcheck`` passes.
 
+Without autograd, causal linear attention uses :func:`normalised_prefix_product`: the same blocks with a
+column of ones appended to the values, so one product gives the numerator and the normaliser.
+
+Nothing here writes into a non-contiguous ``out=`` view, so every call traces as one ``torch.compile``
+graph (``tests/test_compile.py``).
+
 Causal Flow-Attention does not use this product: its blocks (:func:`attnbook.flow.flow_attention`) carry more
 prefix sums than k v^T, and compute the in-block masked product themselves.
 """
@@ -32,7 +38,7 @@ import torch
 from ._checks import check_chunk_size, check_qkv
 from ._runtime import accumulation_dtype, autocast_disabled
 
-__all__ = ["causal_dot_product", "prefix_product"]
+__all__ = ["causal_dot_product", "prefix_product", "normalised_prefix_product"]
 
 # Temporaries of one block of products, in numbers: _BLOCK_NUMBERS (16 MiB in float32) with autograd;
 # without it a third of the whole output, within _INFERENCE_BLOCK_NUMBERS (floor, cap), so that the extra
