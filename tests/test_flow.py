@@ -383,5 +383,5 @@ def test_row_groups_are_a_cpu_cache_measure_only():
     assert rows_per_group(torch.empty(1), 4096, 32) == ROW_POSITIONS // 4096
     assert rows_per_group(torch.empty(1), 10**6, 32) == 1
     assert rows_per_group(torch.empty(1, device="meta"), 4096, 32) == 32  # GPUs: all rows in one launch
-    assert rows_per_group(torch.empty(1), 4096 * 64, 32, numbers=True) == 8  # a budget in numbers
+    assert rows_per_group(torch.empty(1), 4096 * 64, 32, numbers=True) == 16  # a budget in numbers
     assert rows_per_group(torch.empty(1), 4096, 2) == 2  # never more rows than there are

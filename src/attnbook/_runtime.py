@@ -89,13 +89,15 @@ def needs_autograd(*xs) -> bool:
 #   large enough that a busy machine does not pay a thread wake-up for each of the many small operations
 #   (measured at N = 4096 with flow attention: 4096 and 16384 run alike on one thread, but with two threads
 #   on a loaded 2-core machine 4096 was 3x slower);
-# * WORK_NUMBERS, in numbers, for work made of a few large products (linear attention, causal or not): the
-#   features of one group, written into buffers allocated once per call. Under 32 MiB, such a buffer is
+# * WORK_NUMBERS, in numbers, for work made of a few large products (non-causal linear attention): the
+#   features of one group, written into a buffer allocated once per call. Under 32 MiB, such a buffer is
 #   reused from the heap on the next call, where a fresh tensor of 32 MiB or more costs a page fault per
-#   4 KiB (malloc maps it anew each time); a group of 8 MiB of features kept B=4, H=8, N=4096, D=64 at
-#   the speed of one group on a loaded 2-core machine and was 1.3x faster on a quiet one.
+#   4 KiB (malloc maps it anew each time); but every group costs a few multi-threaded operations, which on a
+#   busy CPU wait for a core (B=4, H=8, N=4096, D=64, 2 threads: four groups of 8 MiB were 1.4x faster
+#   than one group on a quiet machine and 1.3x slower beside another busy process; two of 16 MiB ran at the
+#   speed of one there).
 ROW_POSITIONS = 16384
-WORK_NUMBERS = 1 << 21
+WORK_NUMBERS = 1 << 22
 
 
 def rows_per_group(x: torch.Tensor, per_row: int, rows: int, *, numbers: bool = False) -> int:

@@ -114,8 +114,8 @@ def linear_attention(
             return _attend(q, k, v, keep, phi, causal, eps, chunk_size, name, (B, H)).to(dtype)  # (B, H, N, Dv)
         # Without autograd: groups of rows of (B H), each written into one preallocated output and normalised
         # in place; for large batches the features of q and k then never exist for the whole batch at once.
-        # Groups of about WORK_NUMBERS numbers of features: beside the output there are only the features
-        # of one group, and they stay in cache for the products that read them.
+        # Groups of about WORK_NUMBERS numbers of features (causal: up to a third of the output): beside the
+        # output there are only the features of one group.
         rows = B * H
         out = q.new_empty(rows, N, Dv)  # (B H, N, Dv)
         q, k, v = q.reshape(rows, N, D), k.reshape(rows, M, D), v.reshape(rows, M, Dv)
@@ -123,8 +123,8 @@ def linear_attention(
             keep = keep.expand(B, H, M, 1).reshape(rows, M, 1)
         per_row = max(N, M) * D * (2 if causal else 1)  # numbers of features
         step = rows_per_group(q, per_row, rows, numbers=True)
-        if causal:  # large groups, so that the causal blocks can be large too: features up to a third of out
-            step = max(step, min(rows, rows * N * Dv // 3 // per_row))
+        if causal and q.device.type == "cpu":  # features up to a third of the output (the blocks get another)
+            step = max(1, min(rows, rows * N * Dv // 3 // per_row))
         # The built-in maps write into buffers allocated once for all groups (small enough to be reused
         # from the heap on later calls: fresh large tensors cost a page fault per 4 KiB on first touch).
         # Non-causal, phi(q) reuses phi(k)'s buffer once phi(k) is summed up.
