@@ -92,8 +92,8 @@ def _states(x: torch.Tensor, carry: torch.Tensor | None, reverse: bool):
 
     states[:, c] = carry + the sum of x over the chunks before c (after c when ``reverse``): a cumulative sum
     shifted by one, rather than the inclusive sum minus x, which would lose small sums next to a large x.
-    Returns (states (r, g, ...), the new carry (r, 1, ...)). Pass x without keeping a reference to it: it is
-    released as soon as its shifted copy exists, so a block never holds more than two such tensors.
+    Returns (states (r, g, ...), the new carry (r, 1, ...)); the states are x's shifted copy, summed in
+    place, so a block holds two such tensors at most (x and its states).
     """
     head = torch.zeros_like(x[:, :1]) if carry is None else carry  # (r, 1, ...)
     if reverse:
@@ -102,16 +102,20 @@ def _states(x: torch.Tensor, carry: torch.Tensor | None, reverse: bool):
     else:
         last = x[:, -1:].clone()
         states = torch.cat((head, x[:, :-1]), 1)
-    del x
-    g = states.shape[1]
-    if states.device.type == "cpu":  # torch's CPU cumsum over a leading dim is a strided scalar loop, 4x slower
-        for c in range(g - 2, -1, -1) if reverse else range(1, g):
-            states[:, c] += states[:, c + 1 if reverse else c - 1]
-    elif reverse:
-        states = states.flip(1).cumsum_(1).flip(1)
-    else:
-        states = states.cumsum_(1)
+    states = _scan(states, reverse, loop=states.device.type == "cpu")
     return states, (states[:, :1] if reverse else states[:, -1:]) + last
+
+
+def _scan(x: torch.Tensor, reverse: bool, loop: bool) -> torch.Tensor:
+    """Inclusive sums of x (r, g, ...) over dim 1 (from the end when ``reverse``), in place. ``loop``: one
+    in-place addition per chunk, for the CPU, where torch's cumsum over a leading dim is a strided scalar
+    loop (4x slower); else one cumsum."""
+    if loop:
+        g = x.shape[1]
+        for c in range(g - 2, -1, -1) if reverse else range(1, g):
+            x[:, c] += x[:, c + 1 if reverse else c - 1]
+        return x
+    return x.flip(1).cumsum_(1).flip(1) if reverse else x.cumsum_(1)
 
 
 def prefix_product(
