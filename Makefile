@@ -80,11 +80,13 @@ test: lint
 	@$(MAKE) --no-print-directory -j2 --output-sync=recurse test-book test-frontends
 	@echo "make test: every check passed"
 
+# The chapters run first, beside the front-end environments' pip installs (the lightest work of the other
+# chain), so that their timings are those of a chapter run, not of a machine shared with Jupyter servers.
 test-book: venv assets
-	@$(MAKE) --no-print-directory -j1 STEPS="wheel-test notebooks book-strict browser" steps
+	@$(MAKE) --no-print-directory -j1 STEPS="notebooks wheel-test book-strict browser" steps
 
 test-frontends: venv
-	@$(MAKE) --no-print-directory -j1 STEPS="colab frontend" steps
+	@$(MAKE) --no-print-directory -j1 STEPS="frontend-envs colab frontend" steps
 
 steps:
 	@for step in $(STEPS); do \
@@ -161,9 +163,11 @@ colab: venv
 # ipywidgets 8, the classic notebook 6.5 with ipywidgets 7.7.1 (Colab's). Their environments are built under
 # _build/frontend-envs (from tests/frontend/requirements-*.txt, CPU torch first) and reused until those change;
 # one pytest worker per front-end's server; the table of every action goes to _build/frontend-report/report.md.
-.PHONY: frontend
-frontend: venv
+.PHONY: frontend frontend-envs
+frontend-envs: venv
 	$(BIN)/python tests/frontend/envs.py
+
+frontend: frontend-envs
 	$(BIN)/pytest -q -p no:cacheprovider -n 2 --dist loadgroup tests/frontend
 
 serve:
