@@ -4,7 +4,6 @@ import functools
 import http.server
 import os
 import pathlib
-import shutil
 import threading
 
 import pytest
@@ -13,26 +12,6 @@ from pages import PAGES, SCREENSHOTS, WINDOW, PageVisit
 # The book to test: this repository, or another book folder (a built scratch book) named by ATTNBOOK_BOOK_ROOT.
 ROOT = pathlib.Path(os.environ.get("ATTNBOOK_BOOK_ROOT") or pathlib.Path(__file__).resolve().parents[2])
 SITE = ROOT / "_build" / "html"
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-
-
-@pytest.fixture(scope="session")
-def browser_type_launch_args(browser_type_launch_args):
-    # Playwright cannot download its own browsers here: use the system chromium, with its background
-    # networking off (the machine's network is closed and nothing may reach another host anyway).
-    return {
-        **browser_type_launch_args,
-        "executable_path": CHROMIUM,
-        "args": [
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-quic",
-            "--no-first-run",
-            "--disable-background-networking",
-            "--disable-component-update",
-            "--disable-sync",
-        ],
-    }
 
 
 class _QuietHandler(http.server.SimpleHTTPRequestHandler):

@@ -11,30 +11,12 @@ import pytest
 from harness import CHAPTERS, ROOT, SCREENSHOTS, JupyterServer
 
 ENVS = ROOT / "_build" / "frontend-envs"
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 PARTS = ROOT / "_build" / "frontend-report"
 _ACTIONS = []  # every Action of the session, for the report
 
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "frontend: drives a real Jupyter front-end (make frontend)")
-
-
-@pytest.fixture(scope="session")
-def browser_type_launch_args(browser_type_launch_args):
-    return {
-        **browser_type_launch_args,
-        "executable_path": CHROMIUM,
-        "args": [
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-quic",
-            "--no-first-run",
-            "--disable-background-networking",
-            "--disable-component-update",
-            "--disable-sync",
-        ],
-    }
 
 
 @pytest.fixture(scope="session")
