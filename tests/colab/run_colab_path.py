@@ -75,7 +75,8 @@ def main() -> None:
     chapter = pathlib.Path(sys.argv[1]).resolve() if len(sys.argv) > 1 else default_chapter()
     shutil.rmtree(VENV, ignore_errors=True)
     run(sys.executable, "-m", "venv", str(VENV))
-    run(str(PY), "-m", "pip", "install", "--quiet", *COLAB_PREINSTALLED, *TEST_TOOLS)
+    # --no-compile: byte-compiling torch took most of the install; modules compile when imported
+    run(str(PY), "-m", "pip", "install", "--quiet", "--no-compile", *COLAB_PREINSTALLED, *TEST_TOOLS)
     before = versions()
     print("Colab-like runtime:", before, flush=True)
 
