@@ -18,6 +18,27 @@ def test_elu_plus_one_is_positive_and_equals_its_definition():
     torch.testing.assert_close(fx, torch.where(x > 0, x + 1, torch.exp(x)))
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16, torch.float16])
+def test_elu_plus_one_equals_torch_elu_plus_one_to_rounding(dtype):
+    """exp-based (max(x + 1, min(exp(x), 1))) against F.elu + 1, special values included."""
+    special = [float("nan"), float("inf"), -float("inf"), 0.0, -0.0, 1e-8, -1e-8, -100.0, 100.0]
+    x = torch.cat([torch.tensor(special, dtype=torch.float64), 4 * torch.randn(2000, dtype=torch.float64)]).to(dtype)
+    expected = torch.nn.functional.elu(x.double()) + 1
+    torch.testing.assert_close(elu_feature_map(x).double(), expected, equal_nan=True, **tol(dtype))
+    with torch.no_grad():
+        out = torch.empty_like(x)
+        assert attnbook.feature_maps.elu_plus_one(x, out=out) is out
+    torch.testing.assert_close(out.double(), expected, equal_nan=True, **tol(dtype))
+
+
+def test_elu_plus_one_derivatives_of_every_order():
+    x = torch.randn(30, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(elu_feature_map, (x,))
+    assert torch.autograd.gradgradcheck(elu_feature_map, (x,))
+    (g,) = torch.autograd.grad(elu_feature_map(x).sum(), x)
+    torch.testing.assert_close(g, torch.where(x > 0, 1.0, torch.exp(x)).detach())
+
+
 def test_relu_is_max_with_zero():
     x = torch.randn(3, 7)
     torch.testing.assert_close(relu_feature_map(x), x.clamp(min=0))

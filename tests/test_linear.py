@@ -59,12 +59,26 @@ def test_causal_matches_reference_outputs_and_gradients(shape, fmap, chunk_size,
     phi = feature_map(fmap, shape[4])
     if isinstance(phi, PerformerFeatures):
         phi = phi.to(device)
+    # relu features are 0 for about half of the inputs. A row of q with a single positive entry makes its
+    # output independent of that entry's size but for eps, so the true gradient (~1e-3) is a difference of
+    # terms ~1e5 times larger (~80): float32 cannot meet the table's tolerance there however it sums (the
+    # masked matrix computed in float32 misses it by as much), so that computation sets the bar.
+    literal = None
+    if fmap == "relu" and dtype == torch.float32:
+        literal = lambda q, k, v: _masked_relu_attention(q, k, v)  # noqa: E731
     assert_matches_reference(
         lambda q, k, v: attnbook.linear_attention(q, k, v, causal=True, feature_map=phi, chunk_size=chunk_size),
         lambda q, k, v: reference.linear_attention(q, k, v, causal=True, feature_map=phi),
         list(qkv(*shape, device=device)),
         dtype=dtype,
+        baseline=literal,
     )
+
+
+def _masked_relu_attention(q, k, v, eps=1e-6):
+    """Causal linear attention with relu features as the masked N x N matrix, in the inputs' dtype."""
+    a = (torch.relu(q) @ torch.relu(k).transpose(-1, -2)).tril()  # (B, H, N, N)
+    return (a / (a.sum(-1, keepdim=True) + eps)) @ v
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])

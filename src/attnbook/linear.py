@@ -35,9 +35,22 @@ from ._checks import (
     shape_str,
 )
 from ._module import ProjectedAttention
-from ._prefix import causal_dot_product, normalised_prefix_product
-from ._runtime import accumulation_dtype, autocast_disabled, needs_autograd, result_dtype, rows_per_group
-from .feature_maps import FeatureMap, PerformerFeatures, elu_feature_map, relu_feature_map, resolve_feature_map
+from ._prefix import normalised_attention, normalised_prefix_product
+from ._runtime import (
+    accumulation_dtype,
+    autocast_disabled,
+    needs_autograd,
+    result_dtype,
+    rows_per_group,
+)
+from .feature_maps import (
+    FeatureMap,
+    PerformerFeatures,
+    elu_feature_map,
+    elu_plus_one,
+    relu_feature_map,
+    resolve_feature_map,
+)
 
 __all__ = ["linear_attention", "LinearState", "linear_attention_step", "LinearAttention"]
 
@@ -147,7 +160,7 @@ def _features(phi, x, *, name, label, lead, into=None):
     if into is not None and phi in _IN_PLACE:
         into = into[: x.numel()].view(x.shape)  # (..., N, D), contiguous
         if phi is elu_feature_map:
-            return torch._C._nn.elu(x, out=into).add_(1.0)  # elu(x) + 1, as elu_feature_map
+            return elu_plus_one(x, out=into)  # elu(x) + 1, as elu_feature_map
         return torch.clamp(x, min=0.0, out=into)  # max(x, 0), as relu_feature_map
     return check_features(phi(x), x, name=name, label=label, lead=lead).to(x.dtype)
 
@@ -167,22 +180,18 @@ def _attend(q, k, v, keep, phi, causal, eps, chunk_size, name, lead, out=None, w
         fk = _keys(phi, k, keep, name, lead, into=work[0])  # (..., M, R)
         kv, z = fk.transpose(-2, -1) @ v, fk.sum(dim=-2).unsqueeze(-1)  # (..., R, Dv), (..., R, 1)
         fq = _features(phi, q, name=name, label="q", lead=lead, into=work[0])  # (..., N, R), over phi(k)
-    else:
-        into_q, into_k = (None, None) if work is None else work
-        fq = _features(phi, q, name=name, label="q", lead=lead, into=into_q)  # (..., N, R)
-        fk = _keys(phi, k, keep, name, lead, into=into_k)  # (..., M, R)
-        check_feature_widths(fq, fk, name=name, lead=lead)
-        if causal and out is not None:  # no autograd: the normaliser from the same blocks, written into out
-            return normalised_prefix_product(fq, fk, v, chunk_size, eps, out, total)  # (..., N, Dv)
-        if causal:
-            num = causal_dot_product(fq, fk, v, chunk_size)  # (..., N, Dv)
-            z = torch.cumsum(fk, dim=-2)  # (..., N, R): sum_{j <= i} phi(k_j)
-            den = torch.linalg.vecdot(fq, z).unsqueeze(-1)  # (..., N, 1)
-            return num * (den + eps).reciprocal()  # (..., N, Dv)
-        kv, z = fk.transpose(-2, -1) @ v, fk.sum(dim=-2).unsqueeze(-1)  # (..., R, Dv), (..., R, 1)
+        return torch.matmul(fq, kv, out=out).mul_((fq @ z).add_(eps).reciprocal_())  # (..., N, Dv), in place
+    into_q, into_k = (None, None) if work is None else work
+    fq = _features(phi, q, name=name, label="q", lead=lead, into=into_q)  # (..., N, R)
+    fk = _keys(phi, k, keep, name, lead, into=into_k)  # (..., M, R)
+    check_feature_widths(fq, fk, name=name, lead=lead)
+    if causal and out is not None:  # no autograd: the normaliser from the same blocks, written into out
+        return normalised_prefix_product(fq, fk, v, chunk_size, eps, out, total)  # (..., N, Dv)
+    if causal:  # numerator and normaliser from one chunked product, differentiable
+        return normalised_attention(fq, fk, v, chunk_size, eps)  # (..., N, Dv)
+    kv, z = fk.transpose(-2, -1) @ v, fk.sum(dim=-2).unsqueeze(-1)  # (..., R, Dv), (..., R, 1)
     den = fq @ z  # (..., N, 1): phi(q_i) . sum_j phi(k_j)
-    # times the reciprocal, as in fast-transformers (and its backward needs fewer N x Dv temporaries than /)
-    if out is None:
+    if out is None:  # times the reciprocal, as in fast-transformers (its backward needs fewer temporaries)
         return (fq @ kv) * (den + eps).reciprocal()  # (..., N, Dv)
     return torch.matmul(fq, kv, out=out).mul_(den.add_(eps).reciprocal_())  # (..., N, Dv), in place
 

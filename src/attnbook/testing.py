@@ -27,20 +27,50 @@ def tol(dtype: torch.dtype) -> dict[str, float]:
     return dict(TOLERANCES[check_choice(dtype, "dtype", tuple(TOLERANCES), name="tol")])
 
 
-def assert_matches_reference(fast_fn, ref_fn, inputs: list[torch.Tensor], *, dtype: torch.dtype) -> None:
+def assert_matches_reference(
+    fast_fn, ref_fn, inputs: list[torch.Tensor], *, dtype: torch.dtype, baseline=None, factor: float = 2.0
+) -> None:
     """Outputs and every input gradient of ``fast_fn`` (run in ``dtype``) against ``ref_fn`` in float64.
 
     The upstream gradient is random, so a gradient that is right only for ``sum()`` would not pass. Raises
     ``AssertionError`` (from ``torch.testing.assert_close``) saying what differs.
+
+    ``baseline`` is for ill-conditioned problems, where the definition itself computed in ``dtype`` misses
+    the table's tolerance: a function computing the definition literally in its inputs' dtype (``ref_fn``
+    works in float64 whatever it is given). A tensor that misses the tolerance then still passes when its
+    largest error is at most ``factor`` times the baseline's, as FlashAttention's tests compare against a
+    low-precision reference.
     """
     fast_in = [x.detach().to(dtype).requires_grad_(x.is_floating_point()) for x in inputs]
     ref_in = [x.detach().to(torch.float64).requires_grad_(x.is_floating_point()) for x in inputs]
     out = fast_fn(*fast_in)
     ref = ref_fn(*ref_in)
     assert out.dtype == dtype, f"output dtype {out.dtype}, expected the input dtype {dtype}"
-    torch.testing.assert_close(out.double(), ref, **tol(dtype))
     upstream = torch.randn_like(ref)
+    lows = [None] * (1 + len(fast_in))  # the baseline's output and gradients
+    if baseline is not None:  # the definition itself in dtype: its error is what dtype can do here
+        low_in = [x.detach().to(dtype).requires_grad_(x.is_floating_point()) for x in inputs]
+        low = baseline(*low_in)
+        assert low.dtype == dtype, f"the baseline computed in {low.dtype}, not in {dtype}"
+        lows = [low, *torch.autograd.grad(low, [x for x in low_in if x.requires_grad], upstream.to(dtype))]
+    _close(out, ref, lows[0], factor, "output")
     grads = torch.autograd.grad(out, [x for x in fast_in if x.requires_grad], upstream.to(dtype))
     ref_grads = torch.autograd.grad(ref, [x for x in ref_in if x.requires_grad], upstream)
     for i, (g, r) in enumerate(zip(grads, ref_grads, strict=True)):
-        torch.testing.assert_close(g.double(), r, **tol(dtype), msg=lambda m, i=i: f"grad of input {i}: {m}")
+        _close(g, r, lows[1 + i], factor, f"grad of input {i}")
+
+
+def _close(got, ref, low, factor, what: str) -> None:
+    """assert_close(got, ref) with the table's tolerance, or ``got``'s largest error within ``factor`` times
+    that of ``low`` (the reference run in ``got``'s dtype)."""
+    try:
+        torch.testing.assert_close(got.double(), ref, **tol(got.dtype), msg=lambda m: f"{what}: {m}")
+    except AssertionError:
+        if low is None:
+            raise
+        err, base = (got.double() - ref).abs().max().item(), (low.double() - ref).abs().max().item()
+        if not err <= factor * base:
+            raise AssertionError(
+                f"{what}: misses the {got.dtype} tolerance, and its largest error {err:.3g} is more than "
+                f"{factor} x {base:.3g}, that of the definition computed in {got.dtype}"
+            ) from None
