@@ -73,13 +73,16 @@ assets: $(ASSETS)/.copied
 book: venv assets
 	$(BIN)/jupyter-book build .
 
-# make test: lint, then two chains side by side: the book's (the unit tests against the wheel, the chapters,
+# make test: the venv's pip installs and the npm assets side by side (pip keeps one core busy), lint, then two
+# chains side by side: the book's (the unit tests against the wheel, the chapters,
 # the website, its browser tests) and the front-ends' (the Colab path, the explorers in JupyterLab and the
 # classic notebook). The second mostly waits on pip, servers and browsers, so on two cores the pair finishes
 # minutes before one after the other would. Each chain's log is printed whole when it ends (--output-sync),
 # with the seconds every step took. The chains never build into the checkout at the same time: the front-end
 # chain builds from private copies of the source (tests/frontend/envs.py: package_source).
-test: lint
+test:
+	@$(MAKE) --no-print-directory -j2 --output-sync=recurse venv assets
+	@$(MAKE) --no-print-directory lint
 	@$(MAKE) --no-print-directory -j2 --output-sync=recurse test-book test-frontends
 	@echo "make test: every check passed"
 

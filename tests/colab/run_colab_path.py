@@ -1,11 +1,14 @@
 """The Colab path, taken the way Colab takes it.
 
 1. A fresh virtual environment that looks like a Colab runtime before the chapter runs: the CPU torch,
-   ipywidgets 7.7.1 (Colab's), numpy, matplotlib and a kernel already installed.
+   ipywidgets 7.7.1 (Colab's), numpy, matplotlib and a kernel already installed (torch from the front-end
+   environments' shared copy when ``make frontend-envs`` has installed the same pin, put on the path with a
+   ``.pth`` file, else pip-installed here).
 2. The chapter's own install cell is executed there, as on Colab (``google.colab`` present), with the
    repository URL pointed at this checkout.
 3. Colab's torch, numpy, matplotlib and ipywidgets must be untouched by that install.
-4. The chapter runs top to bottom with nbmake, and the widget tests run against ipywidgets 7.7.1.
+4. The chapter runs top to bottom with nbmake, and the widget tests (the viz tests that build widgets) run
+   against ipywidgets 7.7.1.
 
 Usage: python tests/colab/run_colab_path.py [CHAPTER.ipynb]   (run by `make colab`, part of `make test`)
 """
@@ -15,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import re
 import shutil
 import subprocess
 import sys
@@ -22,7 +26,7 @@ import sys
 import yaml
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "frontend"))
-from envs import package_source  # noqa: E402
+import envs  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 VENV = ROOT / "_build" / "colab-venv"
@@ -42,6 +46,12 @@ KEPT = ["torch", "numpy", "matplotlib", "ipywidgets"]
 def run(*args: str, **kwargs) -> subprocess.CompletedProcess:
     print("+", " ".join(args), flush=True)
     return subprocess.run(args, check=True, **kwargs)
+
+
+def shared_torch() -> bool:
+    """Whether tests/frontend/envs.py has installed the same torch pin (``torch==2.13.0``) for this Python."""
+    stamp = envs.TORCH_DIR / ".stamp"
+    return envs.TORCH == COLAB_PREINSTALLED[0] and stamp.exists() and stamp.read_text() == envs.torch_key()
 
 
 def versions() -> dict[str, str]:
@@ -68,15 +78,20 @@ def install_cell(chapter: pathlib.Path) -> str:
     if remote not in source:
         raise SystemExit(f"{chapter.name}: the install cell does not install {remote}")
     # A private copy of the checkout's package source (pip builds a local folder in place).
-    return source.replace(remote, package_source(ROOT / "_build" / "colab-source").as_uri())
+    return source.replace(remote, envs.package_source(ROOT / "_build" / "colab-source").as_uri())
 
 
 def main() -> None:
     chapter = pathlib.Path(sys.argv[1]).resolve() if len(sys.argv) > 1 else default_chapter()
     shutil.rmtree(VENV, ignore_errors=True)
     run(sys.executable, "-m", "venv", str(VENV))
+    preinstalled = COLAB_PREINSTALLED
+    if shared_torch():  # the front-end environments' CPU torch (make frontend-envs), on the path like theirs
+        (site,) = (VENV / "lib").glob("python3*/site-packages")
+        (site / "attnbook-colab-torch.pth").write_text(f"{envs.TORCH_DIR}\n")
+        preinstalled = [p for p in COLAB_PREINSTALLED if not p.startswith("torch")]
     # --no-compile: byte-compiling torch took most of the install; modules compile when imported
-    run(str(PY), "-m", "pip", "install", "--quiet", "--no-compile", *COLAB_PREINSTALLED, *TEST_TOOLS)
+    run(str(PY), "-m", "pip", "install", "--quiet", "--no-compile", *preinstalled, *TEST_TOOLS)
     before = versions()
     print("Colab-like runtime:", before, flush=True)
 
@@ -110,7 +125,10 @@ def main() -> None:
         cwd=str(ROOT),
         env=env,
     )
-    widget_tests = sorted(str(p) for p in (ROOT / "tests").glob("test_viz_*.py"))
+    # the viz tests that build widgets (the figure-only modules' tests do not depend on ipywidgets)
+    widget_tests = sorted(
+        str(p) for p in (ROOT / "tests").glob("test_viz_*.py") if re.search(r"widget|slider|explorer", p.read_text())
+    )
     one_thread = {**env, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}  # two workers on two cores
     run(
         str(PY), "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2", *widget_tests, cwd=str(ROOT), env=one_thread
