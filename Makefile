@@ -88,8 +88,10 @@ test:
 
 # The chapters run first, beside the front-end environments' pip installs (the lightest work of the other
 # chain), so that their timings are those of a chapter run, not of a machine shared with Jupyter servers.
+# The unit tests (two workers) run last: when the other chain is done they keep both cores busy, where the
+# browser tests (one browser) would leave one idle.
 test-book: venv assets
-	@$(MAKE) --no-print-directory -j1 STEPS="notebooks wheel-test book-strict browser" steps
+	@$(MAKE) --no-print-directory -j1 STEPS="notebooks book-strict browser wheel-test" steps
 
 test-frontends: venv
 	@$(MAKE) --no-print-directory -j1 STEPS="frontend-envs colab frontend" steps

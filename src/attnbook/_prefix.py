@@ -21,8 +21,9 @@ kernel. Time O(B H N (C + D) Dv) forward, three times that backward; nothing of 
 Because the backward is made of the same (differentiable) products, derivatives of every order are exact:
 ``torch.autograd.gradgradcheck`` passes.
 
-Without autograd, causal linear attention uses :func:`normalised_prefix_product`: the same blocks with a
-column of ones appended to the values, so one product gives the numerator and the normaliser.
+Causal linear attention uses :func:`normalised_prefix_product`: the same blocks with a column of ones
+appended to the values, so one product gives the numerator and the normaliser; with autograd through
+:func:`normalised_attention`, whose backward is three prefix products again.
 
 Nothing here writes into a non-contiguous ``out=`` view, so every call traces as one ``torch.compile``
 graph (``tests/test_compile.py``).
@@ -261,8 +262,7 @@ class _NormalisedAttention(torch.autograd.Function):
     def forward(ctx, fq, fk, v, chunk_size, eps):
         with autocast_disabled(fq.device):
             fq, fk, v = fq.contiguous(), fk.contiguous(), v.contiguous()
-            out = torch.empty_like(v)  # (..., N, Dv)
-            r = v.new_empty(*v.shape[:-1], 1)  # (..., N, 1)
+            out, r = v.new_empty(v.shape), v.new_empty(*v.shape[:-1], 1)  # (..., N, Dv), (..., N, 1)
             normalised_prefix_product(fq, fk, v, chunk_size, eps, out, recip=r)
         ctx.save_for_backward(fq, fk, v, out, r)
         ctx.chunk_size = chunk_size
@@ -277,18 +277,13 @@ class _NormalisedAttention(torch.autograd.Function):
         if g is None and g_r is None:
             return None, None, None, None, None
         with autocast_disabled(fq.device):
-            g_den = 0.0
-            if g is not None:
-                g = g.contiguous()
-                g_num = g * r  # (..., N, Dv)
-                g_den = -torch.linalg.vecdot(g, out).unsqueeze(-1) * r  # (..., N, 1)
-            else:
-                g_num = torch.zeros_like(out)
+            g_num = torch.zeros_like(out) if g is None else g.contiguous() * r  # (..., N, Dv): dL/dnum
+            g_den = torch.zeros_like(r) if g is None else -torch.linalg.vecdot(g, out).unsqueeze(-1) * r  # (.., N, 1)
             if g_r is not None:
                 g_den = g_den - g_r * r * r
             dfq = dfk = dv = None
             if need_q or need_k:
-                G = torch.cat((g_num, g_den if torch.is_tensor(g_den) else torch.zeros_like(r)), -1)  # (..., N, Dv + 1)
+                G = torch.cat((g_num, g_den), -1)  # (..., N, Dv + 1)
                 v1 = torch.cat((v, torch.ones_like(r)), -1)  # (..., N, Dv + 1): [v, 1]
                 dfq = _product(G, v1, fk, C, False) if need_q else None
                 dfk = _product(v1, G, fq, C, True) if need_k else None
@@ -303,9 +298,8 @@ def normalised_attention(fq: torch.Tensor, fk: torch.Tensor, v: torch.Tensor, ch
     of times. One chunked product gives numerator and normaliser (the values with a column of ones)."""
     if torch.is_grad_enabled() and (fq.requires_grad or fk.requires_grad or v.requires_grad):
         return _NormalisedAttention.apply(fq, fk, v, chunk_size, eps)[0]
-    out = torch.empty_like(v)
     with autocast_disabled(fq.device):
-        return normalised_prefix_product(fq, fk, v, chunk_size, eps, out)
+        return normalised_prefix_product(fq, fk, v, chunk_size, eps, v.new_empty(v.shape))
 
 
 def causal_dot_product(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chunk_size: int = 64) -> torch.Tensor:
