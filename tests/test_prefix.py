@@ -131,7 +131,7 @@ def test_runs_with_autocast_on_and_accumulates_in_float32():
 @pytest.mark.parametrize("reverse", [False, True], ids=["forwards", "backwards"])
 @pytest.mark.parametrize("loop", [True, False], ids=["loop_cpu_rows", "cumsum"])
 def test_both_scans_of_the_chunk_states_are_cumulative_sums(loop, reverse):
-    """The loop of in-place additions (the CPU, several rows) and the cumsum (one row, other devices) agree."""
+    """The loop of in-place additions (the CPU: several rows, or backwards) and the cumsum agree."""
     x = torch.randn(2, 7, 3, 4, dtype=torch.float64)
     expected = x.flip(1).cumsum(1).flip(1) if reverse else x.cumsum(1)
     torch.testing.assert_close(_prefix._scan(x.clone(), reverse, loop), expected, **tol(torch.float64))

@@ -103,15 +103,16 @@ def _states(x: torch.Tensor, carry: torch.Tensor | None, reverse: bool):
     else:
         last = x[:, -1:].clone()
         states = torch.cat((head, x[:, :-1]), 1)
-    states = _scan(states, reverse, loop=states.device.type == "cpu" and states.shape[0] > 1)
+    states = _scan(states, reverse, loop=states.device.type == "cpu" and (reverse or states.shape[0] > 1))
     return states, (states[:, :1] if reverse else states[:, -1:]) + last
 
 
 def _scan(x: torch.Tensor, reverse: bool, loop: bool) -> torch.Tensor:
     """Inclusive sums of x (r, g, ...) over dim 1 (from the end when ``reverse``), in place. ``loop``: one
     in-place addition per chunk, for the CPU with several rows r, where torch's cumsum over a middle dim of
-    several MiB is slower than g - 1 additions (one thread, r = 4, g = 64: 1.8 ms against 1.3 ms); else
-    one cumsum (one row, g = 256: 1.7 ms against 3.1 ms for the additions)."""
+    several MiB is slower than g - 1 additions (one thread, r = 4, g = 64: 1.8 ms against 1.3 ms), and for
+    the CPU's reverse scans of the backward pass, where a cumsum needs two flipped copies; else one cumsum
+    (one row, g = 256: 1.7 ms against 3.1 ms for the additions)."""
     if loop:
         g = x.shape[1]
         for c in range(g - 2, -1, -1) if reverse else range(1, g):
