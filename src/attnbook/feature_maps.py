@@ -68,8 +68,7 @@ class _EluPlusOne(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x):
-        with torch.no_grad():
-            phi = elu_plus_one(x)
+        phi = elu_plus_one(x)  # a Function's forward runs without autograd
         ctx.save_for_backward(phi)
         return phi
 

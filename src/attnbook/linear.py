@@ -36,13 +36,7 @@ from ._checks import (
 )
 from ._module import ProjectedAttention
 from ._prefix import normalised_attention, normalised_prefix_product
-from ._runtime import (
-    accumulation_dtype,
-    autocast_disabled,
-    needs_autograd,
-    result_dtype,
-    rows_per_group,
-)
+from ._runtime import accumulation_dtype, autocast_disabled, needs_autograd, result_dtype, rows_per_group
 from .feature_maps import (
     FeatureMap,
     PerformerFeatures,

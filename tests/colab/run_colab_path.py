@@ -48,12 +48,6 @@ def run(*args: str, **kwargs) -> subprocess.CompletedProcess:
     return subprocess.run(args, check=True, **kwargs)
 
 
-def shared_torch() -> bool:
-    """Whether tests/frontend/envs.py has installed the same torch pin (``torch==2.13.0``) for this Python."""
-    stamp = envs.TORCH_DIR / ".stamp"
-    return envs.TORCH == COLAB_PREINSTALLED[0] and stamp.exists() and stamp.read_text() == envs.torch_key()
-
-
 def versions() -> dict[str, str]:
     code = "import importlib.metadata as m, json, sys; print(json.dumps({p: m.version(p) for p in sys.argv[1:]}))"
     out = subprocess.run([str(PY), "-c", code, *KEPT], check=True, capture_output=True, text=True).stdout
@@ -86,9 +80,9 @@ def main() -> None:
     shutil.rmtree(VENV, ignore_errors=True)
     run(sys.executable, "-m", "venv", str(VENV))
     preinstalled = COLAB_PREINSTALLED
-    if shared_torch():  # the front-end environments' CPU torch (make frontend-envs), on the path like theirs
-        (site,) = (VENV / "lib").glob("python3*/site-packages")
-        (site / "attnbook-colab-torch.pth").write_text(f"{envs.TORCH_DIR}\n")
+    # the front-end environments' CPU torch (make frontend-envs), when it is this pin, on the path like theirs
+    if envs.TORCH == COLAB_PREINSTALLED[0] and envs.torch_ready():
+        envs.share_torch(VENV)
         preinstalled = [p for p in COLAB_PREINSTALLED if not p.startswith("torch")]
     # --no-compile: byte-compiling torch took most of the install; modules compile when imported
     run(str(PY), "-m", "pip", "install", "--quiet", "--no-compile", *preinstalled, *TEST_TOOLS)

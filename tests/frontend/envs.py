@@ -137,10 +137,21 @@ def _run_in_background(name: str, *steps: list[str]) -> subprocess.Popen:
     return subprocess.Popen(["bash", "-c", script], stdout=log, stderr=subprocess.STDOUT)
 
 
+def torch_ready() -> bool:
+    """Whether TORCH_DIR holds the ``TORCH`` pin installed for this Python."""
+    stamp = TORCH_DIR / ".stamp"
+    return stamp.exists() and stamp.read_text() == torch_key()
+
+
+def share_torch(venv: pathlib.Path) -> None:
+    """Put the shared CPU torch of TORCH_DIR on the path of the virtual environment ``venv`` (a .pth file)."""
+    (site,) = (venv / "lib").glob("python3*/site-packages")
+    (site / "attnbook-frontend-torch.pth").write_text(f"{TORCH_DIR}\n")
+
+
 def _finish(name: str) -> None:
     py = python(name)
-    (site,) = (env_dir(name) / "lib").glob("python3*/site-packages")
-    (site / "attnbook-frontend-torch.pth").write_text(f"{TORCH_DIR}\n")  # the shared CPU torch
+    share_torch(env_dir(name))
     if name == "lab":  # settings overrides of the environment's JupyterLab (and Notebook 7)
         for app in ("lab", "notebook"):
             settings = env_dir(name) / "share" / "jupyter" / app / "settings"
@@ -161,8 +172,7 @@ def ensure(names: list[str]) -> None:
     BASE.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     building = {}
-    torch_stamp = TORCH_DIR / ".stamp"
-    if not (torch_stamp.exists() and torch_stamp.read_text() == torch_key()):
+    if not torch_ready():
         print(f"torch: pip install {TORCH} into {TORCH_DIR}", flush=True)
         building["torch"] = _create_torch()
     for name in names:
@@ -176,7 +186,7 @@ def ensure(names: list[str]) -> None:
         if proc.wait() != 0:
             raise SystemExit(f"building {name} failed; see {BASE / (name + '.log')}")
         if name == "torch":
-            torch_stamp.write_text(torch_key())
+            (TORCH_DIR / ".stamp").write_text(torch_key())
     for name in building:
         if name != "torch":
             _finish(name)
