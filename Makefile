@@ -20,6 +20,8 @@ PIP_INSTALL = pip install --quiet --no-compile
 ASSETS := _build/site-assets/vendor
 EXECUTED := _executed
 DIST := _build/dist
+# Held while chapters run under nbmake (make notebooks, the Colab path), so that their kernels start apart.
+KERNELS_LOCK := _build/.kernels.lock
 WHEEL_VENV := _build/wheel-venv
 # The package's tests; the book's own (notebook structure, website, front-ends) run in .venv.
 BOOK_TESTS := tests/test_notebooks.py tests/browser tests/frontend
@@ -139,7 +141,9 @@ notebooks: venv assets
 	ln -s ../../_build/site-assets $(EXECUTED)/_build/site-assets
 	ln -s ../src $(EXECUTED)/src  # the chapters' literalinclude folds read ../src
 	$(BIN)/pytest -q tests/test_notebooks.py
-	$(PARALLEL) ATTNBOOK_FAST=1 $(BIN)/pytest -q -n $(PYTEST_WORKERS) --nbmake --overwrite --nbmake-timeout=600 \
+	@# the kernels' lock: jupyter_client picks a kernel's TCP ports by probing for free ones, and a kernel that
+	@# the Colab path starts at the same moment can take one first ("Address already in use")
+	flock $(KERNELS_LOCK) env $(PARALLEL) ATTNBOOK_FAST=1 $(BIN)/pytest -q -n $(PYTEST_WORKERS) --nbmake --overwrite --nbmake-timeout=600 \
 	  $(addprefix $(EXECUTED)/,$(CHAPTERS))
 
 book-strict: venv assets

@@ -15,6 +15,7 @@ Usage: python tests/colab/run_colab_path.py [CHAPTER.ipynb]   (run by `make cola
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import pathlib
@@ -106,19 +107,22 @@ def main() -> None:
         cwd=str(VENV),
         env=env,
     )
-    run(
-        str(PY),
-        "-m",
-        "pytest",
-        "-q",
-        "-p",
-        "no:cacheprovider",
-        "--nbmake",
-        "--nbmake-timeout=600",
-        str(chapter),
-        cwd=str(ROOT),
-        env=env,
-    )
+    # make notebooks' lock (Makefile: KERNELS_LOCK): kernels started at the same moment can race for a TCP port
+    with open(ROOT / "_build" / ".kernels.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        run(
+            str(PY),
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "--nbmake",
+            "--nbmake-timeout=600",
+            str(chapter),
+            cwd=str(ROOT),
+            env=env,
+        )
     # the viz tests that build widgets (the figure-only modules' tests do not depend on ipywidgets)
     widget_tests = sorted(
         str(p) for p in (ROOT / "tests").glob("test_viz_*.py") if re.search(r"widget|slider|explorer", p.read_text())
