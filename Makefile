@@ -75,27 +75,26 @@ assets: $(ASSETS)/.copied
 book: venv assets
 	$(BIN)/jupyter-book build .
 
-# make test: the venv's pip installs and the npm assets side by side (pip keeps one core busy), lint, then two
-# chains side by side: the book's (the unit tests against the wheel, the chapters,
-# the website, its browser tests) and the front-ends' (the Colab path, the explorers in JupyterLab and the
-# classic notebook). The second mostly waits on pip, servers and browsers, so on two cores the pair finishes
-# minutes before one after the other would. Each chain's log is printed whole when it ends (--output-sync),
-# with the seconds every step took. The chains never build into the checkout at the same time: the front-end
-# chain builds from private copies of the source (tests/frontend/envs.py: package_source).
+# make test: three setups side by side from the start (the venv's pip installs, the npm assets, and the pip
+# installs of the front-end environments, which need no .venv: pip mostly keeps one core busy, so one setup
+# alone left the other core idle), then two chains side by side, each as soon as its setups are done: the
+# book's (lint, the chapters, the website, its browser tests, the unit tests against the wheel) and the
+# front-ends' (the Colab path, the explorers in JupyterLab and the classic notebook). On two cores the pair
+# finishes minutes before one after the other would. Each chain's log is printed whole when it ends
+# (--output-sync), with the seconds every step took. The chains never build into the checkout at the same
+# time: the front-end chain builds from private copies of the source (tests/frontend/envs.py: package_source).
 test:
-	@$(MAKE) --no-print-directory -j2 --output-sync=recurse venv assets
-	@$(MAKE) --no-print-directory lint
-	@$(MAKE) --no-print-directory -j2 --output-sync=recurse test-book test-frontends
+	@$(MAKE) --no-print-directory -j4 --output-sync=recurse test-book test-frontends
 	@echo "make test: every check passed"
 
-# The chapters run first, beside the front-end environments' pip installs (the lightest work of the other
-# chain), so that their timings are those of a chapter run, not of a machine shared with Jupyter servers.
-# The unit tests (two workers) run last: when the other chain is done they keep both cores busy, where the
-# browser tests (one browser) would leave one idle.
+# The chapters run first, beside the Colab path's pip installs (the lightest work of the other chain), so that
+# their timings are those of a chapter run, not of a machine shared with Jupyter servers. The unit tests (two
+# workers) run last: when the other chain is done they keep both cores busy, where the browser tests (one
+# browser) would leave one idle.
 test-book: venv assets
-	@$(MAKE) --no-print-directory -j1 STEPS="notebooks book-strict browser wheel-test" steps
+	@$(MAKE) --no-print-directory -j1 STEPS="lint notebooks book-strict browser wheel-test" steps
 
-test-frontends: venv
+test-frontends: venv frontend-setup
 	@$(MAKE) --no-print-directory -j1 STEPS="frontend-envs colab frontend" steps
 
 steps:
@@ -175,9 +174,14 @@ colab: venv
 # ipywidgets 8, the classic notebook 6.5 with ipywidgets 7.7.1 (Colab's). Their environments are built under
 # _build/frontend-envs (from tests/frontend/requirements-*.txt, CPU torch first) and reused until those change;
 # one pytest worker per front-end's server; the table of every action goes to _build/frontend-report/report.md.
-.PHONY: frontend frontend-envs
+.PHONY: frontend frontend-envs frontend-setup
 frontend-envs: venv
 	$(BIN)/python tests/frontend/envs.py
+
+# The environments without the package (which needs .venv to build its wheel): `make test` runs this beside
+# the setup of .venv, with the Python that builds .venv.
+frontend-setup:
+	$(PYTHON) tests/frontend/envs.py --no-package
 
 frontend: frontend-envs
 	$(BIN)/pytest -q -p no:cacheprovider -n 2 --dist loadgroup tests/frontend

@@ -98,7 +98,8 @@ def main() -> None:
         raise SystemExit(f"installing attnbook changed Colab's packages: {before} -> {after}")
     print("install cell kept Colab's packages:", after, flush=True)
 
-    env = {**os.environ, "ATTNBOOK_FAST": "1", "MPLBACKEND": "Agg"}
+    # one thread: the chapter and the two test workers below share two cores with the rest of `make test`
+    env = {**os.environ, "ATTNBOOK_FAST": "1", "MPLBACKEND": "Agg", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     # Run outside the checkout's src/ so that the installed package is the one imported.
     run(
         str(PY),
@@ -127,10 +128,7 @@ def main() -> None:
     widget_tests = sorted(
         str(p) for p in (ROOT / "tests").glob("test_viz_*.py") if re.search(r"widget|slider|explorer", p.read_text())
     )
-    one_thread = {**env, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}  # two workers on two cores
-    run(
-        str(PY), "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2", *widget_tests, cwd=str(ROOT), env=one_thread
-    )
+    run(str(PY), "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2", *widget_tests, cwd=str(ROOT), env=env)
 
 
 if __name__ == "__main__":

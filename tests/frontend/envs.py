@@ -12,7 +12,10 @@ student installs). An environment is rebuilt only when its requirements, the tor
 change (a stamp records them); attnbook is reinstalled whenever the package's files change. The torch
 install and both environments build in parallel, without byte-compiling (modules compile when imported).
 
-Usage: python tests/frontend/envs.py [lab] [classic]      (run by `make frontend`)
+Usage: python tests/frontend/envs.py [--no-package] [lab] [classic]      (run by `make frontend`)
+
+``--no-package`` builds the environments and the shared torch only, with any Python of the same version
+(`make test` runs it beside the setup of .venv, which builds the package wheel later).
 """
 
 from __future__ import annotations
@@ -168,7 +171,7 @@ def _marked(name: str, key: str) -> bool:
     return mark.exists() and mark.read_text() == key
 
 
-def ensure(names: list[str]) -> None:
+def ensure(names: list[str], *, package: bool = True) -> None:
     BASE.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     building = {}
@@ -191,7 +194,7 @@ def ensure(names: list[str]) -> None:
         if name != "torch":
             _finish(name)
     key = package_key()
-    stale = [name for name in names if not _marked(name, key)]
+    stale = [name for name in names if package and not _marked(name, key)]
     if stale:
         wheel = build_wheel()
         for name in stale:
@@ -202,4 +205,9 @@ def ensure(names: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    ensure(sys.argv[1:] or list(ENVS))
+    args = sys.argv[1:]
+    names = [a for a in args if a != "--no-package"]
+    unknown = sorted(set(names) - set(ENVS))
+    if unknown:
+        raise SystemExit(f"unknown front-end environment(s) {unknown}: choose from {sorted(ENVS)}")
+    ensure(names or list(ENVS), package="--no-package" not in args)

@@ -567,10 +567,11 @@ class Explorer:
         assert self.reason_shown(label) is None, f"{label!r} is enabled but still has a reason printed"
 
     def _settled_image(self, before: bytes, timeout: float = 10) -> bytes:
-        """The figure once the front-end has applied the kernel's update (it may lag the idle message)."""
+        """The figure once the front-end has applied the kernel's update (it may lag the idle message). A kernel
+        error ends the wait at once: no update is coming, and the caller's check reports the error."""
         deadline = time.monotonic() + timeout
         current = self.image_bytes()
-        while current == before and time.monotonic() < deadline:
+        while current == before and not self.nb.kernel.errors and time.monotonic() < deadline:
             self.page.wait_for_timeout(200)
             current = self.image_bytes()
         return current
