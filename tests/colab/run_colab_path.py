@@ -7,8 +7,8 @@
 2. The chapter's own install cell is executed there, as on Colab (``google.colab`` present), with the
    repository URL pointed at this checkout.
 3. Colab's torch, numpy, matplotlib and ipywidgets must be untouched by that install.
-4. The chapter runs top to bottom with nbmake, and the widget tests (the viz tests that build widgets) run
-   against ipywidgets 7.7.1.
+4. The widget tests (the viz tests that build widgets) run against ipywidgets 7.7.1, and the chapter runs top
+   to bottom with nbmake.
 
 Usage: python tests/colab/run_colab_path.py [CHAPTER.ipynb]   (run by `make colab`, part of `make test`)
 """
@@ -108,7 +108,13 @@ def main() -> None:
         cwd=str(VENV),
         env=env,
     )
-    # make notebooks' lock (Makefile: KERNELS_LOCK): kernels started at the same moment can race for a TCP port
+    # the viz tests that build widgets (the figure-only modules' tests do not depend on ipywidgets)
+    widget_tests = sorted(
+        str(p) for p in (ROOT / "tests").glob("test_viz_*.py") if re.search(r"widget|slider|explorer", p.read_text())
+    )
+    run(str(PY), "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2", *widget_tests, cwd=str(ROOT), env=env)
+    # then the chapter, under make notebooks' lock (Makefile: KERNELS_LOCK): kernels started at the same moment
+    # can race for a TCP port. The widget tests run first, while `make notebooks` may still hold the lock.
     with open(ROOT / "_build" / ".kernels.lock", "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         run(
@@ -124,11 +130,6 @@ def main() -> None:
             cwd=str(ROOT),
             env=env,
         )
-    # the viz tests that build widgets (the figure-only modules' tests do not depend on ipywidgets)
-    widget_tests = sorted(
-        str(p) for p in (ROOT / "tests").glob("test_viz_*.py") if re.search(r"widget|slider|explorer", p.read_text())
-    )
-    run(str(PY), "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2", *widget_tests, cwd=str(ROOT), env=env)
 
 
 if __name__ == "__main__":
