@@ -13,6 +13,7 @@ change (a stamp records them); attnbook is reinstalled whenever the package's fi
 install and both environments build in parallel, without byte-compiling (modules compile when imported).
 
 Usage: python tests/frontend/envs.py [--no-package] [lab] [classic]      (run by `make frontend`)
+       python tests/frontend/envs.py --share-torch VENV     (the shared torch for another venv, if built)
 
 ``--no-package`` builds the environments and the shared torch only, with any Python of the same version
 (`make test` runs it beside the setup of .venv, which builds the package wheel later).
@@ -206,6 +207,15 @@ def ensure(names: list[str], *, package: bool = True) -> None:
 
 if __name__ == "__main__":
     args = sys.argv[1:]
+    if args[:1] == ["--share-torch"]:  # python envs.py --share-torch VENV: exit 1 when there is none to share
+        if len(args) != 2:
+            raise SystemExit("usage: envs.py --share-torch VENV")
+        if not torch_ready():
+            print(f"no shared {TORCH} in {TORCH_DIR} for this Python", flush=True)
+            raise SystemExit(1)
+        share_torch(pathlib.Path(args[1]))
+        print(f"{args[1]}: {TORCH} from {TORCH_DIR}", flush=True)
+        raise SystemExit(0)
     names = [a for a in args if a != "--no-package"]
     unknown = sorted(set(names) - set(ENVS))
     if unknown:
