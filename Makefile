@@ -92,7 +92,7 @@ test:
 	@$(MAKE) --no-print-directory -j4 --output-sync=recurse test-book test-frontends
 	@echo "make test: every check passed"
 
-# The chapters run first, beside the Colab path's pip installs (the lightest work of the other chain), so that
+# The chapters run first, beside the Colab path (pip installs and widget tests, no Jupyter server), so that
 # their timings are those of a chapter run, not of a machine shared with Jupyter servers. The unit tests (two
 # workers) run last: when the other chain is done they keep both cores busy, where the browser tests (one
 # browser) would leave one idle.

@@ -114,7 +114,7 @@ def _add_states(o3, q3, x, carry, reverse: bool) -> torch.Tensor:
 
     The state of chunk c is the inclusive sum up to chunk c - 1 (c + 1 when ``reverse``), a view of x, so
     the shifted copy of :func:`_states` is never made (a copy of the whole block, about 17 MiB at R = 64,
-    Dv = 64 and 256 chunks: a tenth of a forward + backward); the sums are the same, added in the same order.
+    Dv = 64 and 256 chunks); the sums are the same, added in the same order.
     """
     g = x.shape[1]
     if carry is not None:
