@@ -103,7 +103,7 @@ def _states(x: torch.Tensor, carry: torch.Tensor | None, reverse: bool):
     else:
         last = x[:, -1:].clone()
         states = torch.cat((head, x[:, :-1]), 1)
-    states = _scan(states, reverse, loop=states.device.type == "cpu" and (reverse or states.shape[0] > 1))
+    states = _scan(states, reverse)
     return states, (states[:, :1] if reverse else states[:, -1:]) + last
 
 
@@ -119,7 +119,7 @@ def _add_states(o3, q3, x, carry, reverse: bool) -> torch.Tensor:
     g = x.shape[1]
     if carry is not None:
         x[:, -1 if reverse else 0] += carry[:, 0]
-    x = _scan(x, reverse, loop=x.device.type == "cpu" and reverse)[0]  # (g, D, E), inclusive sums
+    x = _scan(x, reverse)[0]  # (g, D, E), inclusive sums
     edge = g - 1 if reverse else 0  # the chunk whose state is the carry alone
     if g > 1:
         inner = slice(0, g - 1) if reverse else slice(1, g)
@@ -129,12 +129,15 @@ def _add_states(o3, q3, x, carry, reverse: bool) -> torch.Tensor:
     return x[None, :1].clone() if reverse else x[None, -1:].clone()
 
 
-def _scan(x: torch.Tensor, reverse: bool, loop: bool) -> torch.Tensor:
-    """Inclusive sums of x (r, g, ...) over dim 1 (from the end when ``reverse``), in place. ``loop``: one
-    in-place addition per chunk, for the CPU with several rows r, where torch's cumsum over a middle dim of
+def _scan(x: torch.Tensor, reverse: bool, loop: bool | None = None) -> torch.Tensor:
+    """Inclusive sums of x (r, g, ...) over dim 1 (from the end when ``reverse``), in place. ``loop`` (by
+    default decided here, from x's device, r and ``reverse``): one in-place addition per chunk, for the CPU
+    with several rows r, where torch's cumsum over a middle dim of
     several MiB is slower than g - 1 additions (one thread, r = 4, g = 64: 1.8 ms against 1.3 ms), and for
     the CPU's reverse scans of the backward pass, where a cumsum needs two flipped copies; else one cumsum
     (one row, g = 256: 1.7 ms against 3.1 ms for the additions)."""
+    if loop is None:
+        loop = x.device.type == "cpu" and (reverse or x.shape[0] > 1)
     if loop:
         g = x.shape[1]
         for c in range(g - 2, -1, -1) if reverse else range(1, g):
