@@ -38,11 +38,14 @@ def test_outputs_and_gradients_equal_the_masked_matrix_for_any_chunk_size(N, chu
         torch.testing.assert_close(g, r, **tol(torch.float64), msg=lambda m, name=name: f"d{name}: {m}")
 
 
+@pytest.mark.parametrize("in_place", [1, 1000], ids=["states_in_place", "states_copied"])
 @pytest.mark.parametrize("N", [36, 37], ids=["whole_chunks", "partial_chunk"])
 @pytest.mark.parametrize("block_numbers", [50, 200, 1000, 1 << 22], ids=lambda b: f"block{b}")
-def test_blocks_of_chunks_do_not_change_the_result(monkeypatch, block_numbers, N):
-    """One chunk per block, several, whole rows, several rows at once: the same numbers."""
+def test_blocks_of_chunks_do_not_change_the_result(monkeypatch, block_numbers, N, in_place):
+    """One chunk per block, several, whole rows, several rows at once (their chunk states read in place or
+    from a shifted copy), forwards and (in the backward pass) backwards in time: the same numbers."""
     monkeypatch.setattr(_prefix, "_BLOCK_NUMBERS", block_numbers)
+    monkeypatch.setattr(_prefix, "_IN_PLACE_CHUNKS", in_place)
     q, k, v = (x.requires_grad_() for x in inputs(N))
     out = causal_dot_product(q, k, v, 3)
     torch.testing.assert_close(out, masked_product(q, k, v), **tol(torch.float64))
@@ -129,9 +132,61 @@ def test_runs_with_autocast_on_and_accumulates_in_float32():
 
 
 @pytest.mark.parametrize("reverse", [False, True], ids=["forwards", "backwards"])
-@pytest.mark.parametrize("loop", [True, False], ids=["loop_cpu_rows", "cumsum"])
+@pytest.mark.parametrize("loop", [True, False, None], ids=["loop_cpu", "cumsum", "default"])
 def test_both_scans_of_the_chunk_states_are_cumulative_sums(loop, reverse):
-    """The loop of in-place additions (the CPU: several rows, or backwards) and the cumsum agree."""
+    """The loop of in-place additions (the CPU's default) and the cumsum agree."""
     x = torch.randn(2, 7, 3, 4, dtype=torch.float64)
     expected = x.flip(1).cumsum(1).flip(1) if reverse else x.cumsum(1)
     torch.testing.assert_close(_prefix._scan(x.clone(), reverse, loop), expected, **tol(torch.float64))
+
+
+def test_row_dots_in_pieces_equal_vecdot(monkeypatch):
+    """The backward's g . out without a graph: in pieces through one buffer (pieces of 2^18 numbers, so a
+    (3, 1000, 100) input takes two pieces and a partial one), the same as torch.linalg.vecdot."""
+    a, b = torch.randn(3, 1000, 100, dtype=torch.float64), torch.randn(3, 1000, 100, dtype=torch.float64)
+    with torch.no_grad():
+        dots = _prefix._row_dots(a, b)
+    assert dots.shape == (3, 1000, 1)
+    torch.testing.assert_close(dots, torch.linalg.vecdot(a, b).unsqueeze(-1), **tol(torch.float64))
+    a.requires_grad_()
+    dots = _prefix._row_dots(a, b)  # recorded: a differentiable vecdot
+    (grad,) = torch.autograd.grad(dots.sum(), a)
+    torch.testing.assert_close(grad, b, **tol(torch.float64))
+
+
+@pytest.mark.parametrize("bias", ["row", "col"])
+@pytest.mark.parametrize("reverse", [False, True], ids=["forwards", "backwards"])
+@pytest.mark.parametrize("N", [36, 37], ids=["whole_chunks", "partial_chunk"])
+@pytest.mark.parametrize("block_numbers", [50, 200, 1000, 1 << 22], ids=lambda b: f"block{b}")
+def test_biases_are_a_column_appended_to_q_and_k(monkeypatch, block_numbers, N, reverse, bias):
+    """prefix_product's row_bias a and col_bias b (the backward of causal linear attention passes dL/dden and
+    [v, 1]'s ones this way): sum over j <= i (j >= i backwards) of (q_i . k_j + a_i + b_j) v_j, as the masked
+    matrix gives it, for every block layout."""
+    monkeypatch.setattr(_prefix, "_BLOCK_NUMBERS", block_numbers)
+    q, k, v = inputs(N)
+    w = torch.randn(*q.shape[:-1], 1, dtype=q.dtype)  # (B, H, N, 1)
+    scores = q @ k.transpose(-2, -1) + (w if bias == "row" else w.transpose(-2, -1))  # (B, H, N, N)
+    expected = (scores.triu() if reverse else scores.tril()) @ v
+    kwargs = {"row_bias": w} if bias == "row" else {"col_bias": w}
+    out = _prefix.prefix_product(q, k, v, 3, reverse, **kwargs)
+    torch.testing.assert_close(out, expected, **tol(torch.float64))
+
+
+@pytest.mark.parametrize("in_place", [1, 1000], ids=["states_in_place", "states_copied"])
+@pytest.mark.parametrize("block_numbers", [50, 1000, 1 << 22], ids=lambda b: f"block{b}")
+def test_causal_linear_gradients_for_every_block_layout(monkeypatch, block_numbers, in_place):
+    """The backward of causal linear attention (three prefix products, two of them with biases) against
+    autograd through the float64 definition, for one chunk per block, several, and whole rows at once."""
+    import attnbook
+    from attnbook import reference
+
+    monkeypatch.setattr(_prefix, "_BLOCK_NUMBERS", block_numbers)
+    monkeypatch.setattr(_prefix, "_IN_PLACE_CHUNKS", in_place)
+    q, k, v = (x.requires_grad_() for x in inputs(37, D=4, Dv=5))
+    out = attnbook.linear_attention(q, k, v, causal=True, chunk_size=3)
+    expected = reference.linear_attention(q, k, v, causal=True)
+    upstream = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v), upstream)
+    ref_grads = torch.autograd.grad(expected, (q, k, v), upstream)
+    for name, g, r in zip("qkv", grads, ref_grads, strict=True):
+        torch.testing.assert_close(g, r, **tol(torch.float64), msg=lambda m, name=name: f"d{name}: {m}")

@@ -21,9 +21,10 @@ kernel. Time O(B H N (C + D) Dv) forward, three times that backward; nothing of 
 Because the backward is made of the same (differentiable) products, derivatives of every order are exact:
 ``torch.autograd.gradgradcheck`` passes.
 
-Causal linear attention uses :func:`normalised_prefix_product`: the same blocks with a column of ones
-appended to the values, so one product gives the numerator and the normaliser; with autograd through
-:func:`normalised_attention`, whose backward is three prefix products again.
+Causal linear attention uses :func:`normalised_prefix_product`: the same blocks give the numerator and
+the normaliser (the row sums of the masked scores, and the carried sum of the keys); with autograd through
+:func:`normalised_attention`, whose backward is three prefix products again, two of them with a bias
+(``prefix_product``'s ``row_bias`` and ``col_bias``) in place of an appended column.
 
 Nothing here writes into a non-contiguous ``out=`` view, so every call traces as one ``torch.compile``
 graph (``tests/test_compile.py``).
@@ -88,13 +89,14 @@ def _blocks(rows: int, N: int, C: int, per_chunk: int, reverse: bool, budget: in
             yield group, n, slice(0, part) if reverse else slice(full * C, N), part, first
 
 
-def _states(x: torch.Tensor, carry: torch.Tensor | None, reverse: bool):
+def _states(x: torch.Tensor, carry: torch.Tensor | None, reverse: bool, loop: bool | None = None):
     """Per-chunk states of a block and the state after it, from x (r, g, ...), each chunk's own sum.
 
     states[:, c] = carry + the sum of x over the chunks before c (after c when ``reverse``): a cumulative sum
     shifted by one, rather than the inclusive sum minus x, which would lose small sums next to a large x.
     Returns (states (r, g, ...), the new carry (r, 1, ...)); the states are x's shifted copy, summed in
-    place, so a block holds two such tensors at most (x and its states).
+    place, so a block holds two such tensors at most (x and its states). ``loop``: as in :func:`_scan`
+    (False for small sums of vectors, where one cumsum beats a loop of additions).
     """
     head = torch.zeros_like(x[:, :1]) if carry is None else carry  # (r, 1, ...)
     if reverse:
@@ -103,79 +105,114 @@ def _states(x: torch.Tensor, carry: torch.Tensor | None, reverse: bool):
     else:
         last = x[:, -1:].clone()
         states = torch.cat((head, x[:, :-1]), 1)
-    states = _scan(states, reverse)
+    states = _scan(states, reverse, loop)
     return states, (states[:, :1] if reverse else states[:, -1:]) + last
 
 
 def _add_states(o3, q3, x, carry, reverse: bool) -> torch.Tensor:
-    """o3 += q3 times the state before each chunk (after it when ``reverse``), for a block of one row: o3
-    (g, c, E), q3 (g, c, D), x (1, g, D, E) each chunk's own sum, summed up in place; ``carry`` (1, 1, D, E) or
-    None. Returns the new carry.
+    """o3 += q3 times the state before each chunk (after it when ``reverse``): o3 (r g, c, E), q3 (r g, c, D),
+    x (r, g, D, E) each chunk's own sum (overwritten); ``carry`` (r, 1, D, E) or None. Returns the new carry.
 
-    The state of chunk c is the inclusive sum up to chunk c - 1 (c + 1 when ``reverse``), a view of x, so
-    the shifted copy of :func:`_states` is never made (a copy of the whole block, about 17 MiB at R = 64,
-    Dv = 64 and 256 chunks); the sums are the same, added in the same order.
+    The state of chunk c is the inclusive sum up to chunk c - 1 (c + 1 when ``reverse``), a view of x summed
+    in place, so no shifted copy of the block's sums is made (about 17 MiB at R = 64, Dv = 64 and 256 chunks),
+    at the price of one product per row of B H. With several rows and fewer than :data:`_IN_PLACE_CHUNKS`
+    chunks each, those products would be too small: then the shifted copy of :func:`_states` and one product.
+    The sums are the same either way, added in the same order.
     """
-    g = x.shape[1]
-    if carry is not None:
-        x[:, -1 if reverse else 0] += carry[:, 0]
-    x = _scan(x, reverse)[0]  # (g, D, E), inclusive sums
+    r, g = x.shape[:2]
+    if r > 1 and g < _IN_PLACE_CHUNKS:
+        states, carry = _states(x, carry, reverse)  # (r, g, D, E), (r, 1, D, E)
+        o3.baddbmm_(q3, states.view(-1, *x.shape[2:]))
+        return carry
     edge = g - 1 if reverse else 0  # the chunk whose state is the carry alone
-    if g > 1:
-        inner = slice(0, g - 1) if reverse else slice(1, g)
-        o3[inner].baddbmm_(q3[inner], x[1:] if reverse else x[:-1])
     if carry is not None:
-        o3[edge : edge + 1].baddbmm_(q3[edge : edge + 1], carry[0])
-    return x[None, :1].clone() if reverse else x[None, -1:].clone()
+        x[:, edge] += carry[:, 0]
+    x = _scan(x, reverse)  # (r, g, D, E), inclusive sums
+    o4, q4 = o3.view(r, g, *o3.shape[1:]), q3.view(r, g, *q3.shape[1:])  # (r, g, c, E), (r, g, c, D)
+    inner, before = (slice(0, g - 1), slice(1, g)) if reverse else (slice(1, g), slice(0, g - 1))
+    for i in range(r):
+        if g > 1:
+            o4[i, inner].baddbmm_(q4[i, inner], x[i, before])
+        if carry is not None:
+            o4[i, edge : edge + 1].baddbmm_(q4[i, edge : edge + 1], carry[i])
+    return (x[:, :1] if reverse else x[:, -1:]).clone()
+
+
+# Fewest chunks per row for which a block of several rows reads its states in place (one product per row).
+_IN_PLACE_CHUNKS = 8
 
 
 def _scan(x: torch.Tensor, reverse: bool, loop: bool | None = None) -> torch.Tensor:
     """Inclusive sums of x (r, g, ...) over dim 1 (from the end when ``reverse``), in place. ``loop`` (by
-    default decided here, from x's device, r and ``reverse``): one in-place addition per chunk, for the CPU
-    with several rows r, where torch's cumsum over a middle dim of
-    several MiB is slower than g - 1 additions (one thread, r = 4, g = 64: 1.8 ms against 1.3 ms), and for
-    the CPU's reverse scans of the backward pass, where a cumsum needs two flipped copies; else one cumsum
-    (one row, g = 256: 1.7 ms against 3.1 ms for the additions)."""
+    default: on the CPU) makes it one in-place addition per chunk, on views made once by ``unbind``; else it
+    is one ``cumsum``. On the CPU torch's cumsum over a middle dimension walks each position down the chunks
+    with the chunks' stride, and at R = Dv = 64 that stride is 16 KiB, so every step lands in the same cache
+    set (one row, g = 256 chunks: 13 ms against 1.0 ms for the additions; 1.5 ms at Dv = 65); backwards it
+    also needs two flipped copies."""
     if loop is None:
-        loop = x.device.type == "cpu" and (reverse or x.shape[0] > 1)
+        loop = x.device.type == "cpu"
     if loop:
-        g = x.shape[1]
-        for c in range(g - 2, -1, -1) if reverse else range(1, g):
-            x[:, c] += x[:, c + 1 if reverse else c - 1]
+        xs = x.unbind(1)  # g views (r, ...)
+        pairs = zip(xs[-2::-1], xs[:0:-1], strict=True) if reverse else zip(xs[1:], xs[:-1], strict=True)
+        for this, before in pairs:  # each chunk adds the sum up to the one done before it
+            this.add_(before)
         return x
     return x.flip(1).cumsum_(1).flip(1) if reverse else x.cumsum_(1)
 
 
 def prefix_product(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, C: int, reverse: bool = False, out: torch.Tensor | None = None
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    C: int,
+    reverse: bool = False,
+    out: torch.Tensor | None = None,
+    row_bias: torch.Tensor | None = None,
+    col_bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """sum_{j <= i} (q_i . k_j) v_j (``reverse``: over j >= i) for q, k (..., N, D), v (..., N, Dv).
+    """sum_{j <= i} (q_i . k_j + a_i + b_j) v_j (``reverse``: over j >= i) for q, k (..., N, D), v (..., N, Dv)
+    and the optional ``row_bias`` a and ``col_bias`` b (..., N, 1) (at most one of them; zero when absent).
 
     The unchecked kernel: q, k, v of one dtype and device, already validated; no autograd (it is called from
     the autograd.Function, or under no_grad) and no autocast (the caller switches it off). Written into
     ``out`` (contiguous, (..., N, Dv), q's dtype) when given. Blocks of chunks as in :func:`_blocks`.
+
+    A bias is what a column appended to q and k would give (a: q_i gets a_i, k_j gets 1; b: q_i gets 1, k_j
+    gets b_j) without making those (..., N, D + 1) copies: inside a chunk it is added to the scores, before
+    it a carried vector (the sum of v_j, or of b_j v_j) is added to the output. The backward of causal linear
+    attention uses it (:class:`_NormalisedAttention`).
     """
     *lead, N, D = q.shape
     Dv = v.shape[-1]
-    q, k, v = (x.contiguous().view(-1, N, x.shape[-1]) for x in (q, k, v))  # (BH, N, D), ..., (BH, N, Dv)
+    # views where they can be (q, k and v may be column slices)
+    q, k, v = (x.reshape(-1, N, x.shape[-1]) for x in (q, k, v))  # (BH, N, D), ..., (BH, N, Dv)
+    a = None if row_bias is None else row_bias.reshape(-1, N, 1)  # (BH, N, 1)
+    b = None if col_bias is None else col_bias.reshape(-1, N, 1)
     result = q.new_empty(q.shape[0], N, Dv) if out is None else out
     out = result.view(-1, N, Dv)  # (BH, N, Dv)
-    carry = None  # (r, 1, D, Dv): sum of k_j v_j^T over the blocks already done
+    carry = extra = None  # (r, 1, D, Dv): sum of k_j v_j^T, (r, 1, Dv): of v_j or b_j v_j, over the blocks done
     for rows, r, span, c, first in _blocks(q.shape[0], N, C, _chunk_numbers(C, D, Dv), reverse):
         q3, k3 = q[rows, span].reshape(-1, c, D), k[rows, span].reshape(-1, c, D)  # (r g, c, D), views
         v3 = v[rows, span].reshape(-1, c, Dv)  # (r g, c, Dv)
         o3 = out[rows, span].view(-1, c, Dv)  # (r g, c, Dv), written in place
         scores = torch.bmm(q3, k3.transpose(1, 2))  # (r g, c, c)
+        if a is not None:
+            a3 = a[rows, span].reshape(-1, c, 1)  # (r g, c, 1)
+            scores += a3
+            per_chunk = v3.sum(1)  # (r g, Dv): sum of v_j in each chunk
+        elif b is not None:
+            b3 = b[rows, span].reshape(-1, c, 1)
+            scores += b3.transpose(1, 2)
+            per_chunk = torch.bmm(b3.transpose(1, 2), v3)  # (r g, 1, Dv): sum of b_j v_j in each chunk
         scores = scores.triu_() if reverse else scores.tril_()
         torch.bmm(scores, v3, out=o3)  # inside each chunk
         del scores
         kv = torch.bmm(k3.transpose(1, 2), v3).view(r, -1, D, Dv)  # (r, g, D, Dv): each chunk's k^T v
-        if r == 1:  # plus all earlier (later) chunks, their sums read in place
-            carry = _add_states(o3, q3, kv, None if first else carry, reverse)
-            continue
-        states, carry = _states(kv, None if first else carry, reverse)  # earlier (later) chunks' sums
-        del kv
-        o3.baddbmm_(q3, states.view(-1, D, Dv))  # plus all earlier (later) chunks
+        carry = _add_states(o3, q3, kv, None if first else carry, reverse)  # plus all earlier (later) chunks
+        if a is not None or b is not None:  # and the bias times the earlier (later) chunks' vector sums
+            states, extra = _states(per_chunk.view(r, -1, Dv), None if first else extra, reverse, loop=False)
+            states = states.view(-1, 1, Dv)  # (r g, 1, Dv)
+            o3.addcmul_(a3, states) if a is not None else o3.add_(states)
     return result.view(*lead, N, Dv)
 
 
@@ -207,39 +244,40 @@ def normalised_prefix_product(
 
         out_i = sum_{j <= i} (q_i . k_j) v_j / (sum_{j <= i} q_i . k_j + eps)
 
-    The normaliser comes from the same products as the numerator: each block's values get a column of ones,
-    [v, 1], so the masked scores times [v, 1] give the numerator and the normaliser inside each chunk, and the
-    carried state k^T [v, 1] = [S, z] the rest. No (..., N, R) prefix sum of the keys is ever formed; the
-    extra memory is one block's temporaries (:func:`inference_budget` of ``total``, the numbers of the whole
-    output when ``out`` is part of it). q, k (..., N, R), v (..., N, Dv) of one dtype, ``out`` contiguous
+    The numerator is the prefix product of :func:`prefix_product`, written into ``out`` block by block; the
+    normaliser comes from the same blocks: inside a chunk it is the row sum of the masked scores, and before
+    it q_i . z with z the carried sum of the keys, so no (..., N, R) prefix sum of the keys is ever formed
+    (and the products keep Dv columns: a column of ones appended to the values, which would give the
+    normaliser from the same products, slows every product down by more than the row sums cost). The extra
+    memory is one block's temporaries (:func:`inference_budget` of ``total``, the numbers of the whole output
+    when ``out`` is part of it). q, k (..., N, R), v (..., N, Dv) of one dtype, ``out`` contiguous
     (..., N, Dv); ``recip``, when given (contiguous (..., N, 1)), receives 1 / (normaliser + eps).
     """
     *lead, N, D = q.shape
     Dv = v.shape[-1]
     q, k, v = (x.contiguous().view(-1, N, x.shape[-1]) for x in (q, k, v))  # (BH, N, R), ..., (BH, N, Dv)
     o = out.view(-1, N, Dv)  # (BH, N, Dv)
-    carry = None  # (r, 1, R, Dv + 1): [sum k_j v_j^T, sum k_j] over the blocks already done
-    per_chunk = _chunk_numbers(C, D, Dv + 1) + 2 * C * (Dv + 1)  # and [v, 1], the block's output
+    carry = z = None  # (r, 1, R, Dv) sum of k_j v_j^T, (r, 1, R) sum of k_j, over the blocks already done
+    per_chunk = _chunk_numbers(C, D, Dv)
     for rows, r, span, c, first in _blocks(q.shape[0], N, C, per_chunk, False, inference_budget(total or o.numel())):
         q3, k3 = q[rows, span].reshape(-1, c, D), k[rows, span].reshape(-1, c, D)  # (r g, c, R), views
         v3 = v[rows, span].reshape(-1, c, Dv)  # (r g, c, Dv)
-        v1 = torch.cat((v3, v3.new_ones(v3.shape[0], c, 1)), -1)  # (r g, c, Dv + 1): [v, 1]
+        o3 = o[rows, span].view(-1, c, Dv)  # (r g, c, Dv), written in place
         scores = torch.bmm(q3, k3.transpose(1, 2)).tril_()  # (r g, c, c)
-        o1 = torch.bmm(scores, v1)  # (r g, c, Dv + 1): numerator and normaliser inside each chunk
+        den = scores.sum(-1, keepdim=True).transpose(1, 2)  # (r g, 1, c): the normaliser inside each chunk
+        torch.bmm(scores, v3, out=o3)  # the numerator inside each chunk
         del scores
-        kv = torch.bmm(k3.transpose(1, 2), v1).view(r, -1, D, Dv + 1)  # (r, g, R, Dv + 1): [k^T v, k^T 1]
-        if r == 1:  # plus all earlier chunks, their sums read in place
-            carry = _add_states(o1, q3, kv, None if first else carry, False)
-        else:
-            states, carry = _states(kv, None if first else carry, False)  # (r, g, R, Dv + 1): earlier chunks
-            o1.baddbmm_(q3, states.view(-1, D, Dv + 1))  # plus all earlier chunks
-            del states
+        kv = torch.bmm(k3.transpose(1, 2), v3).view(r, -1, D, Dv)  # (r, g, R, Dv): each chunk's k^T v
+        kz = k3.sum(1).view(r, -1, D)  # (r, g, R): each chunk's sum of keys
+        carry = _add_states(o3, q3, kv, None if first else carry, False)  # plus all earlier chunks
         del kv
-        r1 = o1[..., Dv:].add_(eps).reciprocal_()  # (r g, c, 1)
+        zs, z = _states(kz, None if first else z, False, loop=False)  # (r, g, R): the keys of earlier chunks
+        # q_i . z as a product with one row (z^T q^T): one with one column is several times slower here
+        den.baddbmm_(zs.view(-1, 1, D), q3.transpose(1, 2))  # (r g, 1, c)
+        r1 = den.add_(eps).reciprocal_().transpose(1, 2)  # (r g, c, 1)
         if recip is not None:
             recip.view(-1, N, 1)[rows, span].view(-1, c, 1).copy_(r1)
-        # times the reciprocal, as in fast-transformers
-        torch.mul(o1[..., :Dv], r1, out=o[rows, span].view(-1, c, Dv))
+        o3.mul_(r1)  # times the reciprocal, as in fast-transformers
     return out
 
 
@@ -309,19 +347,46 @@ class _NormalisedAttention(torch.autograd.Function):
         if g is None and g_r is None:
             return None, None, None, None, None
         with autocast_disabled(fq.device):
-            g_num = torch.zeros_like(out) if g is None else g.contiguous() * r  # (..., N, Dv): dL/dnum
-            g_den = torch.zeros_like(r) if g is None else -torch.linalg.vecdot(g, out).unsqueeze(-1) * r  # (.., N, 1)
+            Dv = out.shape[-1]
+            gg = torch.zeros_like(out) if g is None else g.contiguous()  # (..., N, Dv)
+            col = torch.zeros_like(r) if g is None else -_row_dots(gg, out)  # (..., N, 1): -(g . out)
             if g_r is not None:
-                g_den = g_den - g_r * r * r
+                col = col - g_r * r
             dfq = dfk = dv = None
-            if need_q or need_k:
-                G = torch.cat((g_num, g_den), -1)  # (..., N, Dv + 1)
+            if torch.is_grad_enabled():  # a graph of the backward is being built: differentiable products
+                G = torch.cat((gg, col), -1) * r  # (..., N, Dv + 1): [dL/dnum, dL/dden]
                 v1 = torch.cat((v, torch.ones_like(r)), -1)  # (..., N, Dv + 1): [v, 1]
                 dfq = _product(G, v1, fk, C, False) if need_q else None
                 dfk = _product(v1, G, fq, C, True) if need_k else None
+                dv = _product(fk, fq, G[..., :Dv], C, True) if need_v else None
+                return dfq, dfk, dv, None, None
+            # the same products, the column dL/dden and [v, 1]'s ones given as biases (no (..., N, Dv + 1) copies)
+            g_num, g_den = gg * r, col.mul_(r)  # (..., N, Dv) dL/dnum, (..., N, 1) dL/dden (col is ours)
+            if need_q:  # sum_{j <= i} (g_num_i . v_j + g_den_i) phi(k)_j
+                dfq = prefix_product(g_num, v, fk, C, False, row_bias=g_den)
+            if need_k:  # sum_{i >= j} (v_j . g_num_i + g_den_i) phi(q)_i
+                dfk = prefix_product(v, g_num, fq, C, True, col_bias=g_den)
             if need_v:
-                dv = _product(fk, fq, g_num, C, True)
+                dv = prefix_product(fk, fq, g_num, C, True)
         return dfq, dfk, dv, None, None
+
+
+def _row_dots(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a_i . b_i for a, b (..., N, E) -> (..., N, 1). Without a graph to record, in pieces of 2^18 numbers
+    through one buffer: the product of the whole (a fresh tensor as large as a) costs a page fault per 4 KiB
+    on the CPU."""
+    if torch.is_grad_enabled() and (a.requires_grad or b.requires_grad):
+        return torch.linalg.vecdot(a, b).unsqueeze(-1)
+    E = a.shape[-1]
+    a2, b2 = a.reshape(-1, E), b.reshape(-1, E)  # (n, E)
+    n = a2.shape[0]
+    dots = a2.new_empty(n, 1)
+    step = max(1, (1 << 18) // max(E, 1))  # rows per piece
+    buf = a2.new_empty(min(step, n), E)
+    for i in range(0, n, step):
+        m = min(step, n - i)
+        torch.sum(torch.mul(a2[i : i + m], b2[i : i + m], out=buf[:m]), -1, keepdim=True, out=dots[i : i + m])
+    return dots.view(*a.shape[:-1], 1)
 
 
 def normalised_attention(fq: torch.Tensor, fk: torch.Tensor, v: torch.Tensor, chunk_size: int, eps: float):
