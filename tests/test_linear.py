@@ -96,12 +96,16 @@ def test_key_padding_mask_matches_reference_outputs_and_gradients(causal):
         )
 
 
+@pytest.mark.parametrize("piece", [1, 80, 1 << 19], ids=lambda p: f"pieces_of_{p}")
 @pytest.mark.parametrize("work_numbers", [1, 80, 4096], ids=lambda r: f"groups_of_{r}_numbers")
 @pytest.mark.parametrize("fmap", FEATURE_MAP_IDS)
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_without_autograd_groups_of_rows_give_the_same_numbers(monkeypatch, causal, fmap, work_numbers):
-    """Under no_grad the work runs a few (B H) rows at a time, into one output: same result as with autograd."""
+def test_without_autograd_groups_of_rows_give_the_same_numbers(monkeypatch, causal, fmap, work_numbers, piece):
+    """Under no_grad the work runs a few (B H) rows at a time, into one output, and the built-in feature maps
+    in pieces (of the flat features; non-causal, of whole rows: one row, two, all): same result as with
+    autograd."""
     monkeypatch.setattr(_runtime, "WORK_NUMBERS", work_numbers)
+    monkeypatch.setattr(attnbook.feature_maps, "ELU_PIECE", piece)
     phi = feature_map(fmap, 4)
     B, H, N, D, Dv = 2, 3, 9, 4, 5
     pad = torch.rand(B, N) > 0.3
@@ -274,12 +278,15 @@ def test_causal_memory_is_a_few_copies_of_the_inputs_not_n_by_n(grad):
         assert peak < 4 * io_bytes < N * N * 4, f"peak {peak} bytes for q, k, v, out of {io_bytes} bytes"
 
 
+@pytest.mark.parametrize("in_place", [1, 1000], ids=["states_in_place", "states_copied"])
 @pytest.mark.parametrize("N", [36, 37], ids=["whole_chunks", "partial_chunk"])
 @pytest.mark.parametrize("block_numbers", [50, 200, 1000, 1 << 22], ids=lambda b: f"block{b}")
-def test_causal_without_autograd_blocks_of_chunks_do_not_change_the_result(monkeypatch, block_numbers, N):
-    """The inference kernel (numerator and normaliser from one product, the state carried from block to
-    block): one chunk per block, several, whole rows, several rows at once give the float64 reference."""
+def test_causal_without_autograd_blocks_of_chunks_do_not_change_the_result(monkeypatch, block_numbers, N, in_place):
+    """The inference kernel (numerator and normaliser from the same blocks, the state carried from block to
+    block): one chunk per block, several, whole rows, several rows at once (their chunk states read in
+    place or from a shifted copy) give the float64 reference."""
     monkeypatch.setattr(_prefix, "_INFERENCE_BLOCK_NUMBERS", (block_numbers, block_numbers))
+    monkeypatch.setattr(_prefix, "_IN_PLACE_CHUNKS", in_place)
     q, k, v = qkv(2, 3, N, N, 4, 5, dtype=torch.float64)
     with torch.no_grad():
         out = attnbook.linear_attention(q, k, v, causal=True, chunk_size=3)

@@ -43,9 +43,10 @@ FeatureMap = Callable[[torch.Tensor], torch.Tensor]
 def elu_feature_map(x: torch.Tensor) -> torch.Tensor:
     """phi(x) = elu(x) + 1: positive, (..., D) -> (..., D). Katharopoulos et al., ICML 2020, Eq. 7.
 
-    Computed as max(x + 1, min(exp(x), 1)), which is exp(x) for x <= 0 and x + 1 for x > 0 (because
-    exp(x) >= x + 1 everywhere): exp is about twice as fast as the expm1 inside ``F.elu``, and the result
-    differs from ``F.elu(x) + 1`` by rounding only. NaN stays NaN, -inf gives 0, inf gives inf.
+    Computed as exp(x) for x <= 0 and x + 1 for x > 0 (:func:`elu_plus_one`): exp is about twice as fast as
+    the expm1 inside ``F.elu``, and the result differs from ``F.elu(x) + 1`` by rounding only (elu(x) + 1
+    itself rounds exp(x) - 1 + 1, which is 0 in float32 below x = -17 or so). NaN stays NaN, -inf gives 0,
+    inf gives inf.
     Differentiable any number of times: phi'(x) = min(phi(x), 1).
     """
     check_tensor(x, "x", name="elu_feature_map")
@@ -55,11 +56,50 @@ def elu_feature_map(x: torch.Tensor) -> torch.Tensor:
 
 
 def elu_plus_one(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-    """elu(x) + 1 without autograd, written into ``out`` (x's shape and dtype, contiguous) when given:
-    five passes over the result (exp, clamp, -1, max with x, +1), each a quick one next to elu's expm1."""
-    out = torch.exp(x, out=out) if out is not None else torch.exp(x)
-    out.clamp_(max=1.0).sub_(1.0)  # min(exp(x), 1) - 1 = min(exp(x) - 1, 0)
-    return out.clamp_(min=x).add_(1.0)  # max(x, min(exp(x) - 1, 0)) + 1 = elu(x) + 1
+    """elu(x) + 1 without autograd, written into ``out`` (x's shape and dtype, contiguous) when given.
+
+    It is the median of x + 1, exp(x) and 1 (because exp(x) >= x + 1 everywhere, the median is exp(x) for
+    x <= 0 and x + 1 above): three passes (x + 1, exp, and one clamp of 1 between them). On the CPU they run
+    over pieces of :data:`ELU_PIECE` numbers, so that each pass reads what the one before it left in the
+    cache, and exp(x) is computed as 2^(x log2 e) (:func:`_exp`)."""
+    one = x.new_ones(())  # the median's third value, broadcast
+    if _compiling() or not x.is_contiguous() or (out is not None and not out.is_contiguous()):
+        return torch.clamp(one, min=x + 1.0, max=_exp(x), out=out)
+    out = torch.empty_like(x) if out is None else out
+    flat, into = x.view(-1), out.view(-1)
+    n = flat.numel()
+    step = n if x.device.type != "cpu" else max(1, min(n, ELU_PIECE))
+    plus = x.new_empty(step)  # x + 1 of one piece
+    for i in range(0, n, step):
+        xs, ys, ps = flat[i : i + step], into[i : i + step], plus[: min(step, n - i)]
+        torch.add(xs, 1.0, out=ps)
+        _exp(xs, out=ys)
+        torch.clamp(one, min=ps, max=ys, out=ys)
+    return out
+
+
+# Numbers per piece of elu_plus_one on the CPU: three float32 pieces of 2 MiB stay in the caches beside other
+# work (B=4, H=8, N=4096, D=64, 2 threads: linear_attention 1.35x quicker than with whole 16 MiB tensors; pieces
+# of 0.5 to 4 MiB within 6 %).
+ELU_PIECE = 1 << 19
+_LOG2E = 1.4426950408889634
+
+
+def _exp(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """exp(x); on the CPU as exp2(x log2 e). torch's CPU exp is MKL's, which on the AMD test machine is 1.6x
+    slower than torch's exp2 (Sleef), more than the extra multiplication costs (linear_attention, B=4, H=8,
+    N=4096, D=64, 2 threads: 6 % quicker in all). The rounding of x log2 e adds a relative error of at most
+    |x| 2^-24, about |x| 6e-8, in float32 (|x| 1.1e-16 in float64): under 1e-6 for |x| < 16, far below
+    what a product's rounding over thousands of terms costs."""
+    if x.device.type != "cpu":
+        return torch.exp(x, out=out)
+    y = torch.mul(x, _LOG2E, out=out)
+    return y.exp2_()
+
+
+def _compiling() -> bool:
+    is_compiling = getattr(torch.compiler, "is_compiling", None)
+    return bool(is_compiling is not None and is_compiling())
 
 
 class _EluPlusOne(torch.autograd.Function):

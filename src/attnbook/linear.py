@@ -34,6 +34,7 @@ from ._checks import (
     check_step_inputs,
     shape_str,
 )
+from . import feature_maps
 from ._module import ProjectedAttention
 from ._prefix import normalised_attention, normalised_prefix_product
 from ._runtime import accumulation_dtype, autocast_disabled, needs_autograd, result_dtype, rows_per_group
@@ -134,10 +135,12 @@ def linear_attention(
             step = max(1, min(rows, rows * N * Dv // 3 // per_row))
         # The built-in maps write into buffers allocated once for all groups (small enough to be reused
         # from the heap on later calls: fresh large tensors cost a page fault per 4 KiB on first touch).
-        # Non-causal, phi(q) reuses phi(k)'s buffer once phi(k) is summed up.
+        # Non-causal, one buffer holds the features of one piece of rows at a time (_in_pieces).
         work = None
-        if phi in _IN_PLACE:  # flat: the first numbers of a buffer, viewed, are contiguous for any group
-            work = q.new_empty(step * max(N, M) * D), (k.new_empty(step * M * D) if causal else None)
+        if phi in _IN_PLACE and causal:  # flat: the first numbers of a buffer, viewed, are contiguous for any group
+            work = q.new_empty(step * N * D), k.new_empty(step * M * D)
+        elif phi in _IN_PLACE:
+            work = q.new_empty(min(step, _piece_rows(N, M, D)) * max(N, M) * D), None
         for r0 in range(0, rows, step):
             r = slice(r0, r0 + step)
             mask = None if keep is None else keep[r]
@@ -171,10 +174,7 @@ def _attend(q, k, v, keep, phi, causal, eps, chunk_size, name, lead, out=None, w
         k = torch.where(keep, k, 0.0)  # (..., M, D)
         v = torch.where(keep, v, 0.0)  # (..., M, Dv)
     if work is not None and work[1] is None:  # non-causal, built-in map: phi(k), summed up, then phi(q)
-        fk = _keys(phi, k, keep, name, lead, into=work[0])  # (..., M, R)
-        kv, z = fk.transpose(-2, -1) @ v, fk.sum(dim=-2).unsqueeze(-1)  # (..., R, Dv), (..., R, 1)
-        fq = _features(phi, q, name=name, label="q", lead=lead, into=work[0])  # (..., N, R), over phi(k)
-        return torch.matmul(fq, kv, out=out).mul_((fq @ z).add_(eps).reciprocal_())  # (..., N, Dv), in place
+        return _in_pieces(q, k, v, keep, phi, eps, name, lead, out, work[0])
     into_q, into_k = (None, None) if work is None else work
     fq = _features(phi, q, name=name, label="q", lead=lead, into=into_q)  # (..., N, R)
     fk = _keys(phi, k, keep, name, lead, into=into_k)  # (..., M, R)
@@ -184,10 +184,53 @@ def _attend(q, k, v, keep, phi, causal, eps, chunk_size, name, lead, out=None, w
     if causal:  # numerator and normaliser from one chunked product, differentiable
         return normalised_attention(fq, fk, v, chunk_size, eps)  # (..., N, Dv)
     kv, z = fk.transpose(-2, -1) @ v, fk.sum(dim=-2).unsqueeze(-1)  # (..., R, Dv), (..., R, 1)
-    den = fq @ z  # (..., N, 1): phi(q_i) . sum_j phi(k_j)
+    den = _dots(fq, z)  # (..., N, 1): phi(q_i) . sum_j phi(k_j)
     if out is None:  # times the reciprocal, as in fast-transformers (its backward needs fewer temporaries)
         return (fq @ kv) * (den + eps).reciprocal()  # (..., N, Dv)
     return torch.matmul(fq, kv, out=out).mul_(den.add_(eps).reciprocal_())  # (..., N, Dv), in place
+
+
+def _in_pieces(q, k, v, keep, phi, eps, name, lead, out, buf):
+    """Non-causal linear attention without autograd, for a built-in feature map, into ``out`` (rows, N, Dv):
+
+        z = sum_j phi(k_j),   S = sum_j phi(k_j) v_j^T,   out_i = (phi(q_i) / (phi(q_i) . z + eps))^T S
+
+    The features are made one piece of whole rows at a time (:func:`_piece_rows`, about
+    :data:`attnbook.feature_maps.ELU_PIECE` numbers) into ``buf`` (flat, at least one piece), and each piece,
+    still in the cache, goes on at once: the keys' into z and S, the queries' divided by their normaliser and
+    multiplied by S into ``out``. No pass over the features of all rows follows (B=4, H=8, N=4096, D=64,
+    2 threads: 6 % quicker than the products over whole groups of rows).
+    """
+    rows, M, D = k.shape
+    N = q.shape[1]
+    step = _piece_rows(N, M, D)
+    z = k.new_empty(rows, 1, D)  # (rows, 1, R): sum_j phi(k_j), as a row
+    kv = v.new_empty(rows, D, v.shape[-1])  # (rows, R, Dv)
+    for r0 in range(0, rows, step):
+        r = slice(r0, r0 + step)
+        fk = _features(phi, k[r], name=name, label="k", lead=lead, into=buf)  # (p, M, R)
+        if keep is not None:
+            fk.masked_fill_(keep[r].logical_not(), 0.0)  # padded keys: phi(0) need not be 0
+        torch.sum(fk, dim=-2, keepdim=True, out=z[r])
+        torch.bmm(fk.transpose(-2, -1), v[r], out=kv[r])
+    for r0 in range(0, rows, step):
+        r = slice(r0, r0 + step)
+        fq = _features(phi, q[r], name=name, label="q", lead=lead, into=buf)  # (p, N, R)
+        den = torch.bmm(z[r], fq.transpose(-2, -1))  # (p, 1, N): phi(q_i) . z, as a product with one row
+        fq.mul_(den.add_(eps).reciprocal_().transpose(-2, -1))
+        torch.bmm(fq, kv[r], out=out[r])
+    return out
+
+
+def _piece_rows(N: int, M: int, D: int) -> int:
+    """Rows of (B H) per piece of :func:`_in_pieces`: about ELU_PIECE numbers of features, at least one row."""
+    return max(1, feature_maps.ELU_PIECE // (max(N, M) * D))
+
+
+def _dots(fq, z):
+    """fq @ z, (..., N, R) @ (..., R, 1) -> (..., N, 1), computed as (z^T fq^T)^T: the same dot products, but
+    a product with one row runs about twice as fast on the CPU as one with one column (one pass over fq)."""
+    return (z.transpose(-2, -1) @ fq.transpose(-2, -1)).transpose(-2, -1)
 
 
 def _keys(phi, k, keep, name, lead, into=None):
