@@ -20,6 +20,7 @@ from typing import NamedTuple
 
 import torch
 
+from . import feature_maps
 from ._checks import (
     check_bool,
     check_chunk_size,
@@ -34,7 +35,6 @@ from ._checks import (
     check_step_inputs,
     shape_str,
 )
-from . import feature_maps
 from ._module import ProjectedAttention
 from ._prefix import normalised_attention, normalised_prefix_product
 from ._runtime import accumulation_dtype, autocast_disabled, needs_autograd, result_dtype, rows_per_group
