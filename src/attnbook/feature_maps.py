@@ -62,18 +62,22 @@ def elu_plus_one(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tens
     x <= 0 and x + 1 above): three passes (x + 1, exp, and one clamp of 1 between them). On the CPU they run
     over pieces of :data:`ELU_PIECE` numbers, so that each pass reads what the one before it left in the
     cache, and exp(x) is computed as 2^(x log2 e) (:func:`_exp`)."""
-    one = x.new_ones(())  # the median's third value, broadcast
-    if _compiling() or not x.is_contiguous() or (out is not None and not out.is_contiguous()):
-        return torch.clamp(one, min=x + 1.0, max=_exp(x), out=out)
+    one, log2e = _constants(x)  # the median's third value, broadcast; log2(e)
+    n, compiling = x.numel(), _compiling()
+    into = out is not None and out.is_contiguous() and not compiling  # out= needs a contiguous tensor
+    pieces = not compiling and x.device.type == "cpu" and n > ELU_PIECE and x.is_contiguous()
+    if not (pieces and (out is None or into)):
+        if into:
+            e = _exp(x, out=out, log2e=log2e)
+            return torch.clamp(one, min=torch.add(x, one), max=e, out=e)
+        phi = torch.clamp(one, min=torch.add(x, one), max=_exp(x, log2e=log2e))
+        return phi if out is None else out.copy_(phi)
     out = torch.empty_like(x) if out is None else out
     flat, into = x.view(-1), out.view(-1)
-    n = flat.numel()
-    step = n if x.device.type != "cpu" else max(1, min(n, ELU_PIECE))
-    plus = x.new_empty(step)  # x + 1 of one piece
-    log2e = x.new_full((), _LOG2E) if x.device.type == "cpu" else None
-    for i in range(0, n, step):
-        xs, ys, ps = flat[i : i + step], into[i : i + step], plus[: min(step, n - i)]
-        torch.add(xs, one, out=ps)  # 0-dim tensors: a Python number costs a copy into a tensor per call
+    plus = x.new_empty(ELU_PIECE)  # x + 1 of one piece
+    for i in range(0, n, ELU_PIECE):
+        xs, ys, ps = flat[i : i + ELU_PIECE], into[i : i + ELU_PIECE], plus[: min(ELU_PIECE, n - i)]
+        torch.add(xs, one, out=ps)
         _exp(xs, out=ys, log2e=log2e)
         torch.clamp(one, min=ps, max=ys, out=ys)
     return out
@@ -94,8 +98,23 @@ def _exp(x: torch.Tensor, out: torch.Tensor | None = None, log2e: torch.Tensor |
     what a product's rounding over thousands of terms costs. ``log2e``: log2(e) as a 0-dim tensor of x's dtype."""
     if x.device.type != "cpu":
         return torch.exp(x, out=out)
-    y = torch.mul(x, _LOG2E if log2e is None else log2e, out=out)
-    return y.exp2_()
+    return torch.mul(x, _LOG2E if log2e is None else log2e, out=out).exp2_()
+
+
+_CONSTANTS: dict[torch.dtype, tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def _constants(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(1, log2(e)) as 0-dim tensors of x's dtype and device. On the CPU they are made once per dtype: for a
+    small x (one step of a recurrence) making them costs as much as the passes, and a Python number in an
+    ``out=`` call costs a copy into a tensor each time."""
+    if x.device.type != "cpu" or _compiling():
+        return x.new_ones(()), x.new_full((), _LOG2E)
+    pair = _CONSTANTS.get(x.dtype)
+    if pair is None:
+        with torch.inference_mode(False):  # ordinary tensors, usable inside and outside inference mode
+            pair = _CONSTANTS[x.dtype] = (torch.ones((), dtype=x.dtype), torch.full((), _LOG2E, dtype=x.dtype))
+    return pair
 
 
 def _compiling() -> bool:
