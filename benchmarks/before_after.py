@@ -65,7 +65,7 @@ def timed(fns: dict, repeats: int, threads: int, grad: bool = False) -> dict:
     torch.set_num_threads(threads)
     with torch.set_grad_enabled(grad):
         t = compare(fns, repeats=repeats, warmup=1)
-    return {name: round(x.median * 1e3, 2) for name, x in t.items()}
+    return {name: round(x.median * 1e3, 2 if x.median > 1e-3 else 4) for name, x in t.items()}
 
 
 def fwd(fn, *args, **kwargs):
@@ -157,6 +157,40 @@ def main() -> None:
     add(
         "linear causal forward+backward",
         f"B=4 H=8 N=8192 D=64, {T} threads",
+        t,
+        {"before/after": round(t["before"] / t["after"], 2)},
+    )
+
+    # causal forward + backward on one thread (bench_linear's causal size, as linear.json records it)
+    t = timed(
+        {
+            "before": fwd_bwd(old.linear_attention, q, k, v, up, causal=True),
+            "after": fwd_bwd(new.linear_attention, q, k, v, up, causal=True),
+        },
+        max(5, R // 3),
+        1,
+        grad=True,
+    )
+    add(
+        "linear causal forward+backward",
+        "B=4 H=8 N=8192 D=64, 1 thread",
+        t,
+        {"before/after": round(t["before"] / t["after"], 2)},
+    )
+
+    # one recurrent step (linear_attention_step: the features of one token, the state update), one thread
+    g = torch.Generator().manual_seed(1)
+    q1, k1, v1 = (torch.randn(4, 8, 64, generator=g) for _ in range(3))
+    with torch.no_grad():
+        states = {n: m.linear_attention_step(q1, k1, v1)[1] for n, m in (("before", old), ("after", new))}
+        t = timed(
+            {n: fwd(m.linear_attention_step, q1, k1, v1, states[n]) for n, m in (("before", old), ("after", new))},
+            200,
+            1,
+        )
+    add(
+        "linear recurrent step",
+        "B=4 H=8 D=64, 1 thread (medians in ms)",
         t,
         {"before/after": round(t["before"] / t["after"], 2)},
     )
