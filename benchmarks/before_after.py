@@ -145,38 +145,22 @@ def main() -> None:
         t,
         {"before/after": round(t["before"] / t["after"], 2)},
     )
-    t = timed(
-        {
-            "before": fwd_bwd(old.linear_attention, q, k, v, up, causal=True),
-            "after": fwd_bwd(new.linear_attention, q, k, v, up, causal=True),
-        },
-        max(5, R // 3),
-        T,
-        grad=True,
-    )
-    add(
-        "linear causal forward+backward",
-        f"B=4 H=8 N=8192 D=64, {T} threads",
-        t,
-        {"before/after": round(t["before"] / t["after"], 2)},
-    )
-
-    # causal forward + backward on one thread (bench_linear's causal size, as linear.json records it)
-    t = timed(
-        {
-            "before": fwd_bwd(old.linear_attention, q, k, v, up, causal=True),
-            "after": fwd_bwd(new.linear_attention, q, k, v, up, causal=True),
-        },
-        max(5, R // 3),
-        1,
-        grad=True,
-    )
-    add(
-        "linear causal forward+backward",
-        "B=4 H=8 N=8192 D=64, 1 thread",
-        t,
-        {"before/after": round(t["before"] / t["after"], 2)},
-    )
+    for threads in (T, 1):  # and on one thread, as linear.json records it
+        t = timed(
+            {
+                "before": fwd_bwd(old.linear_attention, q, k, v, up, causal=True),
+                "after": fwd_bwd(new.linear_attention, q, k, v, up, causal=True),
+            },
+            max(5, R // 3),
+            threads,
+            grad=True,
+        )
+        add(
+            "linear causal forward+backward",
+            f"B=4 H=8 N=8192 D=64, {threads} thread{'s' if threads > 1 else ''}",
+            t,
+            {"before/after": round(t["before"] / t["after"], 2)},
+        )
 
     # one recurrent step (linear_attention_step: the features of one token, the state update), one thread
     g = torch.Generator().manual_seed(1)
