@@ -190,3 +190,10 @@ def test_causal_linear_gradients_for_every_block_layout(monkeypatch, block_numbe
     ref_grads = torch.autograd.grad(expected, (q, k, v), upstream)
     for name, g, r in zip("qkv", grads, ref_grads, strict=True):
         torch.testing.assert_close(g, r, **tol(torch.float64), msg=lambda m, name=name: f"d{name}: {m}")
+
+
+def test_both_biases_at_once_are_refused():
+    q, k, v = inputs(8)
+    w = torch.randn(*q.shape[:-1], 1, dtype=q.dtype)
+    with pytest.raises(ValueError, match="row_bias or col_bias, not both"):
+        _prefix.prefix_product(q, k, v, 3, row_bias=w, col_bias=w)

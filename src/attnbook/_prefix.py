@@ -186,6 +186,8 @@ def prefix_product(
     Dv = v.shape[-1]
     # views where they can be (q, k and v may be column slices)
     q, k, v = (x.reshape(-1, N, x.shape[-1]) for x in (q, k, v))  # (BH, N, D), ..., (BH, N, Dv)
+    if row_bias is not None and col_bias is not None:
+        raise ValueError("prefix_product: pass row_bias or col_bias, not both (one carried vector sum per call)")
     a = None if row_bias is None else row_bias.reshape(-1, N, 1)  # (BH, N, 1)
     b = None if col_bias is None else col_bias.reshape(-1, N, 1)
     result = q.new_empty(q.shape[0], N, Dv) if out is None else out
@@ -199,20 +201,23 @@ def prefix_product(
         if a is not None:
             a3 = a[rows, span].reshape(-1, c, 1)  # (r g, c, 1)
             scores += a3
-            per_chunk = v3.sum(1)  # (r g, Dv): sum of v_j in each chunk
+            sums = v3.sum(1)  # (r g, Dv): sum of v_j in each chunk
         elif b is not None:
             b3 = b[rows, span].reshape(-1, c, 1)
             scores += b3.transpose(1, 2)
-            per_chunk = torch.bmm(b3.transpose(1, 2), v3)  # (r g, 1, Dv): sum of b_j v_j in each chunk
+            sums = torch.bmm(b3.transpose(1, 2), v3)  # (r g, 1, Dv): sum of b_j v_j in each chunk
         scores = scores.triu_() if reverse else scores.tril_()
         torch.bmm(scores, v3, out=o3)  # inside each chunk
         del scores
         kv = torch.bmm(k3.transpose(1, 2), v3).view(r, -1, D, Dv)  # (r, g, D, Dv): each chunk's k^T v
         carry = _add_states(o3, q3, kv, None if first else carry, reverse)  # plus all earlier (later) chunks
         if a is not None or b is not None:  # and the bias times the earlier (later) chunks' vector sums
-            states, extra = _states(per_chunk.view(r, -1, Dv), None if first else extra, reverse, loop=False)
+            states, extra = _states(sums.view(r, -1, Dv), None if first else extra, reverse, loop=False)
             states = states.view(-1, 1, Dv)  # (r g, 1, Dv)
-            o3.addcmul_(a3, states) if a is not None else o3.add_(states)
+            if a is not None:
+                o3.addcmul_(a3, states)
+            else:
+                o3.add_(states)
     return result.view(*lead, N, Dv)
 
 

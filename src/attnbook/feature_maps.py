@@ -64,10 +64,10 @@ def elu_plus_one(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tens
     cache, and exp(x) is computed as 2^(x log2 e) (:func:`_exp`)."""
     one, log2e = _constants(x)  # the median's third value, broadcast; log2(e)
     n, compiling = x.numel(), _compiling()
-    into = out is not None and out.is_contiguous() and not compiling  # out= needs a contiguous tensor
+    write_out = out is not None and out.is_contiguous() and not compiling  # out= needs a contiguous tensor
     pieces = not compiling and x.device.type == "cpu" and n > ELU_PIECE and x.is_contiguous()
-    if not (pieces and (out is None or into)):
-        if into:
+    if not (pieces and (out is None or write_out)):
+        if write_out:
             e = _exp(x, out=out, log2e=log2e)
             return torch.clamp(one, min=torch.add(x, one), max=e, out=e)
         phi = torch.clamp(one, min=torch.add(x, one), max=_exp(x, log2e=log2e))

@@ -216,8 +216,7 @@ def _in_pieces(q, k, v, keep, phi, eps, name, lead, out, buf):
     for r0 in range(0, rows, step):
         r = slice(r0, r0 + step)
         fq = _features(phi, q[r], name=name, label="q", lead=lead, into=buf)  # (p, N, R)
-        den = torch.bmm(z[r], fq.transpose(-2, -1))  # (p, 1, N): phi(q_i) . z, as a product with one row
-        fq.mul_(den.add_(eps).reciprocal_().transpose(-2, -1))
+        fq.mul_(_dots(fq, z[r].transpose(-2, -1)).add_(eps).reciprocal_())  # divided by phi(q_i) . z + eps
         torch.bmm(fq, kv[r], out=out[r])
     return out
 
