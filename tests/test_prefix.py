@@ -195,5 +195,5 @@ def test_causal_linear_gradients_for_every_block_layout(monkeypatch, block_numbe
 def test_both_biases_at_once_are_refused():
     q, k, v = inputs(8)
     w = torch.randn(*q.shape[:-1], 1, dtype=q.dtype)
-    with pytest.raises(ValueError, match="row_bias or col_bias, not both"):
+    with pytest.raises(ValueError, match="col_bias must be None when row_bias is given"):
         _prefix.prefix_product(q, k, v, 3, row_bias=w, col_bias=w)

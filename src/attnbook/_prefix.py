@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import torch
 
-from ._checks import check_chunk_size, check_qkv
+from ._checks import check_chunk_size, check_not_both, check_qkv
 from ._runtime import accumulation_dtype, autocast_disabled
 
 __all__ = ["causal_dot_product", "prefix_product", "normalised_prefix_product", "normalised_attention"]
@@ -186,8 +186,7 @@ def prefix_product(
     Dv = v.shape[-1]
     # views where they can be (q, k and v may be column slices)
     q, k, v = (x.reshape(-1, N, x.shape[-1]) for x in (q, k, v))  # (BH, N, D), ..., (BH, N, Dv)
-    if row_bias is not None and col_bias is not None:
-        raise ValueError("prefix_product: pass row_bias or col_bias, not both (one carried vector sum per call)")
+    check_not_both(row_bias, col_bias, "row_bias", "col_bias", name="prefix_product", why=" (one carried vector sum)")
     a = None if row_bias is None else row_bias.reshape(-1, N, 1)  # (BH, N, 1)
     b = None if col_bias is None else col_bias.reshape(-1, N, 1)
     result = q.new_empty(q.shape[0], N, Dv) if out is None else out
