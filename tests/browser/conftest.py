@@ -32,6 +32,26 @@ def site_url():
     server.shutdown()
 
 
+# The screenshots are a record to look at, not a check: JPEG (PNG took twice as long), in tiles of at most
+# TILE_PX (a JPEG is at most 65,535 px tall; the API page is about 87,000 px), each capture with its own time
+# limit (the API page's one full-page PNG ran past Playwright's default 30 s on a slower CI host).
+TILE_PX = 30_000
+SCREENSHOT_TIMEOUT_MS = 180_000
+
+
+def screenshot(page, name: str) -> tuple[list[pathlib.Path], int]:
+    """The whole page at the window's width: SCREENSHOTS/name.jpg, or name-1.jpg, name-2.jpg, ... when taller
+    than TILE_PX. Returns the files written and the page's height in px."""
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    width, height = page.evaluate("[document.documentElement.scrollWidth, document.documentElement.scrollHeight]")
+    tops = range(0, height, TILE_PX)
+    paths = [SCREENSHOTS / (f"{name}.jpg" if len(tops) == 1 else f"{name}-{i + 1}.jpg") for i in range(len(tops))]
+    for path, top in zip(paths, tops, strict=True):
+        clip = {"x": 0, "y": top, "width": width, "height": min(TILE_PX, height - top)}
+        page.screenshot(path=str(path), type="jpeg", quality=90, full_page=True, clip=clip, timeout=SCREENSHOT_TIMEOUT_MS)
+    return paths, height
+
+
 # One load per page for the whole session (pytest groups the tests of every module by page); tests that need
 # the page as first loaded (folds closed) open a fresh one.
 @pytest.fixture(scope="session", params=PAGES)
@@ -40,7 +60,6 @@ def visit(request, browser, site_url):
     page = context.new_page()
     v = PageVisit(page, f"{site_url}/{request.param}.html")
     v.name = request.param
-    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(SCREENSHOTS / f"{pathlib.Path(request.param).name}.png"), full_page=True)
+    v.screenshots, v.screenshot_height = screenshot(page, pathlib.Path(request.param).name)
     yield v
     context.close()

@@ -5,7 +5,8 @@ import urllib.parse
 import urllib.request
 
 import pytest
-from pages import CHAPTERS, CONFIG, has_live_widget
+from pages import CHAPTERS, CONFIG, WINDOW, has_live_widget
+from PIL import Image
 
 pytestmark = pytest.mark.browser
 
@@ -37,6 +38,13 @@ def test_every_image_is_loaded(visit):
     broken = visit.page.evaluate("""() => [...document.images]
         .filter(img => !(img.complete && img.naturalWidth > 0)).map(img => img.src.slice(0, 100))""")
     assert broken == []
+
+
+def test_the_screenshots_cover_the_page(visit):
+    # each tile a whole JPEG (an empty file when a capture fails to encode), together the page's full height
+    sizes = [Image.open(path).size for path in visit.screenshots]
+    assert {w for w, _ in sizes} == {WINDOW["width"]}, sizes
+    assert sum(h for _, h in sizes) == visit.screenshot_height >= WINDOW["height"], sizes
 
 
 def test_no_dead_widget_controls_and_fallbacks_work(visit):
