@@ -48,7 +48,8 @@ def screenshot(page, name: str) -> tuple[list[pathlib.Path], int]:
     paths = [SCREENSHOTS / (f"{name}.jpg" if len(tops) == 1 else f"{name}-{i + 1}.jpg") for i in range(len(tops))]
     for path, top in zip(paths, tops, strict=True):
         clip = {"x": 0, "y": top, "width": width, "height": min(TILE_PX, height - top)}
-        page.screenshot(path=str(path), type="jpeg", quality=90, full_page=True, clip=clip, timeout=SCREENSHOT_TIMEOUT_MS)
+        shot = {"type": "jpeg", "quality": 90, "full_page": True, "timeout": SCREENSHOT_TIMEOUT_MS}
+        page.screenshot(path=str(path), clip=clip, **shot)
     return paths, height
 
 
