@@ -43,12 +43,14 @@ def screenshot(page, name: str) -> tuple[list[pathlib.Path], int]:
     """The whole page at the window's width: SCREENSHOTS/name.jpg, or name-1.jpg, name-2.jpg, ... when taller
     than TILE_PX. Returns the files written and the page's height in px."""
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    for old in [*SCREENSHOTS.glob(f"{name}.*"), *SCREENSHOTS.glob(f"{name}-*.jpg")]:  # an earlier run's record
+        old.unlink()
     width, height = page.evaluate("[document.documentElement.scrollWidth, document.documentElement.scrollHeight]")
     tops = range(0, height, TILE_PX)
     paths = [SCREENSHOTS / (f"{name}.jpg" if len(tops) == 1 else f"{name}-{i + 1}.jpg") for i in range(len(tops))]
+    shot = {"type": "jpeg", "quality": 90, "full_page": True, "timeout": SCREENSHOT_TIMEOUT_MS}
     for path, top in zip(paths, tops, strict=True):
         clip = {"x": 0, "y": top, "width": width, "height": min(TILE_PX, height - top)}
-        shot = {"type": "jpeg", "quality": 90, "full_page": True, "timeout": SCREENSHOT_TIMEOUT_MS}
         page.screenshot(path=str(path), clip=clip, **shot)
     return paths, height
 
