@@ -208,9 +208,7 @@ def _in_pieces(q, k, v, keep, phi, eps, name, lead, out, buf):
     kv = v.new_empty(rows, D, v.shape[-1])  # (rows, R, Dv)
     for r0 in range(0, rows, step):
         r = slice(r0, r0 + step)
-        fk = _features(phi, k[r], name=name, label="k", lead=lead, into=buf)  # (p, M, R)
-        if keep is not None:
-            fk.masked_fill_(keep[r].logical_not(), 0.0)  # padded keys: phi(0) need not be 0
+        fk = _keys(phi, k[r], None if keep is None else keep[r], name, lead, into=buf)  # (p, M, R)
         torch.sum(fk, dim=-2, keepdim=True, out=z[r])
         torch.bmm(fk.transpose(-2, -1), v[r], out=kv[r])
     for r0 in range(0, rows, step):
@@ -233,9 +231,14 @@ def _dots(fq, z):
 
 
 def _keys(phi, k, keep, name, lead, into=None):
-    """phi(k) (..., M, R), zero at padded keys (``keep`` (..., M, 1) False): phi(0) need not be 0."""
+    """phi(k) (..., M, R), zero at padded keys (``keep`` (..., M, 1) False): phi(0) need not be 0. Features
+    written into the buffer ``into`` (built-in maps, no autograd) are zeroed there, in place."""
     fk = _features(phi, k, name=name, label="k", lead=lead, into=into)
-    return fk if keep is None else torch.where(keep, fk, 0.0)
+    if keep is None:
+        return fk
+    if into is not None and phi in _IN_PLACE:
+        return fk.masked_fill_(keep.logical_not(), 0.0)
+    return torch.where(keep, fk, 0.0)
 
 
 class LinearState(NamedTuple):
