@@ -8,7 +8,7 @@ from published import fast_transformers_linear_attention
 from support import DEVICES, FLOAT_DTYPES, assert_matches_reference, qkv, tol
 
 import attnbook
-from attnbook import _prefix, _runtime, reference
+from attnbook import _runtime, reference
 from attnbook.feature_maps import PerformerFeatures
 from attnbook.lab.profiling import peak_memory
 
@@ -276,21 +276,6 @@ def test_causal_memory_is_a_few_copies_of_the_inputs_not_n_by_n(grad):
 
         peak = peak_memory(forward_backward, existing=(q, k, v))
         assert peak < 4 * io_bytes < N * N * 4, f"peak {peak} bytes for q, k, v, out of {io_bytes} bytes"
-
-
-@pytest.mark.parametrize("in_place", [1, 1000], ids=["states_in_place", "states_copied"])
-@pytest.mark.parametrize("N", [36, 37], ids=["whole_chunks", "partial_chunk"])
-@pytest.mark.parametrize("block_numbers", [50, 200, 1000, 1 << 22], ids=lambda b: f"block{b}")
-def test_causal_without_autograd_blocks_of_chunks_do_not_change_the_result(monkeypatch, block_numbers, N, in_place):
-    """The inference kernel (numerator and normaliser from the same blocks, the state carried from block to
-    block): one chunk per block, several, whole rows, several rows at once (their chunk states read in
-    place or from a shifted copy) give the float64 reference."""
-    monkeypatch.setattr(_prefix, "_INFERENCE_BLOCK_NUMBERS", (block_numbers, block_numbers))
-    monkeypatch.setattr(_prefix, "_IN_PLACE_CHUNKS", in_place)
-    q, k, v = qkv(2, 3, N, N, 4, 5, dtype=torch.float64)
-    with torch.no_grad():
-        out = attnbook.linear_attention(q, k, v, causal=True, chunk_size=3)
-    torch.testing.assert_close(out, reference.linear_attention(q, k, v, causal=True), **tol(torch.float64))
 
 
 @pytest.mark.parametrize("B, H, N", [(1, 4, 16384), (2, 4, 8192)], ids=["long", "batched"])

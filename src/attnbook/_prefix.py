@@ -21,10 +21,9 @@ kernel. Time O(B H N (C + D) Dv) forward, three times that backward; nothing of 
 Because the backward is made of the same (differentiable) products, derivatives of every order are exact:
 ``torch.autograd.gradgradcheck`` passes.
 
-Causal linear attention uses :func:`normalised_prefix_product`: the same blocks give the numerator and
-the normaliser (the row sums of the masked scores, and the carried sum of the keys); with autograd through
-:func:`normalised_attention`, whose backward is three prefix products again, two of them with a bias
-(``prefix_product``'s ``row_bias`` and ``col_bias``) in place of an appended column.
+Causal linear attention does not use this product for its first derivatives: :mod:`attnbook._causal`
+makes features, numerator, normaliser and gradients tile by tile. Its double backward differentiates
+:func:`normalised_attention`, made of these products.
 
 Nothing here writes into a non-contiguous ``out=`` view, so every call traces as one ``torch.compile``
 graph (``tests/test_compile.py``).
@@ -37,18 +36,15 @@ from __future__ import annotations
 
 import torch
 
-from ._checks import check_chunk_size, check_not_both, check_qkv
+from ._checks import check_chunk_size, check_qkv
 from ._runtime import accumulation_dtype, autocast_disabled
 
-__all__ = ["causal_dot_product", "prefix_product", "normalised_prefix_product", "normalised_attention"]
+__all__ = ["causal_dot_product", "prefix_product", "normalised_attention"]
 
-# Temporaries of one block of products, in numbers: _BLOCK_NUMBERS (16 MiB in float32) with autograd;
-# without it a third of the whole output, within _INFERENCE_BLOCK_NUMBERS (floor, cap), so that the extra
-# memory stays under the output's size. Few, large blocks matter on a busy CPU: every product is a parallel
-# region whose threads may have to wait for a core (B=4, H=8, N=8192, 2 threads on a loaded 2-core machine:
-# blocks of 4 MiB were 2.8x slower than blocks of 32 MiB).
+# Temporaries of one block of products, in numbers (16 MiB in float32). Few, large blocks matter on a busy
+# CPU: every product is a parallel region whose threads may have to wait for a core (B=4, H=8, N=8192,
+# 2 threads on a loaded 2-core machine: blocks of 4 MiB were 2.8x slower than blocks of 32 MiB).
 _BLOCK_NUMBERS = 1 << 22
-_INFERENCE_BLOCK_NUMBERS = (1 << 20, 1 << 23)
 
 
 def _plan(rows: int, N: int, C: int, per_chunk: int, budget: int) -> tuple[int, int]:
@@ -66,7 +62,7 @@ def _plan(rows: int, N: int, C: int, per_chunk: int, budget: int) -> tuple[int, 
     return 1, max(1, min(full, per_block))
 
 
-def _blocks(rows: int, N: int, C: int, per_chunk: int, reverse: bool, budget: int | None = None):
+def _blocks(rows: int, N: int, C: int, per_chunk: int, reverse: bool):
     """The blocks of the chunked algorithm, in the order they are computed: (rows, r, span, c, first).
 
     ``rows`` a slice of r rows of (B H), ``span`` a slice of positions holding whole chunks of ``c``
@@ -77,7 +73,7 @@ def _blocks(rows: int, N: int, C: int, per_chunk: int, reverse: bool, budget: in
     C = min(C, N)
     full, part = divmod(N, C)
     base = part if reverse else 0  # first position of the whole chunks
-    r, G = _plan(rows, N, C, per_chunk, _BLOCK_NUMBERS if budget is None else budget)
+    r, G = _plan(rows, N, C, per_chunk, _BLOCK_NUMBERS)
     starts = range(0, full, G)
     for r0 in range(0, rows, r):
         group, n = slice(r0, r0 + r), min(r, rows - r0)
@@ -167,56 +163,30 @@ def prefix_product(
     C: int,
     reverse: bool = False,
     out: torch.Tensor | None = None,
-    row_bias: torch.Tensor | None = None,
-    col_bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """sum_{j <= i} (q_i . k_j + a_i + b_j) v_j (``reverse``: over j >= i) for q, k (..., N, D), v (..., N, Dv)
-    and the optional ``row_bias`` a and ``col_bias`` b (..., N, 1) (at most one of them; zero when absent).
+    """sum_{j <= i} (q_i . k_j) v_j (``reverse``: over j >= i) for q, k (..., N, D), v (..., N, Dv).
 
     The unchecked kernel: q, k, v of one dtype and device, already validated; no autograd (it is called from
     the autograd.Function, or under no_grad) and no autocast (the caller switches it off). Written into
     ``out`` (contiguous, (..., N, Dv), q's dtype) when given. Blocks of chunks as in :func:`_blocks`.
-
-    A bias is what a column appended to q and k would give (a: q_i gets a_i, k_j gets 1; b: q_i gets 1, k_j
-    gets b_j) without making those (..., N, D + 1) copies: inside a chunk it is added to the scores, before
-    it a carried vector (the sum of v_j, or of b_j v_j) is added to the output. The backward of causal linear
-    attention uses it (:class:`_NormalisedAttention`).
     """
     *lead, N, D = q.shape
     Dv = v.shape[-1]
     # views where they can be (q, k and v may be column slices)
     q, k, v = (x.reshape(-1, N, x.shape[-1]) for x in (q, k, v))  # (BH, N, D), ..., (BH, N, Dv)
-    check_not_both(row_bias, col_bias, "row_bias", "col_bias", name="prefix_product", why=" (one carried vector sum)")
-    a = None if row_bias is None else row_bias.reshape(-1, N, 1)  # (BH, N, 1)
-    b = None if col_bias is None else col_bias.reshape(-1, N, 1)
     result = q.new_empty(q.shape[0], N, Dv) if out is None else out
     out = result.view(-1, N, Dv)  # (BH, N, Dv)
-    carry = extra = None  # (r, 1, D, Dv): sum of k_j v_j^T, (r, 1, Dv): of v_j or b_j v_j, over the blocks done
+    carry = None  # (r, 1, D, Dv): sum of k_j v_j^T over the blocks done
     for rows, r, span, c, first in _blocks(q.shape[0], N, C, _chunk_numbers(C, D, Dv), reverse):
         q3, k3 = q[rows, span].reshape(-1, c, D), k[rows, span].reshape(-1, c, D)  # (r g, c, D), views
         v3 = v[rows, span].reshape(-1, c, Dv)  # (r g, c, Dv)
         o3 = out[rows, span].view(-1, c, Dv)  # (r g, c, Dv), written in place
         scores = torch.bmm(q3, k3.transpose(1, 2))  # (r g, c, c)
-        if a is not None:
-            a3 = a[rows, span].reshape(-1, c, 1)  # (r g, c, 1)
-            scores += a3
-            sums = v3.sum(1)  # (r g, Dv): sum of v_j in each chunk
-        elif b is not None:
-            b3 = b[rows, span].reshape(-1, c, 1)
-            scores += b3.transpose(1, 2)
-            sums = torch.bmm(b3.transpose(1, 2), v3)  # (r g, 1, Dv): sum of b_j v_j in each chunk
         scores = scores.triu_() if reverse else scores.tril_()
         torch.bmm(scores, v3, out=o3)  # inside each chunk
         del scores
         kv = torch.bmm(k3.transpose(1, 2), v3).view(r, -1, D, Dv)  # (r, g, D, Dv): each chunk's k^T v
         carry = _add_states(o3, q3, kv, None if first else carry, reverse)  # plus all earlier (later) chunks
-        if a is not None or b is not None:  # and the bias times the earlier (later) chunks' vector sums
-            states, extra = _states(sums.view(r, -1, Dv), None if first else extra, reverse, loop=False)
-            states = states.view(-1, 1, Dv)  # (r g, 1, Dv)
-            if a is not None:
-                o3.addcmul_(a3, states)
-            else:
-                o3.add_(states)
     return result.view(*lead, N, Dv)
 
 
@@ -224,65 +194,6 @@ def _chunk_numbers(C: int, D: int, Dv: int) -> int:
     """Numbers of temporaries per chunk of a block: the C x C scores, or (not at the same time) the D x Dv
     sums and their shifted copy, plus a few vectors."""
     return max(C * C, 2 * D * Dv) + 2 * (C + D)
-
-
-def inference_budget(output_numbers: int) -> int:
-    """Numbers of temporaries per block without autograd, for a call whose whole output has
-    ``output_numbers`` numbers: a third of it, within :data:`_INFERENCE_BLOCK_NUMBERS`."""
-    floor, cap = _INFERENCE_BLOCK_NUMBERS
-    return min(cap, max(floor, output_numbers // 3))
-
-
-def normalised_prefix_product(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    C: int,
-    eps: float,
-    out: torch.Tensor,
-    total: int = 0,
-    recip: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """Causal linear attention on features, written into ``out``: no autograd here (see
-    :func:`normalised_attention` for the differentiable form).
-
-        out_i = sum_{j <= i} (q_i . k_j) v_j / (sum_{j <= i} q_i . k_j + eps)
-
-    The numerator is the prefix product of :func:`prefix_product`, written into ``out`` block by block; the
-    normaliser comes from the same blocks: inside a chunk it is the row sum of the masked scores, and before
-    it q_i . z with z the carried sum of the keys, so no (..., N, R) prefix sum of the keys is ever formed
-    (and the products keep Dv columns: a column of ones appended to the values, which would give the
-    normaliser from the same products, slows every product down by more than the row sums cost). The extra
-    memory is one block's temporaries (:func:`inference_budget` of ``total``, the numbers of the whole output
-    when ``out`` is part of it). q, k (..., N, R), v (..., N, Dv) of one dtype, ``out`` contiguous
-    (..., N, Dv); ``recip``, when given (contiguous (..., N, 1)), receives 1 / (normaliser + eps).
-    """
-    *lead, N, D = q.shape
-    Dv = v.shape[-1]
-    q, k, v = (x.contiguous().view(-1, N, x.shape[-1]) for x in (q, k, v))  # (BH, N, R), ..., (BH, N, Dv)
-    o = out.view(-1, N, Dv)  # (BH, N, Dv)
-    carry = z = None  # (r, 1, R, Dv) sum of k_j v_j^T, (r, 1, R) sum of k_j, over the blocks already done
-    per_chunk = _chunk_numbers(C, D, Dv)
-    for rows, r, span, c, first in _blocks(q.shape[0], N, C, per_chunk, False, inference_budget(total or o.numel())):
-        q3, k3 = q[rows, span].reshape(-1, c, D), k[rows, span].reshape(-1, c, D)  # (r g, c, R), views
-        v3 = v[rows, span].reshape(-1, c, Dv)  # (r g, c, Dv)
-        o3 = o[rows, span].view(-1, c, Dv)  # (r g, c, Dv), written in place
-        scores = torch.bmm(q3, k3.transpose(1, 2)).tril_()  # (r g, c, c)
-        den = scores.sum(-1, keepdim=True).transpose(1, 2)  # (r g, 1, c): the normaliser inside each chunk
-        torch.bmm(scores, v3, out=o3)  # the numerator inside each chunk
-        del scores
-        kv = torch.bmm(k3.transpose(1, 2), v3).view(r, -1, D, Dv)  # (r, g, R, Dv): each chunk's k^T v
-        kz = k3.sum(1).view(r, -1, D)  # (r, g, R): each chunk's sum of keys
-        carry = _add_states(o3, q3, kv, None if first else carry, False)  # plus all earlier chunks
-        del kv
-        zs, z = _states(kz, None if first else z, False, loop=False)  # (r, g, R): the keys of earlier chunks
-        # q_i . z as a product with one row (z^T q^T): one with one column is several times slower here
-        den.baddbmm_(zs.view(-1, 1, D), q3.transpose(1, 2))  # (r g, 1, c)
-        r1 = den.add_(eps).reciprocal_().transpose(1, 2)  # (r g, c, 1)
-        if recip is not None:
-            recip.view(-1, N, 1)[rows, span].view(-1, c, 1).copy_(r1)
-        o3.mul_(r1)  # times the reciprocal, as in fast-transformers
-    return out
 
 
 def _product(q, k, v, C: int, reverse: bool) -> torch.Tensor:
@@ -318,89 +229,15 @@ class _CausalDotProduct(torch.autograd.Function):
         return dq, dk, dv, None, None
 
 
-class _NormalisedAttention(torch.autograd.Function):
-    """Causal linear attention on features, out_i = num_i r_i with r_i = 1 / (den_i + eps), where
-    [num, den] is the prefix product of (phi(q), phi(k), [v, 1]). Returns (out, r).
-
-    Backward, with g the gradient of out and g_r that of r (non-zero in a double backward only):
-
-        dL/dnum = g r,   dL/dden = -(g . out) r - g_r r^2,   G = [dL/dnum, dL/dden]
-        dphi(q)_i = sum_{j <= i} (G_i . [v_j, 1]) phi(k)_j,   dphi(k)_j = sum_{i >= j} ([v_j, 1] . G_i) phi(q)_i,
-        dv_j = sum_{i >= j} (phi(k)_j . phi(q)_i) (dL/dnum)_i
-
-    three prefix products made of differentiable operations on the inputs and on this Function's own
-    outputs (out and r), so every derivative order is exact.
-    """
-
-    @staticmethod
-    def forward(ctx, fq, fk, v, chunk_size, eps):
-        with autocast_disabled(fq.device):
-            fq, fk, v = fq.contiguous(), fk.contiguous(), v.contiguous()
-            out, r = v.new_empty(v.shape), v.new_empty(*v.shape[:-1], 1)  # (..., N, Dv), (..., N, 1)
-            normalised_prefix_product(fq, fk, v, chunk_size, eps, out, recip=r)
-        ctx.save_for_backward(fq, fk, v, out, r)
-        ctx.chunk_size = chunk_size
-        ctx.set_materialize_grads(False)
-        return out, r
-
-    @staticmethod
-    def backward(ctx, g, g_r):
-        fq, fk, v, out, r = ctx.saved_tensors
-        C = ctx.chunk_size
-        need_q, need_k, need_v = ctx.needs_input_grad[:3]
-        if g is None and g_r is None:
-            return None, None, None, None, None
-        with autocast_disabled(fq.device):
-            Dv = out.shape[-1]
-            gg = torch.zeros_like(out) if g is None else g.contiguous()  # (..., N, Dv)
-            col = torch.zeros_like(r) if g is None else -_row_dots(gg, out)  # (..., N, 1): -(g . out)
-            if g_r is not None:
-                col = col - g_r * r
-            dfq = dfk = dv = None
-            if torch.is_grad_enabled():  # a graph of the backward is being built: differentiable products
-                G = torch.cat((gg, col), -1) * r  # (..., N, Dv + 1): [dL/dnum, dL/dden]
-                v1 = torch.cat((v, torch.ones_like(r)), -1)  # (..., N, Dv + 1): [v, 1]
-                dfq = _product(G, v1, fk, C, False) if need_q else None
-                dfk = _product(v1, G, fq, C, True) if need_k else None
-                dv = _product(fk, fq, G[..., :Dv], C, True) if need_v else None
-                return dfq, dfk, dv, None, None
-            # the same products, the column dL/dden and [v, 1]'s ones given as biases (no (..., N, Dv + 1) copies)
-            g_num, g_den = gg * r, col.mul_(r)  # (..., N, Dv) dL/dnum, (..., N, 1) dL/dden (col is ours)
-            if need_q:  # sum_{j <= i} (g_num_i . v_j + g_den_i) phi(k)_j
-                dfq = prefix_product(g_num, v, fk, C, False, row_bias=g_den)
-            if need_k:  # sum_{i >= j} (v_j . g_num_i + g_den_i) phi(q)_i
-                dfk = prefix_product(v, g_num, fq, C, True, col_bias=g_den)
-            if need_v:
-                dv = prefix_product(fk, fq, g_num, C, True)
-        return dfq, dfk, dv, None, None
-
-
-def _row_dots(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """a_i . b_i for a, b (..., N, E) -> (..., N, 1). Without a graph to record, in pieces of 2^18 numbers
-    through one buffer: the product of the whole (a fresh tensor as large as a) costs a page fault per 4 KiB
-    on the CPU."""
-    if torch.is_grad_enabled() and (a.requires_grad or b.requires_grad):
-        return torch.linalg.vecdot(a, b).unsqueeze(-1)
-    E = a.shape[-1]
-    a2, b2 = a.reshape(-1, E), b.reshape(-1, E)  # (n, E)
-    n = a2.shape[0]
-    dots = a2.new_empty(n, 1)
-    step = max(1, (1 << 18) // max(E, 1))  # rows per piece
-    buf = a2.new_empty(min(step, n), E)
-    for i in range(0, n, step):
-        m = min(step, n - i)
-        torch.sum(torch.mul(a2[i : i + m], b2[i : i + m], out=buf[:m]), -1, keepdim=True, out=dots[i : i + m])
-    return dots.view(*a.shape[:-1], 1)
-
-
 def normalised_attention(fq: torch.Tensor, fk: torch.Tensor, v: torch.Tensor, chunk_size: int, eps: float):
     """Causal linear attention on features, sum_{j <= i} (fq_i . fk_j) v_j / (sum_{j <= i} fq_i . fk_j + eps),
-    for fq, fk (..., N, R), v (..., N, Dv) of one (accumulation) dtype, validated; differentiable any number
-    of times. One chunked product gives numerator and normaliser (the values with a column of ones)."""
-    if torch.is_grad_enabled() and (fq.requires_grad or fk.requires_grad or v.requires_grad):
-        return _NormalisedAttention.apply(fq, fk, v, chunk_size, eps)[0]
+    for fq, fk (..., N, R), v (..., N, Dv) of one (accumulation) dtype, validated, as differentiable
+    operations: one prefix product of the values with a column of ones appended gives numerator and
+    normaliser. Differentiable any number of times; :mod:`attnbook._causal` differentiates it for a double
+    backward (its own first derivatives are faster)."""
     with autocast_disabled(fq.device):
-        return normalised_prefix_product(fq, fk, v, chunk_size, eps, v.new_empty(v.shape))
+        nd = _product(fq, fk, torch.cat((v, torch.ones_like(v[..., :1])), -1), chunk_size, False)  # (..., N, Dv + 1)
+        return nd[..., :-1] * (nd[..., -1:] + eps).reciprocal()
 
 
 def causal_dot_product(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chunk_size: int = 64) -> torch.Tensor:

@@ -55,8 +55,9 @@ def elu_feature_map(x: torch.Tensor) -> torch.Tensor:
     return elu_plus_one(x)
 
 
-def elu_plus_one(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-    """elu(x) + 1 without autograd, written into ``out`` (x's shape and dtype, contiguous) when given.
+def elu_plus_one(x: torch.Tensor, out: torch.Tensor | None = None, tmp: torch.Tensor | None = None) -> torch.Tensor:
+    """elu(x) + 1 without autograd, written into ``out`` (x's shape and dtype, contiguous) when given; ``tmp``
+    (the same), when given with ``out``, holds x + 1 for a small x (no fresh tensor: see attnbook._causal).
 
     It is the median of x + 1, exp(x) and 1 (because exp(x) >= x + 1 everywhere, the median is exp(x) for
     x <= 0 and x + 1 above): three passes (x + 1, exp, and one clamp of 1 between them). On the CPU they run
@@ -69,12 +70,13 @@ def elu_plus_one(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tens
     if not (pieces and (out is None or write_out)):
         if write_out:
             e = _exp(x, out=out, log2e=log2e)
-            return torch.clamp(one, min=torch.add(x, one), max=e, out=e)
+            plus = torch.add(x, one) if tmp is None else torch.add(x, one, out=tmp)
+            return torch.clamp(one, min=plus, max=e, out=e)
         phi = torch.clamp(one, min=torch.add(x, one), max=_exp(x, log2e=log2e))
         return phi if out is None else out.copy_(phi)
     out = torch.empty_like(x) if out is None else out
     flat, into = x.view(-1), out.view(-1)
-    plus = x.new_empty(ELU_PIECE)  # x + 1 of one piece
+    plus = x.new_empty(ELU_PIECE) if tmp is None else tmp.view(-1)[:ELU_PIECE]  # x + 1 of one piece
     for i in range(0, n, ELU_PIECE):
         xs, ys, ps = flat[i : i + ELU_PIECE], into[i : i + ELU_PIECE], plus[: min(ELU_PIECE, n - i)]
         torch.add(xs, one, out=ps)

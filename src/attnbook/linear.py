@@ -20,7 +20,7 @@ from typing import NamedTuple
 
 import torch
 
-from . import feature_maps
+from . import _causal, feature_maps
 from ._checks import (
     check_bool,
     check_chunk_size,
@@ -36,7 +36,6 @@ from ._checks import (
     shape_str,
 )
 from ._module import ProjectedAttention
-from ._prefix import normalised_attention, normalised_prefix_product
 from ._runtime import accumulation_dtype, autocast_disabled, needs_autograd, result_dtype, rows_per_group
 from .feature_maps import (
     FeatureMap,
@@ -69,7 +68,7 @@ def linear_attention(
     feature_map: str | FeatureMap = "elu",
     key_padding_mask: torch.Tensor | None = None,
     eps: float = 1e-6,
-    chunk_size: int = 64,
+    chunk_size: int = 32,
     out_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """Kernelized linear attention (Katharopoulos et al., ICML 2020), non-causal or causal.
@@ -80,10 +79,11 @@ def linear_attention(
 
     Cost: non-causal O(B H (N + M) R Dv) time and O(B H (N + M) R + B H R Dv) memory beside the inputs and
     the output. Causal, chunked (``chunk_size`` C: exact products inside a chunk, a carried (R, Dv) state
-    between chunks): O(B H N (C + R) Dv) time and O(B H (N (R + Dv) + R Dv)) memory; nothing of size N x N
-    or N x R x Dv. The result does not depend on C (up to rounding). Without autograd (inference) the work
-    runs in groups of (B H) rows written into one output, so the features exist for one group at a time.
-    Differentiable any number of times (causal too: its prefix product's backward is itself differentiable).
+    between chunks): O(B H N (C + R) Dv) time; nothing of size N x N or N x R x Dv. The result does not
+    depend on C (up to rounding). Without autograd (inference) the work runs in groups of (B H) rows written
+    into one output, so the features exist for one group at a time; causal attention with a built-in
+    feature map runs tile by tile (:mod:`attnbook._causal`), its features made inside each tile, and needs
+    its output and one tile's buffers only. Differentiable any number of times.
 
     Args:
         q: queries (B, H, N, D).
@@ -96,7 +96,8 @@ def linear_attention(
         key_padding_mask: (B, M) bool, True = real token. Padded keys and values contribute nothing, whatever
             their values (NaN and inf included), and get zero gradients.
         eps: added to the denominator, as in fast-transformers.
-        chunk_size: C of the causal algorithm.
+        chunk_size: C of the causal algorithm (32: a quarter fewer operations than 64 at R = Dv = 64, in
+            products that still run near a CPU's peak).
         out_dtype: dtype of the result; default the inputs' (under autocast: the autocast dtype). Pass the
             accumulation dtype (e.g. float32 for float16 inputs) to keep a result that float16 cannot hold.
 
@@ -118,43 +119,86 @@ def linear_attention(
     acc = accumulation_dtype(q.dtype)
     with autocast_disabled(q.device):
         q, k, v = q.to(acc), k.to(acc), v.to(acc)
+        if causal:
+            return _causal_attention(q, k, v, keep, phi, eps, chunk_size, name).to(dtype)  # (B, H, N, Dv)
         if needs_autograd(q, k, v, phi):
-            return _attend(q, k, v, keep, phi, causal, eps, chunk_size, name, (B, H)).to(dtype)  # (B, H, N, Dv)
+            return _attend(q, k, v, keep, phi, eps, name, (B, H)).to(dtype)  # (B, H, N, Dv)
         # Without autograd: groups of rows of (B H), each written into one preallocated output and normalised
         # in place; for large batches the features of q and k then never exist for the whole batch at once.
-        # Groups of about WORK_NUMBERS numbers of features (causal: up to a third of the output): beside the
-        # output there are only the features of one group.
+        # Groups of about WORK_NUMBERS numbers of features: beside the output there are only the features of
+        # one group.
         rows = B * H
         out = q.new_empty(rows, N, Dv)  # (B H, N, Dv)
         q, k, v = q.reshape(rows, N, D), k.reshape(rows, M, D), v.reshape(rows, M, Dv)
         if keep is not None:
             keep = keep.expand(B, H, M, 1).reshape(rows, M, 1)
-        per_row = max(N, M) * D * (2 if causal else 1)  # numbers of features
-        step = rows_per_group(q, per_row, rows, numbers=True)
-        if causal and q.device.type == "cpu":  # features up to a third of the output (the blocks get another)
-            step = max(1, min(rows, rows * N * Dv // 3 // per_row))
-        # The built-in maps write into buffers allocated once for all groups (small enough to be reused
-        # from the heap on later calls: fresh large tensors cost a page fault per 4 KiB on first touch).
-        # Non-causal, one buffer holds the features of one piece of rows at a time (_in_pieces).
+        step = rows_per_group(q, max(N, M) * D, rows, numbers=True)
+        # The built-in maps write the features of one piece of rows at a time into one buffer, allocated once
+        # for all groups (small enough to be reused from the heap on later calls: fresh large tensors cost a
+        # page fault per 4 KiB on first touch); see _in_pieces.
         work = None
-        if phi in _IN_PLACE and causal:  # flat: the first numbers of a buffer, viewed, are contiguous for any group
-            work = q.new_empty(step * N * D), k.new_empty(step * M * D)
-        elif phi in _IN_PLACE:
-            work = q.new_empty(min(step, _piece_rows(N, M, D)) * max(N, M) * D), None
+        if phi in _KINDS:
+            work = q.new_empty(min(step, _piece_rows(N, M, D)) * max(N, M) * D)
         for r0 in range(0, rows, step):
             r = slice(r0, r0 + step)
             mask = None if keep is None else keep[r]
-            _attend(q[r], k[r], v[r], mask, phi, causal, eps, chunk_size, name, (B, H), out[r], work, out.numel())
+            _attend(q[r], k[r], v[r], mask, phi, eps, name, (B, H), out[r], work)
         return out.view(B, H, N, Dv).to(dtype)
 
 
-_IN_PLACE = (elu_feature_map, relu_feature_map)
+def _causal_attention(q, k, v, keep, phi, eps, chunk_size, name):
+    """Causal linear attention (:mod:`attnbook._causal`) on q, k, v (B, H, N, .) in the accumulation dtype.
+
+    The built-in maps are made inside its tiles from q and k (padded keys' features zeroed there); other maps'
+    features are made here first (without autograd: one group of rows at a time, about a third of the output,
+    written into one output)."""
+    B, H, N, D = q.shape
+    Dv, rows = v.shape[-1], B * H
+    if keep is not None:  # padded values must not reach a product: NaN or inf times a zero weight is NaN
+        v = torch.where(keep, v, 0.0)  # (B, H, N, Dv)
+    kind = _KINDS.get(phi)
+    grad = needs_autograd(q, k, v, phi)
+    drop = None
+    if kind is not None and keep is not None:
+        drop = keep.logical_not().expand(B, H, N, 1).reshape(rows, N, 1)  # padded keys
+    q, k, v = (x.reshape(rows, N, x.shape[-1]) for x in (q, k, v))
+    if keep is not None:
+        keep = keep.expand(B, H, N, 1).reshape(rows, N, 1)
+    if grad:
+        if kind is None:
+            q, k = _feature_pair(q, k, keep, phi, name, (B, H))
+        return _causal.attention(q, k, v, kind, drop, chunk_size, eps).view(B, H, N, Dv)
+    out = q.new_empty(rows, N, Dv)  # (B H, N, Dv)
+    if kind is not None:
+        return _causal.forward(q, k, v.contiguous(), kind, drop, chunk_size, eps, out).view(B, H, N, Dv)
+    step = rows_per_group(q, N * D, rows, numbers=True)
+    if q.device.type == "cpu":  # features up to a third of the output
+        step = max(1, min(rows, rows * N * Dv // 3 // (2 * N * D)))
+    for r0 in range(0, rows, step):
+        r = slice(r0, r0 + step)
+        fq, fk = _feature_pair(q[r], k[r], None if keep is None else keep[r], phi, name, (B, H))
+        _causal.forward(fq.contiguous(), fk.contiguous(), v[r].contiguous(), None, None, chunk_size, eps, out[r])
+    return out.view(B, H, N, Dv)
+
+
+def _feature_pair(q, k, keep, phi, name, lead):
+    """phi(q) and phi(k) of a map that is not built in, checked; padded keys' features zero."""
+    if keep is not None:  # zero padded keys *before* phi: a huge padded key must not become inf * 0 = NaN
+        k = torch.where(keep, k, 0.0)
+    fq = _features(phi, q, name=name, label="q", lead=lead)  # (..., N, R)
+    fk = _keys(phi, k, keep, name, lead)  # (..., N, R)
+    check_feature_widths(fq, fk, name=name, lead=lead)
+    return fq, fk
+
+
+# The built-in maps, made inside the kernels (into buffers, or tile by tile in the causal one).
+_KINDS = {elu_feature_map: "elu", relu_feature_map: "relu"}
 
 
 def _features(phi, x, *, name, label, lead, into=None):
     """phi(x) checked, in x's dtype. Without autograd the built-in maps write into ``into`` (a flat buffer
     of at least x's size, x's dtype); other maps ignore it."""
-    if into is not None and phi in _IN_PLACE:
+    if into is not None and phi in _KINDS:
         into = into[: x.numel()].view(x.shape)  # (..., N, D), contiguous
         if phi is elu_feature_map:
             return elu_plus_one(x, out=into)  # elu(x) + 1, as elu_feature_map
@@ -162,27 +206,22 @@ def _features(phi, x, *, name, label, lead, into=None):
     return check_features(phi(x), x, name=name, label=label, lead=lead).to(x.dtype)
 
 
-def _attend(q, k, v, keep, phi, causal, eps, chunk_size, name, lead, out=None, work=None, total=0):
-    """Linear attention on q (..., N, D), k (..., M, D), v (..., M, Dv) in the accumulation dtype.
+def _attend(q, k, v, keep, phi, eps, name, lead, out=None, work=None):
+    """Non-causal linear attention on q (..., N, D), k (..., M, D), v (..., M, Dv) in the accumulation dtype.
 
     ``keep`` (..., M, 1) bool marks real keys. With ``out`` (contiguous (..., N, Dv)) and no autograd, the
-    result is written there and the normalisation happens in place; ``work`` = (buffer for phi(q), buffer
-    for phi(k) or None to reuse phi(q)'s) for the built-in feature maps. ``lead`` = (B, H), for messages.
+    result is written there and the normalisation happens in place; ``work``, a flat buffer for the features
+    of the built-in maps (:func:`_in_pieces`). ``lead`` = (B, H), for messages.
     """
     if keep is not None:
         # Zero padded keys and values *before* phi: a huge padded key must not become inf * 0 = NaN.
         k = torch.where(keep, k, 0.0)  # (..., M, D)
         v = torch.where(keep, v, 0.0)  # (..., M, Dv)
-    if work is not None and work[1] is None:  # non-causal, built-in map: phi(k), summed up, then phi(q)
-        return _in_pieces(q, k, v, keep, phi, eps, name, lead, out, work[0])
-    into_q, into_k = (None, None) if work is None else work
-    fq = _features(phi, q, name=name, label="q", lead=lead, into=into_q)  # (..., N, R)
-    fk = _keys(phi, k, keep, name, lead, into=into_k)  # (..., M, R)
+    if work is not None:  # built-in map: phi(k), summed up, then phi(q)
+        return _in_pieces(q, k, v, keep, phi, eps, name, lead, out, work)
+    fq = _features(phi, q, name=name, label="q", lead=lead)  # (..., N, R)
+    fk = _keys(phi, k, keep, name, lead)  # (..., M, R)
     check_feature_widths(fq, fk, name=name, lead=lead)
-    if causal and out is not None:  # no autograd: the normaliser from the same blocks, written into out
-        return normalised_prefix_product(fq, fk, v, chunk_size, eps, out, total)  # (..., N, Dv)
-    if causal:  # numerator and normaliser from one chunked product, differentiable
-        return normalised_attention(fq, fk, v, chunk_size, eps)  # (..., N, Dv)
     kv, z = fk.transpose(-2, -1) @ v, fk.sum(dim=-2).unsqueeze(-1)  # (..., R, Dv), (..., R, 1)
     den = _dots(fq, z)  # (..., N, 1): phi(q_i) . sum_j phi(k_j)
     if out is None:  # times the reciprocal, as in fast-transformers (its backward needs fewer temporaries)
@@ -236,7 +275,7 @@ def _keys(phi, k, keep, name, lead, into=None):
     fk = _features(phi, k, name=name, label="k", lead=lead, into=into)
     if keep is None:
         return fk
-    if into is not None and phi in _IN_PLACE:
+    if into is not None and phi in _KINDS:
         return fk.masked_fill_(keep.logical_not(), 0.0)
     return torch.where(keep, fk, 0.0)
 
@@ -330,7 +369,7 @@ class LinearAttention(ProjectedAttention):
         feature_map: str | FeatureMap = "elu",
         causal: bool = False,
         eps: float = 1e-6,
-        chunk_size: int = 64,
+        chunk_size: int = 32,
     ):
         super().__init__(d_input, d_model, d_output, n_heads, drop_out)
         name = type(self).__name__
