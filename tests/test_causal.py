@@ -33,22 +33,24 @@ def test_tiles_cover_every_position_once_in_time_order(rows, N, C, positions):
     assert (seen == 1).all()
 
 
-LAYOUTS = [
-    pytest.param(3, id="one_chunk_per_tile"),  # tiles of one row, one chunk: the carry alone
-    pytest.param(10, id="chunks_per_tile"),  # one row, several runs of chunks
-    pytest.param(80, id="rows_per_tile"),  # several whole rows (N = 36): states copied, one product
-    pytest.param(10_000, id="all_rows"),
+LAYOUTS = [  # (positions per tile, fewest chunks per row read in place)
+    pytest.param((3, 8), id="one_chunk_per_tile"),  # tiles of one row, one chunk: the carry alone
+    pytest.param((10, 8), id="chunks_per_tile"),  # one row, several runs of chunks
+    pytest.param((80, 8), id="rows_per_tile"),  # several whole rows (N = 36): states in place, a product per row
+    pytest.param((80, 1000), id="short_rows_per_tile"),  # the same rows as short ones: states copied, one product
+    pytest.param((10_000, 8), id="all_rows"),
 ]
 
 
 @pytest.mark.parametrize("mask", [False, True], ids=["no_mask", "padded"])
 @pytest.mark.parametrize("fmap", ["elu", "relu", "performer"])
 @pytest.mark.parametrize("N", [36, 37], ids=["whole_chunks", "partial_chunk"])
-@pytest.mark.parametrize("positions", LAYOUTS)
-def test_every_tile_layout_gives_the_reference_outputs_and_gradients(monkeypatch, positions, N, fmap, mask):
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_every_tile_layout_gives_the_reference_outputs_and_gradients(monkeypatch, layout, N, fmap, mask):
     """With and without autograd, for features made in the tiles (elu, relu) or before (Performer), with padded
     keys: the float64 definition's output and the gradients autograd takes through it."""
-    monkeypatch.setattr(_causal, "CPU_TILE", positions)
+    monkeypatch.setattr(_causal, "CPU_TILE", layout[0])
+    monkeypatch.setattr(_causal, "IN_PLACE_CHUNKS", layout[1])
     B, H, D, Dv = 2, 3, 4, 5
     q, k, v = (x.requires_grad_() for x in qkv(B, H, N, N, D, Dv, dtype=torch.float64))
     pad = None
