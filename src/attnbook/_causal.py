@@ -163,8 +163,8 @@ def _vector_states(x: torch.Tensor, carry, R: int, m: int, first: bool, reverse:
 class _Buffers:
     """The scratch memory of one call, allocated once for its largest tile (flat, q's dtype and device): a
     tile's C x C matrices, or its states, or before them elu's x + 1 and other temporaries (``work``, also
-    ``tmp``), its features (``fq``, ``fk``), dL/dnum (``gn``), and the states of a tile of several rows
-    (``spare``). The loop over the tiles allocates only a few numbers per chunk: on the CPU a fresh tensor of
+    ``tmp``), its features (``fq``, ``fk``), dL/dnum (``gn``), and the states of a tile of several short
+    rows (``spare``). The loop over the tiles allocates only a few numbers per chunk: on the CPU a fresh tensor of
     a few MiB costs a page fault per 4 KiB on every call (malloc maps it anew), as much time as the tile's
     products."""
 

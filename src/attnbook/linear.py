@@ -82,7 +82,7 @@ def linear_attention(
     between chunks): O(B H N (C + R) Dv) time; nothing of size N x N or N x R x Dv. The result does not
     depend on C (up to rounding). Without autograd (inference) the work runs in groups of (B H) rows written
     into one output, so the features exist for one group at a time; causal attention with a built-in
-    feature map runs tile by tile (:mod:`attnbook._causal`), its features made inside each tile, and needs
+    feature map runs tile by tile (``attnbook._causal``), its features made inside each tile, and needs
     its output and one tile's buffers only. Differentiable any number of times.
 
     Args:
