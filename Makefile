@@ -27,6 +27,12 @@ EXECUTED := _executed
 DIST := _build/dist
 # Held while chapters run under nbmake (make notebooks, the Colab path), so that their kernels start apart.
 KERNELS_LOCK := _build/.kernels.lock
+# Seconds a cell may take under nbmake (the Colab path reads it too). At CI size the longest cell takes about
+# 20 s. It also bounds a stall seen once: chapter 2's widget cell replied at once, the next cell began 599 s
+# later (the timeout was 600 s) and the chapter still passed, so make test took 18 minutes instead of 9
+# (jupyter/nbclient#312 reports cells with widgets that block until a timeout).
+NBMAKE_TIMEOUT ?= 120
+export NBMAKE_TIMEOUT
 WHEEL_VENV := _build/wheel-venv
 # The package's tests; the book's own (notebook structure, website, front-ends) run in .venv.
 BOOK_TESTS := tests/test_notebooks.py tests/browser tests/frontend
@@ -149,7 +155,7 @@ notebooks: venv assets
 	$(BIN)/pytest -q tests/test_notebooks.py
 	@# the kernels' lock: jupyter_client picks a kernel's TCP ports by probing for free ones, and a kernel that
 	@# the Colab path starts at the same moment can take one first ("Address already in use")
-	flock $(KERNELS_LOCK) env $(PARALLEL) ATTNBOOK_FAST=1 $(BIN)/pytest -q -n $(PYTEST_WORKERS) --nbmake --overwrite --nbmake-timeout=600 \
+	flock $(KERNELS_LOCK) env $(PARALLEL) ATTNBOOK_FAST=1 $(BIN)/pytest -q -n $(PYTEST_WORKERS) --nbmake --overwrite --nbmake-timeout=$(NBMAKE_TIMEOUT) \
 	  $(addprefix $(EXECUTED)/,$(CHAPTERS))
 
 book-strict: venv assets

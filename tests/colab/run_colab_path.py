@@ -125,7 +125,7 @@ def main() -> None:
             "-p",
             "no:cacheprovider",
             "--nbmake",
-            "--nbmake-timeout=600",
+            f"--nbmake-timeout={os.environ.get('NBMAKE_TIMEOUT', '120')}",  # the Makefile's NBMAKE_TIMEOUT
             str(chapter),
             cwd=str(ROOT),
             env=env,
