@@ -5,7 +5,7 @@ import torch
 from support import qkv, tol
 
 import attnbook
-from attnbook import _causal, reference
+from attnbook import _causal, _prefix, reference
 from attnbook.feature_maps import PerformerFeatures
 
 
@@ -50,7 +50,7 @@ def test_every_tile_layout_gives_the_reference_outputs_and_gradients(monkeypatch
     """With and without autograd, for features made in the tiles (elu, relu) or before (Performer), with padded
     keys: the float64 definition's output and the gradients autograd takes through it."""
     monkeypatch.setattr(_causal, "CPU_TILE", layout[0])
-    monkeypatch.setattr(_causal, "IN_PLACE_CHUNKS", layout[1])
+    monkeypatch.setattr(_prefix, "_IN_PLACE_CHUNKS", layout[1])
     B, H, D, Dv = 2, 3, 4, 5
     q, k, v = (x.requires_grad_() for x in qkv(B, H, N, N, D, Dv, dtype=torch.float64))
     pad = None

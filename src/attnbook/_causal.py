@@ -102,62 +102,17 @@ def _slope_(kind: str, phi: torch.Tensor) -> torch.Tensor:
     return phi.sign_()  # relu's features are >= 0: sign is 1 where phi > 0, 0 elsewhere
 
 
-def _add_state_products(pairs, x: torch.Tensor, carry, R: int, m: int, first: bool, reverse: bool, spare):
-    """For each (o, a, transposed) in ``pairs``: o[c] += a[c] @ state(c) (state(c)^T when ``transposed``) for
-    every chunk c of a tile, o (R m, c, E), a (R m, c, F). state(c) is ``carry`` (R, ...), the sum over the
-    tiles done before (none when ``first``), plus the sum of x (R m, ...), each chunk's own sum, over the
-    chunks before c (after c when ``reverse``). x is overwritten. Returns the new carry (R, ...), a new tensor.
-
-    The states are x's inclusive sums, summed in place and read as views (chunk c reads the sum up to chunk
-    c - 1), so no copy of the tile's states is made, at the price of one product per row. Several short rows
-    (fewer than :data:`IN_PLACE_CHUNKS` chunks each) would then make many small products, each with a dozen
-    operations around it: their states are the shifted copy of x in the flat buffer ``spare``, summed, and
-    each pair is one product. Either way the sums are the same numbers added in the same order."""
-    x4 = x.view(R, m, *x.shape[1:])  # (R, m, ...)
-    edge, last = (m - 1, 0) if reverse else (0, m - 1)  # the chunk that reads the carry alone; the one done last
-    inner, before = (slice(0, m - 1), slice(1, m)) if reverse else (slice(1, m), slice(0, m - 1))
-    if R > 1 and m < IN_PLACE_CHUNKS:
-        states = spare[: x.numel()].view(x4.shape)  # states[:, c] = carry + x over the chunks before c
-        if first:
-            states[:, edge].zero_()
-        else:
-            states[:, edge].copy_(carry)
-        states[:, inner].copy_(x4[:, before])
-        s = _prefix._scan(states, reverse).view(x.shape)
-        for o, a, transposed in pairs:
-            o.baddbmm_(a, s.transpose(1, 2) if transposed else s)
-        return states[:, last] + x4[:, last]
-    if not first:
-        x4[:, edge] += carry
-    x4 = _prefix._scan(x4, reverse)  # inclusive sums over the tile's chunks
-    for o, a, transposed in pairs:
-        o4, a4 = o.view(R, m, *o.shape[1:]), a.view(R, m, *a.shape[1:])
-        for i in range(R):
-            if m > 1:
-                s = x4[i, before]
-                o4[i, inner].baddbmm_(a4[i, inner], s.transpose(1, 2) if transposed else s)
-            if not first:
-                o4[i, edge].addmm_(a4[i, edge], carry[i].t() if transposed else carry[i])
-    return x4[:, last].clone()
+def _add_state_products(pairs, x: torch.Tensor, carry, R: int, m: int, reverse: bool, spare):
+    """:func:`attnbook._prefix._add_state_products` for a tile: x (R m, D, E) each chunk's own sum, carry
+    (R, 1, D, E) or None (the row group's first tile); the states of short rows in the flat buffer ``spare``."""
+    return _prefix._add_state_products(pairs, x.view(R, m, *x.shape[1:]), carry, reverse, spare)
 
 
-# Fewest chunks per row for which a tile of several rows reads its states in place, one product per row
-# (B=2 H=8 N=1024, 32 chunks a row: 2-3 % quicker than the shifted copy).
-IN_PLACE_CHUNKS = 8
-
-
-def _vector_states(x: torch.Tensor, carry, R: int, m: int, first: bool, reverse: bool):
-    """The states of :func:`_add_state_products` for vectors, x (R m, E) each chunk's own sum: returns them as
-    rows (R m, 1, E), and the new carry (R, E). Small: a cumulative sum of a shifted copy."""
-    x3 = x.view(R, m, x.shape[-1])
-    head = torch.zeros_like(x3[:, :1]) if first else carry.unsqueeze(1)  # (R, 1, E)
-    if reverse:
-        states = torch.cat((x3[:, 1:], head), 1).flip(1).cumsum(1).flip(1)
-        last = states[:, 0] + x3[:, 0]
-    else:
-        states = torch.cat((head, x3[:, :-1]), 1).cumsum(1)
-        last = states[:, -1] + x3[:, -1]
-    return states.reshape(R * m, 1, x.shape[-1]), last
+def _vector_states(x: torch.Tensor, carry, R: int, m: int, reverse: bool):
+    """The states of vectors x (R m, E), each chunk's own sum (:func:`attnbook._prefix._states`, one cumsum):
+    as rows (R m, 1, E), and the new carry (R, 1, E); ``carry`` None for the row group's first tile."""
+    states, carry = _prefix._states(x.view(R, m, x.shape[-1]), carry, reverse, loop=False)
+    return states.view(R * m, 1, x.shape[-1]), carry
 
 
 class _Buffers:
@@ -178,7 +133,7 @@ class _Buffers:
             "fk": most * D if kind is not None else 0,
             "gn": most * Dv if grad else 0,
             "spare": chunks * D * Dv
-            if any(R > 1 and m < IN_PLACE_CHUNKS for _, R, sp in plan for _, m, _ in sp)
+            if any(R > 1 and m < _prefix._IN_PLACE_CHUNKS for _, R, sp in plan for _, m, _ in sp)
             else 0,
         }
         # one allocation: malloc then reuses the same memory on the next call, where several buffers of a few
@@ -220,8 +175,8 @@ def forward(
     plan = _tiles(rows, N, C, tile_positions(q.device))
     buf = _Buffers(q, plan, D, Dv, kind, grad=False)
     for r0, R, spans in plan:
-        carry = z = None  # (R, D, Dv) sum of phi(k_j) v_j^T, (R, D) sum of phi(k_j), over the tiles done
-        for i, (s0, m, c) in enumerate(spans):
+        carry = z = None  # (R, 1, D, Dv) sum of phi(k_j) v_j^T, (R, 1, D) sum of phi(k_j), over the tiles done
+        for s0, m, c in spans:
             t = R * m
             ot, vt = _tile(out, r0, R, s0, m, c), _tile(v, r0, R, s0, m, c)  # (t, c, Dv)
             fq = _features(kind, _tile(q, r0, R, s0, m, c), buf.fq, buf.tmp)  # (t, c, D)
@@ -232,8 +187,8 @@ def forward(
             den = scores.sum(-1, keepdim=True).transpose(1, 2)  # (t, 1, c): the normaliser inside each chunk
             torch.bmm(scores, vt, out=ot)  # the numerator inside each chunk
             kv = torch.bmm(fk.transpose(1, 2), vt, out=buf.view(t, D, Dv))  # (t, D, Dv) each chunk's own sum
-            zs, z = _vector_states(fk.sum(1), z, R, m, i == 0, False)  # (t, 1, D) the keys of earlier chunks
-            carry = _add_state_products([(ot, fq, False)], kv, carry, R, m, i == 0, False, buf.spare)  # + phi(q) S
+            zs, z = _vector_states(fk.sum(1), z, R, m, False)  # (t, 1, D) the keys of earlier chunks
+            carry = _add_state_products([(ot, fq, False)], kv, carry, R, m, False, buf.spare)  # + phi(q) S
             den.baddbmm_(zs, fq.transpose(1, 2))  # + phi(q) . z, as a product with one row (t, 1, c)
             r = den.add_(eps).reciprocal_().transpose(1, 2)  # (t, c, 1)
             if recip is not None:
@@ -279,8 +234,8 @@ def backward(q, k, v, out, recip, g, kind, drop, C):
             P = torch.bmm(fq, fk.transpose(1, 2), out=buf.view(t, c, c)).tril_()
             torch.bmm(P.transpose(1, 2), gn, out=dvt)
             kv = torch.bmm(fk.transpose(1, 2), vt, out=buf.view(t, D, Dv))  # each chunk's phi(k)^T v
-            carry = _add_state_products([(dqt, gn, True)], kv, carry, R, m, i == 0, False, buf.spare)  # + gn S^T
-            zs, z = _vector_states(fk.sum(1), z, R, m, i == 0, False)  # (t, 1, D)
+            carry = _add_state_products([(dqt, gn, True)], kv, carry, R, m, False, buf.spare)  # + gn S^T
+            zs, z = _vector_states(fk.sum(1), z, R, m, False)  # (t, 1, D)
             dqt.baddbmm_(gd, zs)  # + gd z^T
             if kind is not None and i < len(spans) - 1:  # the last span's features serve the pass back first
                 dqt.mul_(_slope_(kind, fq))
@@ -292,8 +247,8 @@ def backward(q, k, v, out, recip, g, kind, drop, C):
             vt = _tile(v, r0, R, s0, m, c)
             dkt, dvt = _tile(dk, r0, R, s0, m, c), _tile(dv, r0, R, s0, m, c)
             U = torch.bmm(fq.transpose(1, 2), gn, out=buf.view(t, D, Dv))  # each chunk's phi(q)^T gn
-            carry = _add_state_products([(dkt, vt, True), (dvt, fk, False)], U, carry, R, m, i == 0, True, buf.spare)
-            ws, w = _vector_states(torch.bmm(fq.transpose(1, 2), gd).view(t, D), w, R, m, i == 0, True)
+            carry = _add_state_products([(dkt, vt, True), (dvt, fk, False)], U, carry, R, m, True, buf.spare)
+            ws, w = _vector_states(torch.bmm(fq.transpose(1, 2), gd).view(t, D), w, R, m, True)
             dkt.add_(ws)  # + w
             if drop is not None and kind is not None:
                 dkt.masked_fill_(_tile(drop, r0, R, s0, m, c), 0.0)  # padded keys' features were set to 0

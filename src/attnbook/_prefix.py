@@ -85,53 +85,61 @@ def _blocks(rows: int, N: int, C: int, per_chunk: int, reverse: bool):
             yield group, n, slice(0, part) if reverse else slice(full * C, N), part, first
 
 
-def _states(x: torch.Tensor, carry: torch.Tensor | None, reverse: bool, loop: bool | None = None):
+def _states(x: torch.Tensor, carry: torch.Tensor | None, reverse: bool, loop: bool | None = None, into=None):
     """Per-chunk states of a block and the state after it, from x (r, g, ...), each chunk's own sum.
 
     states[:, c] = carry + the sum of x over the chunks before c (after c when ``reverse``): a cumulative sum
     shifted by one, rather than the inclusive sum minus x, which would lose small sums next to a large x.
-    Returns (states (r, g, ...), the new carry (r, 1, ...)); the states are x's shifted copy, summed in
-    place, so a block holds two such tensors at most (x and its states). ``loop``: as in :func:`_scan`
-    (False for small sums of vectors, where one cumsum beats a loop of additions).
+    Returns (states (r, g, ...), the new carry (r, 1, ...)); ``carry`` (r, 1, ...) or None (zero). The states
+    are x's shifted copy, summed in place, in the flat buffer ``into`` when given (else a new tensor).
+    ``loop``: as in :func:`_scan` (False for small sums of vectors, where one cumsum beats a loop of additions).
     """
-    head = torch.zeros_like(x[:, :1]) if carry is None else carry  # (r, 1, ...)
-    if reverse:
-        last = x[:, :1].clone()  # (r, 1, ...), the chunk done last
-        states = torch.cat((x[:, 1:], head), 1)  # (r, g, ...), shifted by one chunk
+    g = x.shape[1]
+    states = torch.empty_like(x) if into is None else into[: x.numel()].view(x.shape)
+    edge, last = (g - 1, 0) if reverse else (0, g - 1)  # the chunk whose state is the carry alone; the last done
+    inner, before = (slice(0, g - 1), slice(1, g)) if reverse else (slice(1, g), slice(0, g - 1))
+    if carry is None:
+        states[:, edge].zero_()
     else:
-        last = x[:, -1:].clone()
-        states = torch.cat((head, x[:, :-1]), 1)
+        states[:, edge].copy_(carry[:, 0])
+    states[:, inner].copy_(x[:, before])
     states = _scan(states, reverse, loop)
-    return states, (states[:, :1] if reverse else states[:, -1:]) + last
+    return states, states[:, last : last + 1] + x[:, last : last + 1]
 
 
-def _add_states(o3, q3, x, carry, reverse: bool) -> torch.Tensor:
-    """o3 += q3 times the state before each chunk (after it when ``reverse``): o3 (r g, c, E), q3 (r g, c, D),
-    x (r, g, D, E) each chunk's own sum (overwritten); ``carry`` (r, 1, D, E) or None. Returns the new carry.
+def _add_state_products(pairs, x: torch.Tensor, carry: torch.Tensor | None, reverse: bool, spare=None):
+    """For each (o, a, transposed) in ``pairs``: o[c] += a[c] @ state(c) (state(c)^T when ``transposed``) for
+    every chunk c of a block, o (r g, c, E) and a (r g, c, F) batches of chunks; state(c) as in :func:`_states`
+    from x (r, g, ...), each chunk's own sum (overwritten), and ``carry`` (r, 1, ...) or None. Returns the new
+    carry (r, 1, ...), a new tensor.
 
     The state of chunk c is the inclusive sum up to chunk c - 1 (c + 1 when ``reverse``), a view of x summed
     in place, so no shifted copy of the block's sums is made (about 17 MiB at R = 64, Dv = 64 and 256 chunks),
     at the price of one product per row of B H. With several rows and fewer than :data:`_IN_PLACE_CHUNKS`
-    chunks each, those products would be too small: then the shifted copy of :func:`_states` and one product.
-    The sums are the same either way, added in the same order.
+    chunks each, those products would be too small: then the shifted copy of :func:`_states` (in the flat
+    buffer ``spare`` when given) and one product. The sums are the same either way, added in the same order.
     """
     r, g = x.shape[:2]
     if r > 1 and g < _IN_PLACE_CHUNKS:
-        states, carry = _states(x, carry, reverse)  # (r, g, D, E), (r, 1, D, E)
-        o3.baddbmm_(q3, states.view(-1, *x.shape[2:]))
+        states, carry = _states(x, carry, reverse, into=spare)  # (r, g, ...), (r, 1, ...)
+        s = states.view(-1, *x.shape[2:])
+        for o, a, transposed in pairs:
+            o.baddbmm_(a, s.transpose(1, 2) if transposed else s)
         return carry
-    edge = g - 1 if reverse else 0  # the chunk whose state is the carry alone
+    edge, last = (g - 1, 0) if reverse else (0, g - 1)
+    inner, before = (slice(0, g - 1), slice(1, g)) if reverse else (slice(1, g), slice(0, g - 1))
     if carry is not None:
         x[:, edge] += carry[:, 0]
-    x = _scan(x, reverse)  # (r, g, D, E), inclusive sums
-    o4, q4 = o3.view(r, g, *o3.shape[1:]), q3.view(r, g, *q3.shape[1:])  # (r, g, c, E), (r, g, c, D)
-    inner, before = (slice(0, g - 1), slice(1, g)) if reverse else (slice(1, g), slice(0, g - 1))
-    for i in range(r):
-        if g > 1:
-            o4[i, inner].baddbmm_(q4[i, inner], x[i, before])
-        if carry is not None:
-            o4[i, edge : edge + 1].baddbmm_(q4[i, edge : edge + 1], carry[i])
-    return (x[:, :1] if reverse else x[:, -1:]).clone()
+    x = _scan(x, reverse)  # (r, g, ...), inclusive sums
+    for o, a, transposed in pairs:
+        o4, a4 = o.view(r, g, *o.shape[1:]), a.view(r, g, *a.shape[1:])  # (r, g, c, E), (r, g, c, F)
+        for i in range(r):
+            if g > 1:
+                s = x[i, before]
+                o4[i, inner].baddbmm_(a4[i, inner], s.transpose(1, 2) if transposed else s)
+            if carry is not None:
+                o4[i, edge].addmm_(a4[i, edge], carry[i, 0].t() if transposed else carry[i, 0])
+    return x[:, last : last + 1].clone()
 
 
 # Fewest chunks per row for which a block of several rows reads its states in place (one product per row).
@@ -186,7 +194,7 @@ def prefix_product(
         torch.bmm(scores, v3, out=o3)  # inside each chunk
         del scores
         kv = torch.bmm(k3.transpose(1, 2), v3).view(r, -1, D, Dv)  # (r, g, D, Dv): each chunk's k^T v
-        carry = _add_states(o3, q3, kv, None if first else carry, reverse)  # plus all earlier (later) chunks
+        carry = _add_state_products([(o3, q3, False)], kv, None if first else carry, reverse)  # + earlier chunks
     return result.view(*lead, N, Dv)
 
 
