@@ -109,3 +109,13 @@ def test_non_contiguous_inputs_and_upstream_gradients():
     (g,) = torch.autograd.grad(out, x, upstream)
     (r,) = torch.autograd.grad(expected, x, upstream)
     torch.testing.assert_close(g, r, **tol(torch.float64))
+
+
+def test_inputs_that_are_column_slices_without_autograd():
+    """One row of (B H) whose q, k, v are column slices of a wider tensor (reshaped to rows, they stay
+    non-contiguous views): the inference path gives the reference."""
+    x = torch.randn(1, 1, 50, 12, dtype=torch.float64)
+    q, k, v = x.split(4, dim=-1)  # (1, 1, 50, 4) each, rows 12 numbers apart
+    with torch.no_grad():
+        out = attnbook.linear_attention(q, k, v, causal=True, chunk_size=8)
+    torch.testing.assert_close(out, reference.linear_attention(q, k, v, causal=True), **tol(torch.float64))

@@ -170,7 +170,8 @@ def _causal_attention(q, k, v, keep, phi, eps, chunk_size, name):
         return _causal.attention(q, k, v, kind, drop, chunk_size, eps).view(B, H, N, Dv)
     out = q.new_empty(rows, N, Dv)  # (B H, N, Dv)
     if kind is not None:
-        return _causal.forward(q, k, v.contiguous(), kind, drop, chunk_size, eps, out).view(B, H, N, Dv)
+        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()  # views of a wider tensor are not
+        return _causal.forward(q, k, v, kind, drop, chunk_size, eps, out).view(B, H, N, Dv)
     step = rows_per_group(q, N * D, rows, numbers=True)
     if q.device.type == "cpu":  # features up to a third of the output
         step = max(1, min(rows, rows * N * Dv // 3 // (2 * N * D)))
