@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from attnbook.feature_maps import PerformerFeatures
 from attnbook.testing import TOLERANCES, assert_matches_reference, tol  # noqa: F401  (the one table)
 
 CUDA = torch.cuda.is_available()
@@ -65,3 +66,15 @@ BAD_STEP_SHAPES = {
     "no_features": (((2, 3, 0), (2, 3, 0), (2, 3, 5)), r"D must be at least 1"),
     "no_value_features": (((2, 3, 4), (2, 3, 4), (2, 3, 0)), r"Dv must be at least 1"),
 }
+
+
+def feature_map(name, D):
+    """The feature maps under test, by readable id; Performer drawn with a fixed seed for width D."""
+    if name == "performer":
+        return PerformerFeatures(16, D, seed=1)
+    if name == "square_plus":  # a user callable that changes the width: R = 2 D
+        return lambda x: torch.cat([x * x, torch.ones_like(x)], dim=-1)
+    return name
+
+
+FEATURE_MAP_IDS = ["elu", "relu", "performer", "square_plus"]

@@ -2,15 +2,10 @@
 
 import pytest
 import torch
-from support import qkv, tol
+from support import feature_map, qkv, tol
 
 import attnbook
 from attnbook import _causal, _prefix, reference
-from attnbook.feature_maps import PerformerFeatures
-
-
-def feature_map(name, D):
-    return PerformerFeatures(6, D, seed=0).double() if name == "performer" else name
 
 
 @pytest.mark.parametrize(

@@ -5,7 +5,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from published import fast_transformers_linear_attention
-from support import DEVICES, FLOAT_DTYPES, assert_matches_reference, qkv, tol
+from support import DEVICES, FEATURE_MAP_IDS, FLOAT_DTYPES, assert_matches_reference, feature_map, qkv, tol
 
 import attnbook
 from attnbook import _runtime, reference
@@ -20,18 +20,6 @@ SHAPES = {  # (B, H, N, M, D, Dv)
     "long_odd": (1, 2, 63, 63, 5, 7),
 }
 SQUARE = {name: s for name, s in SHAPES.items() if s[2] == s[3]}
-
-
-def feature_map(name, D):
-    """The feature maps under test, by readable id; Performer drawn with a fixed seed for width D."""
-    if name == "performer":
-        return PerformerFeatures(16, D, seed=1)
-    if name == "square_plus":  # a user callable that changes the width: R = 2 D
-        return lambda x: torch.cat([x * x, torch.ones_like(x)], dim=-1)
-    return name
-
-
-FEATURE_MAP_IDS = ["elu", "relu", "performer", "square_plus"]
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -38,12 +38,9 @@ import torch
 
 from . import _prefix
 from ._runtime import autocast_disabled
-from .feature_maps import elu_feature_map, elu_plus_one, relu_feature_map
+from .feature_maps import FEATURE_MAPS, elu_plus_one
 
-__all__ = ["KINDS", "attention", "forward", "tile_positions"]
-
-# The feature maps made inside the tiles: elementwise, so a tile's features need only the tile's inputs.
-KINDS = {"elu": elu_feature_map, "relu": relu_feature_map}
+__all__ = ["attention", "forward", "tile_positions"]
 
 # Positions per tile on the CPU. Its inputs, features, scores and states stay in the caches, and each of a
 # tile's hundred or so operations has enough work that its few microseconds of dispatch do not dominate.
@@ -117,11 +114,10 @@ def _vector_states(x: torch.Tensor, carry, R: int, m: int, reverse: bool):
 
 class _Buffers:
     """The scratch memory of one call, allocated once for its largest tile (flat, q's dtype and device): a
-    tile's C x C matrices, or its states, or before them elu's x + 1 and other temporaries (``work``, also
-    ``tmp``), its features (``fq``, ``fk``), dL/dnum (``gn``), and the states of a tile of several short
-    rows (``spare``). The loop over the tiles allocates only a few numbers per chunk: on the CPU a fresh tensor of
-    a few MiB costs a page fault per 4 KiB on every call (malloc maps it anew), as much time as the tile's
-    products."""
+    tile's C x C matrices, or its states, or before them elu's x + 1 and other temporaries (``work``), its
+    features (``fq``, ``fk``), dL/dnum (``gn``), and the states of a tile of several short rows (``spare``).
+    The loop over the tiles allocates only a few numbers per chunk: on the CPU a fresh tensor of a few MiB
+    costs a page fault per 4 KiB on every call (malloc maps it anew), as much time as the tile's products."""
 
     def __init__(self, q: torch.Tensor, plan, D: int, Dv: int, kind: str | None, grad: bool):
         most = max(R * m * c for _, R, spans in plan for _, m, c in spans)  # positions of the largest tile
@@ -142,7 +138,6 @@ class _Buffers:
         for name, size in sizes.items():
             setattr(self, name, block[start : start + size] if size else None)
             start += size
-        self.tmp = self.work
 
     def view(self, t: int, *shape: int) -> torch.Tensor:
         """The first numbers of ``work`` as a (t, *shape) tensor."""
@@ -179,8 +174,8 @@ def forward(
         for s0, m, c in spans:
             t = R * m
             ot, vt = _tile(out, r0, R, s0, m, c), _tile(v, r0, R, s0, m, c)  # (t, c, Dv)
-            fq = _features(kind, _tile(q, r0, R, s0, m, c), buf.fq, buf.tmp)  # (t, c, D)
-            fk = _features(kind, _tile(k, r0, R, s0, m, c), buf.fk, buf.tmp)
+            fq = _features(kind, _tile(q, r0, R, s0, m, c), buf.fq, buf.work)  # (t, c, D)
+            fk = _features(kind, _tile(k, r0, R, s0, m, c), buf.fk, buf.work)
             if drop is not None and kind is not None:
                 fk.masked_fill_(_tile(drop, r0, R, s0, m, c), 0.0)
             scores = torch.bmm(fq, fk.transpose(1, 2), out=buf.view(t, c, c)).tril_()  # (t, c, c)
@@ -211,13 +206,13 @@ def backward(q, k, v, out, recip, g, kind, drop, C):
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
     def tile_inputs(r0, R, s0, m, c):
-        fq = _features(kind, _tile(q, r0, R, s0, m, c), buf.fq, buf.tmp)  # (t, c, D)
-        fk = _features(kind, _tile(k, r0, R, s0, m, c), buf.fk, buf.tmp)
+        fq = _features(kind, _tile(q, r0, R, s0, m, c), buf.fq, buf.work)  # (t, c, D)
+        fk = _features(kind, _tile(k, r0, R, s0, m, c), buf.fk, buf.work)
         if drop is not None and kind is not None:
             fk.masked_fill_(_tile(drop, r0, R, s0, m, c), 0.0)
         into = buf.gn[: R * m * c * Dv].view(R * m, c, Dv)
         gn = torch.mul(_tile(g, r0, R, s0, m, c), _tile(recip, r0, R, s0, m, c), out=into)  # dL/dnum
-        gd = torch.mul(gn, _tile(out, r0, R, s0, m, c), out=buf.tmp[: gn.numel()].view(gn.shape))
+        gd = torch.mul(gn, _tile(out, r0, R, s0, m, c), out=buf.work[: gn.numel()].view(gn.shape))
         gd = gd.sum(-1, keepdim=True).neg_()  # (t, c, 1): dL/dden = -(g . out) r = -(gn . out)
         return fq, fk, gn, gd
 
@@ -292,7 +287,7 @@ class _CausalLinear(torch.autograd.Function):
 def _differentiable_grads(q, k, v, g, kind, drop, C, eps, need):
     """The first derivatives as a graph (for ``create_graph=True``): the output recomputed through
     differentiable operations (:func:`attnbook._prefix.normalised_attention`) and differentiated."""
-    fq, fk = (q, k) if kind is None else (KINDS[kind](q), KINDS[kind](k))
+    fq, fk = (q, k) if kind is None else (FEATURE_MAPS[kind](q), FEATURE_MAPS[kind](k))
     if drop is not None and kind is not None:
         fk = fk.masked_fill(drop, 0.0)
     out = _prefix.normalised_attention(fq, fk, v, C, eps)

@@ -38,11 +38,11 @@ from ._checks import (
 from ._module import ProjectedAttention
 from ._runtime import accumulation_dtype, autocast_disabled, needs_autograd, result_dtype, rows_per_group
 from .feature_maps import (
+    FEATURE_MAPS,
     FeatureMap,
     PerformerFeatures,
     elu_feature_map,
     elu_plus_one,
-    relu_feature_map,
     resolve_feature_map,
 )
 
@@ -192,8 +192,8 @@ def _feature_pair(q, k, keep, phi, name, lead):
     return fq, fk
 
 
-# The built-in maps, made inside the kernels (into buffers, or tile by tile in the causal one).
-_KINDS = {elu_feature_map: "elu", relu_feature_map: "relu"}
+# The built-in maps, made inside the kernels (into buffers, or tile by tile in the causal one), by name.
+_KINDS = {phi: name for name, phi in FEATURE_MAPS.items()}
 
 
 def _features(phi, x, *, name, label, lead, into=None):
