@@ -28,12 +28,11 @@ def test_tiles_cover_every_position_once_in_time_order(rows, N, C, positions):
     assert (seen == 1).all()
 
 
-LAYOUTS = [  # (positions per tile, fewest chunks per row read in place)
-    pytest.param((3, 8), id="one_chunk_per_tile"),  # tiles of one row, one chunk: the carry alone
-    pytest.param((10, 8), id="chunks_per_tile"),  # one row, several runs of chunks
-    pytest.param((80, 8), id="rows_per_tile"),  # several whole rows (N = 36): states in place, a product per row
-    pytest.param((80, 1000), id="short_rows_per_tile"),  # the same rows as short ones: states copied, one product
-    pytest.param((10_000, 8), id="all_rows"),
+LAYOUTS = [  # positions per tile
+    pytest.param(3, id="one_chunk_per_tile"),  # tiles of one row, one chunk: the carry alone
+    pytest.param(10, id="chunks_per_tile"),  # one row, several runs of chunks (the last run shorter)
+    pytest.param(80, id="rows_per_tile"),  # several whole rows (N = 36), or one row a tile (N = 37)
+    pytest.param(10_000, id="all_rows"),
 ]
 
 
@@ -44,8 +43,7 @@ LAYOUTS = [  # (positions per tile, fewest chunks per row read in place)
 def test_every_tile_layout_gives_the_reference_outputs_and_gradients(monkeypatch, layout, N, fmap, mask):
     """With and without autograd, for features made in the tiles (elu, relu) or before (Performer), with padded
     keys: the float64 definition's output and the gradients autograd takes through it."""
-    monkeypatch.setattr(_causal, "CPU_TILE", layout[0])
-    monkeypatch.setattr(_prefix, "_IN_PLACE_CHUNKS", layout[1])
+    monkeypatch.setattr(_causal, "CPU_TILE", layout)
     B, H, D, Dv = 2, 3, 4, 5
     q, k, v = (x.requires_grad_() for x in qkv(B, H, N, N, D, Dv, dtype=torch.float64))
     pad = None
@@ -64,6 +62,27 @@ def test_every_tile_layout_gives_the_reference_outputs_and_gradients(monkeypatch
     ref_grads = torch.autograd.grad(expected, (q, k, v), upstream)
     for name, g, r in zip("qkv", grads, ref_grads, strict=True):
         torch.testing.assert_close(g, r, **tol(torch.float64), msg=lambda m, name=name: f"d{name}: {m}")
+
+
+@pytest.mark.parametrize("N", [36, 37], ids=["whole_chunks", "partial_chunk"])
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_the_running_sum_as_one_cumsum_gives_the_same_outputs_and_gradients(monkeypatch, layout, N):
+    """Off the CPU the chunk states' running sums are one cumsum over the slots, forwards and backwards in
+    time (no GPU here: forced on the CPU), carried between tiles as on the CPU: the float64 definition's
+    output and gradients."""
+    monkeypatch.setattr(_causal, "CPU_TILE", layout)
+    monkeypatch.setattr(_prefix, "by_additions", lambda device: False)
+    q, k, v = (x.requires_grad_() for x in qkv(2, 3, N, N, 4, 5, dtype=torch.float64))
+    out = attnbook.linear_attention(q, k, v, causal=True, chunk_size=3)
+    expected = reference.linear_attention(q, k, v, causal=True)
+    torch.testing.assert_close(out, expected, **tol(torch.float64))
+    with torch.no_grad():
+        inference = attnbook.linear_attention(q, k, v, causal=True, chunk_size=3)
+    torch.testing.assert_close(inference, expected, **tol(torch.float64))
+    upstream = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v), upstream)
+    for g, r in zip(grads, torch.autograd.grad(expected, (q, k, v), upstream), strict=True):
+        torch.testing.assert_close(g, r, **tol(torch.float64))
 
 
 @pytest.mark.parametrize("mask", [False, True], ids=["no_mask", "padded"])

@@ -10,7 +10,9 @@ A *tile* is a run of whole chunks of one row of (B H), or several whole rows (:f
 built-in feature maps (elementwise: ``kind`` "elu" or "relu") each tile's features are made into small
 buffers just before its products read them, so no (B, H, N, R) tensor of features is ever made, and on a
 CPU a tile's work stays in the caches (:data:`CPU_TILE` positions). Other feature maps pass their features
-as q and k (``kind`` None).
+as q and k (``kind`` None). The chunk states of a tile are *slots* of one buffer, the carry from the tiles
+before in the first (or, backwards in time, the last) slot, so one running sum over the slots gives every
+chunk's state and the next tile's carry (:class:`_Workspace`).
 
 Backward, with g = dL/dout, r_i = 1 / (den_i + eps), gn_i = g_i r_i and gd_i = -(g_i . out_i) r_i:
 
@@ -75,21 +77,31 @@ def _tiles(rows: int, N: int, C: int, positions: int):
     return [(r, 1, spans) for r in range(rows)]
 
 
+def _tiler(tensors, rows: int, N: int, C: int):
+    """A function of a tile (r0, R, s0, m, c) that gives each of ``tensors`` ((rows, N, .), or None) as the
+    tile's batch of chunks (R m, c, .): when every chunk is whole, one slice of a view made once (a tile's
+    chunks are consecutive in memory), else a slice and a view (:func:`_tile`)."""
+    if N % C:
+        return lambda r0, R, s0, m, c: [None if x is None else _tile(x, r0, R, s0, m, c) for x in tensors]
+    n = N // C
+    chunks = [None if x is None else x.view(rows * n, C, x.shape[-1]) for x in tensors]
+
+    def tile(r0, R, s0, m, c):
+        a = r0 * n + s0 // C
+        return [None if x is None else x[a : a + R * m] for x in chunks]
+
+    return tile
+
+
 def _tile(x: torch.Tensor, r0: int, R: int, s0: int, m: int, c: int) -> torch.Tensor:
     """Rows r0 .. r0 + R of x (rows, N, E), positions s0 .. s0 + m c, as a batch of chunks (R m, c, E): a view
     (the rows of a tile of several rows are whole)."""
     return x[r0 : r0 + R, s0 : s0 + m * c].view(R * m, c, x.shape[-1])
 
 
-def _features(kind: str | None, x: torch.Tensor, into: torch.Tensor | None, tmp: torch.Tensor | None) -> torch.Tensor:
-    """phi(x) of a tile into the flat buffer ``into`` (x itself when ``kind`` is None: x holds features);
-    ``tmp``, another flat buffer at least as large, holds elu + 1's x + 1."""
-    if kind is None:
-        return x
-    out = into[: x.numel()].view(x.shape)
-    if kind == "elu":
-        return elu_plus_one(x, out=out, tmp=tmp[: x.numel()].view(x.shape))
-    return torch.clamp(x, min=0.0, out=out)
+def _rows(x: torch.Tensor, R: int):
+    """A tile's batch of chunks (R m, ...) as its R rows' batches (m, ...)."""
+    return (x,) if R == 1 else x.view(R, -1, *x.shape[1:]).unbind(0)
 
 
 def _slope_(kind: str, phi: torch.Tensor) -> torch.Tensor:
@@ -99,52 +111,133 @@ def _slope_(kind: str, phi: torch.Tensor) -> torch.Tensor:
     return phi.sign_()  # relu's features are >= 0: sign is 1 where phi > 0, 0 elsewhere
 
 
-def _add_state_products(pairs, x: torch.Tensor, carry, R: int, m: int, reverse: bool, spare):
-    """:func:`attnbook._prefix._add_state_products` for a tile: x (R m, D, E) each chunk's own sum, carry
-    (R, 1, D, E) or None (the row group's first tile); the states of short rows in the flat buffer ``spare``."""
-    return _prefix._add_state_products(pairs, x.view(R, m, *x.shape[1:]), carry, reverse, spare)
+class _Workspace:
+    """The scratch memory of one call and the views of it that every tile reuses: one allocation (flat, q's
+    dtype and device), made once per call. On the CPU a fresh tensor of a few MiB costs a page fault per 4 KiB
+    on every call (B=1, H=2, N=1024: separate buffers took 480 faults a call and 1.7x the time), and making a
+    view costs about a microsecond, as much as a small operation: tiles of 2,048 positions once spent a tenth
+    of their time making the same views again (B=2 H=8 N=1024, one thread: 8.4 -> 7.5 ms a forward).
 
-
-def _vector_states(x: torch.Tensor, carry, R: int, m: int, reverse: bool):
-    """The states of vectors x (R m, E), each chunk's own sum (:func:`attnbook._prefix._states`, one cumsum):
-    as rows (R m, 1, E), and the new carry (R, 1, E); ``carry`` None for the row group's first tile."""
-    states, carry = _prefix._states(x.view(R, m, x.shape[-1]), carry, reverse, loop=False)
-    return states.view(R * m, 1, x.shape[-1]), carry
-
-
-class _Buffers:
-    """The scratch memory of one call, allocated once for its largest tile (flat, q's dtype and device): a
-    tile's C x C matrices, or its states, or before them elu's x + 1 and other temporaries (``work``), its
-    features (``fq``, ``fk``), dL/dnum (``gn``), and the states of a tile of several short rows (``spare``).
-    The loop over the tiles allocates only a few numbers per chunk: on the CPU a fresh tensor of a few MiB
-    costs a page fault per 4 KiB on every call (malloc maps it anew), as much time as the tile's products."""
+    ``S`` (R, m + 1, D, Dv) holds, per row of a tile, m + 1 *slots* of chunk states; ``Z`` (R, m + 1, D) the
+    same for the sums of features. Forwards in time the carry (the sum over the tiles done) is in slot 0 and
+    chunk j's own sum in slot j + 1; a running sum over the slots, in place, leaves in slot j the state
+    *before* chunk j for every chunk, and in slot m the next tile's carry. Backwards in time chunk j's own sum
+    is in slot j and the carry in slot m; the running sum from the end leaves chunk j's state (the later
+    chunks) in slot j + 1 and the earlier tile's carry in slot 0. m is the most chunks of a tile of the call;
+    a tile with fewer uses the first slots, so the carry's slot does not depend on the tile's shape."""
 
     def __init__(self, q: torch.Tensor, plan, D: int, Dv: int, kind: str | None, grad: bool):
+        self.R = max(R for _, R, _ in plan)
+        self.m = max(m for _, _, spans in plan for _, m, _ in spans)
         most = max(R * m * c for _, R, spans in plan for _, m, c in spans)  # positions of the largest tile
-        chunks = max(R * m for _, R, spans in plan for _, m, _ in spans)
         C = max(c for _, _, spans in plan for _, _, c in spans)
+        slots = self.R * (self.m + 1)
         sizes = {
-            "work": max(most * C, chunks * D * Dv, most * max(D, Dv)),
             "fq": most * D if kind is not None else 0,
             "fk": most * D if kind is not None else 0,
-            "gn": most * Dv if grad else 0,
-            "spare": chunks * D * Dv
-            if any(R > 1 and m < _prefix._IN_PLACE_CHUNKS for _, R, sp in plan for _, m, _ in sp)
-            else 0,
+            "work": most * max(D if kind == "elu" else 0, Dv if grad else 0),  # elu + 1's x + 1; gn out
+            "scores": most * C,  # the masked C x C matrices
+            "den": most,  # forwards the normaliser, backwards dL/dden
+            "gn": most * Dv if grad else 0,  # dL/dnum
+            "S": slots * D * Dv,
+            "Z": slots * D,
         }
-        # one allocation: malloc then reuses the same memory on the next call, where several buffers of a few
-        # MiB each came partly fresh from the kernel (B=1, H=2, N=1024: 480 page faults a call, 1.7x slower)
-        block, start = q.new_empty(sum(sizes.values())), 0
+        block, start, self.flat = q.new_empty(sum(sizes.values())), 0, {}
         for name, size in sizes.items():
-            setattr(self, name, block[start : start + size] if size else None)
+            self.flat[name] = block[start : start + size]
             start += size
+        self.S = self.flat["S"].view(self.R, self.m + 1, D, Dv)
+        self.Z = self.flat["Z"].view(self.R, self.m + 1, D)
+        self.slots, self.zslots = self.S.unbind(1), self.Z.unbind(1)  # (R, D, Dv) and (R, D) each
+        self.kind, self.D, self.Dv, self.grad, self._views = kind, D, Dv, grad, {}
 
-    def view(self, t: int, *shape: int) -> torch.Tensor:
-        """The first numbers of ``work`` as a (t, *shape) tensor."""
-        n = t
-        for size in shape:
-            n *= size
-        return self.work[:n].view(t, *shape)
+    def views(self, R: int, m: int, c: int):
+        """The views of a tile of R rows of m chunks of c positions (a namespace), made once per shape."""
+        key = (R, m, c)
+        if key not in self._views:
+            self._views[key] = self._make_views(R, m, c)
+        return self._views[key]
+
+    def _make_views(self, R: int, m: int, c: int):
+        t, D, Dv, w = R * m, self.D, self.Dv, _TileViews()
+
+        def take(name, *shape):
+            n = 1
+            for size in shape:
+                n *= size
+            return self.flat[name][:n].view(*shape)
+
+        w.fq = w.fk = w.tmp = None
+        if self.kind is not None:
+            w.fq, w.fk = take("fq", t, c, D), take("fk", t, c, D)
+            w.fq_rows, w.fk_rows, w.fkT, w.fkT_rows = _feature_views(w.fq, w.fk, R)
+            if self.kind == "elu":
+                w.tmp = take("work", t, c, D)
+        w.scores = take("scores", t, c, c)
+        w.den = take("den", t, c, 1)  # a column per chunk
+        w.den_rows, w.denT_rows = _rows(w.den, R), _rows(w.den.view(t, 1, c), R)  # and as a row per chunk
+        if self.grad:
+            w.gn, w.gn_out = take("gn", t, c, Dv), take("work", t, c, Dv)
+            w.gn_rows = _rows(w.gn, R)
+        S, Z = self.S, self.Z
+        w.hi, w.lo = [S[i, 1 : m + 1] for i in range(R)], [S[i, :m] for i in range(R)]  # (m, D, Dv)
+        w.hiT, w.loT = [x.transpose(1, 2) for x in w.hi], [x.transpose(1, 2) for x in w.lo]
+        w.zhi, w.zlo = [Z[i, 1 : m + 1] for i in range(R)], [Z[i, :m] for i in range(R)]  # (m, D)
+        w.zhi_row, w.zlo_row = [x.unsqueeze(1) for x in w.zhi], [x.unsqueeze(1) for x in w.zlo]  # (m, 1, D)
+        w.zlo_col = [x.unsqueeze(-1) for x in w.zlo]  # (m, D, 1)
+        w.S_run, w.Z_run = S[:, : m + 1], Z[:, : m + 1]  # the slots a running sum covers
+        return w
+
+
+class _TileViews:
+    """Views of a :class:`_Workspace` for one tile shape (attributes set by :meth:`_Workspace._make_views`)."""
+
+
+def _feature_views(fq: torch.Tensor, fk: torch.Tensor, R: int):
+    """The views of a tile's features (t, c, D) that the products take: phi(q) and phi(k) per row,
+    phi(k)^T, and phi(k)^T per row."""
+    fkT = fk.transpose(1, 2)
+    return _rows(fq, R), _rows(fk, R), fkT, _rows(fkT, R)
+
+
+def _features(kind: str | None, w, qt, kt, dt, R: int):
+    """A tile's features and their views (:func:`_feature_views`): made into ``w``'s buffers for a built-in
+    ``kind`` (padded keys', marked by ``dt``, zeroed), else q and k themselves."""
+    if kind is None:
+        return (qt, kt, *_feature_views(qt, kt, R))
+    for x, into in ((qt, w.fq), (kt, w.fk)):
+        if kind == "elu":
+            elu_plus_one(x, out=into, tmp=w.tmp)
+        else:
+            torch.clamp(x, min=0.0, out=into)
+    if dt is not None:
+        w.fk.masked_fill_(dt, 0.0)
+    return w.fq, w.fk, w.fq_rows, w.fk_rows, w.fkT, w.fkT_rows
+
+
+def _carry(ws: _Workspace, into: int, source: int | None):
+    """Puts the carry into slot ``into`` of ``ws``'s states: from slot ``source`` (where the tile before left
+    it), or zero for a row group's first tile (``source`` None)."""
+    for slots in (ws.slots, ws.zslots):
+        if source is None:
+            slots[into].zero_()
+        else:
+            slots[into].copy_(slots[source])
+
+
+def _running_sum(ws: _Workspace, w, m: int, reverse: bool, loop: bool):
+    """The running sum over slots 0 .. m of the states (``S`` and ``Z``), in place: forwards, or from the end
+    when ``reverse``. ``loop`` (:func:`attnbook._prefix.by_additions`): one in-place addition per slot of
+    ``S``, on views made once; else (and always for the small ``Z``) one cumsum."""
+    if loop:
+        pairs = ((j, j + 1) for j in range(m - 1, -1, -1)) if reverse else ((j, j - 1) for j in range(1, m + 1))
+        for this, before in pairs:
+            ws.slots[this].add_(ws.slots[before])
+    for x in (w.Z_run,) if loop else (w.S_run, w.Z_run):
+        if reverse:
+            x.copy_(x.flip(1).cumsum(1).flip(1))
+        else:
+            x.cumsum_(1)
 
 
 def forward(
@@ -168,27 +261,30 @@ def forward(
     Dv = v.shape[-1]
     C = min(C, N)
     plan = _tiles(rows, N, C, tile_positions(q.device))
-    buf = _Buffers(q, plan, D, Dv, kind, grad=False)
+    ws, loop = _Workspace(q, plan, D, Dv, kind, grad=False), _prefix.by_additions(q.device)
+    tiles = _tiler([q, k, v, out, drop, recip], rows, N, C)
     for r0, R, spans in plan:
-        carry = z = None  # (R, 1, D, Dv) sum of phi(k_j) v_j^T, (R, 1, D) sum of phi(k_j), over the tiles done
+        last = None  # the slot that holds the carry: none for a row group's first tile (zero)
         for s0, m, c in spans:
-            t = R * m
-            ot, vt = _tile(out, r0, R, s0, m, c), _tile(v, r0, R, s0, m, c)  # (t, c, Dv)
-            fq = _features(kind, _tile(q, r0, R, s0, m, c), buf.fq, buf.work)  # (t, c, D)
-            fk = _features(kind, _tile(k, r0, R, s0, m, c), buf.fk, buf.work)
-            if drop is not None and kind is not None:
-                fk.masked_fill_(_tile(drop, r0, R, s0, m, c), 0.0)
-            scores = torch.bmm(fq, fk.transpose(1, 2), out=buf.view(t, c, c)).tril_()  # (t, c, c)
-            den = scores.sum(-1, keepdim=True).transpose(1, 2)  # (t, 1, c): the normaliser inside each chunk
+            qt, kt, vt, ot, dt, rt = tiles(r0, R, s0, m, c)
+            w = ws.views(R, m, c)
+            _carry(ws, 0, last)
+            fq, fk, fq_rows, _, fkT, fkT_rows = _features(kind, w, qt, kt, dt, R)
+            scores = torch.bmm(fq, fkT, out=w.scores).tril_()  # (t, c, c)
+            torch.sum(scores, -1, keepdim=True, out=w.den)  # (t, c, 1): the normaliser inside each chunk
             torch.bmm(scores, vt, out=ot)  # the numerator inside each chunk
-            kv = torch.bmm(fk.transpose(1, 2), vt, out=buf.view(t, D, Dv))  # (t, D, Dv) each chunk's own sum
-            zs, z = _vector_states(fk.sum(1), z, R, m, False)  # (t, 1, D) the keys of earlier chunks
-            carry = _add_state_products([(ot, fq, False)], kv, carry, R, m, False, buf.spare)  # + phi(q) S
-            den.baddbmm_(zs, fq.transpose(1, 2))  # + phi(q) . z, as a product with one row (t, 1, c)
-            r = den.add_(eps).reciprocal_().transpose(1, 2)  # (t, c, 1)
-            if recip is not None:
-                _tile(recip, r0, R, s0, m, c).copy_(r)
+            for i, v_i in enumerate(_rows(vt, R)):  # each chunk's own sums, into slots 1 .. m
+                torch.bmm(fkT_rows[i], v_i, out=w.hi[i])
+                torch.sum(fkT_rows[i], -1, out=w.zhi[i])
+            _running_sum(ws, w, m, False, loop)
+            for i, o_i in enumerate(_rows(ot, R)):  # + phi(q) S and + phi(q) . z, with each chunk's states
+                o_i.baddbmm_(fq_rows[i], w.lo[i])
+                w.denT_rows[i].baddbmm_(w.zlo_row[i], fq_rows[i].transpose(1, 2))  # a product with one row
+            r = w.den.add_(eps).reciprocal_()  # (t, c, 1)
+            if rt is not None:
+                rt.copy_(r)
             ot.mul_(r)  # times the reciprocal, as in fast-transformers
+            last = m
     return out
 
 
@@ -202,55 +298,61 @@ def backward(q, k, v, out, recip, g, kind, drop, C):
     Dv = v.shape[-1]
     C = min(C, N)
     plan = _tiles(rows, N, C, tile_positions(q.device))
-    buf = _Buffers(q, plan, D, Dv, kind, grad=True)
+    ws, loop = _Workspace(q, plan, D, Dv, kind, grad=True), _prefix.by_additions(q.device)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    tiles = _tiler([q, k, v, out, recip, g, drop, dq, dk, dv], rows, N, C)
 
-    def tile_inputs(r0, R, s0, m, c):
-        fq = _features(kind, _tile(q, r0, R, s0, m, c), buf.fq, buf.work)  # (t, c, D)
-        fk = _features(kind, _tile(k, r0, R, s0, m, c), buf.fk, buf.work)
-        if drop is not None and kind is not None:
-            fk.masked_fill_(_tile(drop, r0, R, s0, m, c), 0.0)
-        into = buf.gn[: R * m * c * Dv].view(R * m, c, Dv)
-        gn = torch.mul(_tile(g, r0, R, s0, m, c), _tile(recip, r0, R, s0, m, c), out=into)  # dL/dnum
-        gd = torch.mul(gn, _tile(out, r0, R, s0, m, c), out=buf.work[: gn.numel()].view(gn.shape))
-        gd = gd.sum(-1, keepdim=True).neg_()  # (t, c, 1): dL/dden = -(g . out) r = -(gn . out)
-        return fq, fk, gn, gd
+    def tile_inputs(w, qt, kt, dt, gt, rt, ot, R):
+        features = _features(kind, w, qt, kt, dt, R)
+        gn = torch.mul(gt, rt, out=w.gn)  # dL/dnum
+        torch.sum(torch.mul(gn, ot, out=w.gn_out), -1, keepdim=True, out=w.den).neg_()  # dL/dden = -(gn . out)
+        return (*features, gn, w.den)
 
     for r0, R, spans in plan:
-        carry = z = None
+        last = None
         for i, (s0, m, c) in enumerate(spans):  # forwards in time: dphi(q), the in-chunk parts of dphi(k), dv
-            t = R * m
-            fq, fk, gn, gd = tile_inputs(r0, R, s0, m, c)
-            vt = _tile(v, r0, R, s0, m, c)
-            dqt, dkt, dvt = (_tile(x, r0, R, s0, m, c) for x in (dq, dk, dv))
-            M = torch.bmm(gn, vt.transpose(1, 2), out=buf.view(t, c, c)).add_(gd).tril_()  # (t, c, c)
+            qt, kt, vt, ot, rt, gt, dt, dqt, dkt, dvt = tiles(r0, R, s0, m, c)
+            w = ws.views(R, m, c)
+            _carry(ws, 0, last)
+            fq, fk, fq_rows, fk_rows, fkT, fkT_rows, gn, gd = tile_inputs(w, qt, kt, dt, gt, rt, ot, R)
+            M = torch.bmm(gn, vt.transpose(1, 2), out=w.scores).add_(gd).tril_()  # (t, c, c)
             torch.bmm(M, fk, out=dqt)
             torch.bmm(M.transpose(1, 2), fq, out=dkt)
-            P = torch.bmm(fq, fk.transpose(1, 2), out=buf.view(t, c, c)).tril_()
+            P = torch.bmm(fq, fkT, out=w.scores).tril_()
             torch.bmm(P.transpose(1, 2), gn, out=dvt)
-            kv = torch.bmm(fk.transpose(1, 2), vt, out=buf.view(t, D, Dv))  # each chunk's phi(k)^T v
-            carry = _add_state_products([(dqt, gn, True)], kv, carry, R, m, False, buf.spare)  # + gn S^T
-            zs, z = _vector_states(fk.sum(1), z, R, m, False)  # (t, 1, D)
-            dqt.baddbmm_(gd, zs)  # + gd z^T
+            for j, v_j in enumerate(_rows(vt, R)):  # each chunk's phi(k)^T v and sum of phi(k), slots 1 .. m
+                torch.bmm(fkT_rows[j], v_j, out=w.hi[j])
+                torch.sum(fkT_rows[j], -1, out=w.zhi[j])
+            _running_sum(ws, w, m, False, loop)
+            for j, dq_j in enumerate(_rows(dqt, R)):  # + gn S^T + gd z^T, with each chunk's states
+                dq_j.baddbmm_(w.gn_rows[j], w.loT[j])
+                dq_j.baddbmm_(w.den_rows[j], w.zlo_row[j])
             if kind is not None and i < len(spans) - 1:  # the last span's features serve the pass back first
                 dqt.mul_(_slope_(kind, fq))
-        carry = w = None
+            last = m
+        last = None
         for i, (s0, m, c) in enumerate(reversed(spans)):  # backwards in time: the rest of dphi(k) and dv
-            t = R * m
+            qt, kt, vt, ot, rt, gt, dt, dqt, dkt, dvt = tiles(r0, R, s0, m, c)
+            w = ws.views(R, m, c)
             if i > 0:  # the last span's features, gn and gd are still in the buffers
-                fq, fk, gn, gd = tile_inputs(r0, R, s0, m, c)
-            vt = _tile(v, r0, R, s0, m, c)
-            dkt, dvt = _tile(dk, r0, R, s0, m, c), _tile(dv, r0, R, s0, m, c)
-            U = torch.bmm(fq.transpose(1, 2), gn, out=buf.view(t, D, Dv))  # each chunk's phi(q)^T gn
-            carry = _add_state_products([(dkt, vt, True), (dvt, fk, False)], U, carry, R, m, True, buf.spare)
-            ws, w = _vector_states(torch.bmm(fq.transpose(1, 2), gd).view(t, D), w, R, m, True)
-            dkt.add_(ws)  # + w
-            if drop is not None and kind is not None:
-                dkt.masked_fill_(_tile(drop, r0, R, s0, m, c), 0.0)  # padded keys' features were set to 0
+                fq, fk, fq_rows, fk_rows, fkT, fkT_rows, gn, gd = tile_inputs(w, qt, kt, dt, gt, rt, ot, R)
+            _carry(ws, m, None if last is None else 0)
+            for j in range(R):  # each chunk's phi(q)^T gn and phi(q)^T gd, into slots 0 .. m - 1
+                fqT_j = fq_rows[j].transpose(1, 2)
+                torch.bmm(fqT_j, w.gn_rows[j], out=w.lo[j])
+                torch.bmm(fqT_j, w.den_rows[j], out=w.zlo_col[j])
+            _running_sum(ws, w, m, True, loop)
+            v_rows, dk_rows, dv_rows = _rows(vt, R), _rows(dkt, R), _rows(dvt, R)
+            for j in range(R):  # + U v and + w for dphi(k), + U^T phi(k) for dv, with each chunk's states
+                dk_rows[j].baddbmm_(v_rows[j], w.hiT[j]).add_(w.zhi_row[j])
+                dv_rows[j].baddbmm_(fk_rows[j], w.hi[j])
+            if dt is not None and kind is not None:
+                dkt.masked_fill_(dt, 0.0)  # padded keys' features were set to 0
             if kind is not None:
                 if i == 0:
-                    _tile(dq, r0, R, s0, m, c).mul_(_slope_(kind, fq))
+                    dqt.mul_(_slope_(kind, fq))
                 dkt.mul_(_slope_(kind, fk))
+            last = m
     return dq, dk, dv
 
 

@@ -85,17 +85,16 @@ def _blocks(rows: int, N: int, C: int, per_chunk: int, reverse: bool):
             yield group, n, slice(0, part) if reverse else slice(full * C, N), part, first
 
 
-def _states(x: torch.Tensor, carry: torch.Tensor | None, reverse: bool, loop: bool | None = None, into=None):
+def _states(x: torch.Tensor, carry: torch.Tensor | None, reverse: bool):
     """Per-chunk states of a block and the state after it, from x (r, g, ...), each chunk's own sum.
 
     states[:, c] = carry + the sum of x over the chunks before c (after c when ``reverse``): a cumulative sum
     shifted by one, rather than the inclusive sum minus x, which would lose small sums next to a large x.
     Returns (states (r, g, ...), the new carry (r, 1, ...)); ``carry`` (r, 1, ...) or None (zero). The states
-    are x's shifted copy, summed in place, in the flat buffer ``into`` when given (else a new tensor).
-    ``loop``: as in :func:`_scan` (False for small sums of vectors, where one cumsum beats a loop of additions).
+    are x's shifted copy, summed in place.
     """
     g = x.shape[1]
-    states = torch.empty_like(x) if into is None else into[: x.numel()].view(x.shape)
+    states = torch.empty_like(x)
     edge, last = (g - 1, 0) if reverse else (0, g - 1)  # the chunk whose state is the carry alone; the last done
     inner, before = (slice(0, g - 1), slice(1, g)) if reverse else (slice(1, g), slice(0, g - 1))
     if carry is None:
@@ -103,42 +102,37 @@ def _states(x: torch.Tensor, carry: torch.Tensor | None, reverse: bool, loop: bo
     else:
         states[:, edge].copy_(carry[:, 0])
     states[:, inner].copy_(x[:, before])
-    states = _scan(states, reverse, loop)
+    states = _scan(states, reverse)
     return states, states[:, last : last + 1] + x[:, last : last + 1]
 
 
-def _add_state_products(pairs, x: torch.Tensor, carry: torch.Tensor | None, reverse: bool, spare=None):
-    """For each (o, a, transposed) in ``pairs``: o[c] += a[c] @ state(c) (state(c)^T when ``transposed``) for
-    every chunk c of a block, o (r g, c, E) and a (r g, c, F) batches of chunks; state(c) as in :func:`_states`
-    from x (r, g, ...), each chunk's own sum (overwritten), and ``carry`` (r, 1, ...) or None. Returns the new
-    carry (r, 1, ...), a new tensor.
+def _add_state_products(o: torch.Tensor, a: torch.Tensor, x: torch.Tensor, carry: torch.Tensor | None, reverse: bool):
+    """o[c] += a[c] @ state(c) for every chunk c of a block, o (r g, c, E) and a (r g, c, F) batches of chunks;
+    state(c) as in :func:`_states` from x (r, g, F, E), each chunk's own sum (overwritten), and ``carry``
+    (r, 1, F, E) or None. Returns the new carry (r, 1, F, E), a new tensor.
 
     The state of chunk c is the inclusive sum up to chunk c - 1 (c + 1 when ``reverse``), a view of x summed
     in place, so no shifted copy of the block's sums is made (about 17 MiB at R = 64, Dv = 64 and 256 chunks),
     at the price of one product per row of B H. With several rows and fewer than :data:`_IN_PLACE_CHUNKS`
-    chunks each, those products would be too small: then the shifted copy of :func:`_states` (in the flat
-    buffer ``spare`` when given) and one product. The sums are the same either way, added in the same order.
+    chunks each, those products would be too small: then the shifted copy of :func:`_states` and one product.
+    The sums are the same either way, added in the same order.
     """
     r, g = x.shape[:2]
     if r > 1 and g < _IN_PLACE_CHUNKS:
-        states, carry = _states(x, carry, reverse, into=spare)  # (r, g, ...), (r, 1, ...)
-        s = states.view(-1, *x.shape[2:])
-        for o, a, transposed in pairs:
-            o.baddbmm_(a, s.transpose(1, 2) if transposed else s)
+        states, carry = _states(x, carry, reverse)  # (r, g, F, E), (r, 1, F, E)
+        o.baddbmm_(a, states.view(-1, *x.shape[2:]))
         return carry
     edge, last = (g - 1, 0) if reverse else (0, g - 1)
     inner, before = (slice(0, g - 1), slice(1, g)) if reverse else (slice(1, g), slice(0, g - 1))
     if carry is not None:
         x[:, edge] += carry[:, 0]
-    x = _scan(x, reverse)  # (r, g, ...), inclusive sums
-    for o, a, transposed in pairs:
-        o4, a4 = o.view(r, g, *o.shape[1:]), a.view(r, g, *a.shape[1:])  # (r, g, c, E), (r, g, c, F)
-        for i in range(r):
-            if g > 1:
-                s = x[i, before]
-                o4[i, inner].baddbmm_(a4[i, inner], s.transpose(1, 2) if transposed else s)
-            if carry is not None:
-                o4[i, edge].addmm_(a4[i, edge], carry[i, 0].t() if transposed else carry[i, 0])
+    x = _scan(x, reverse)  # (r, g, F, E), inclusive sums
+    o4, a4 = o.view(r, g, *o.shape[1:]), a.view(r, g, *a.shape[1:])  # (r, g, c, E), (r, g, c, F)
+    for i in range(r):
+        if g > 1:
+            o4[i, inner].baddbmm_(a4[i, inner], x[i, before])
+        if carry is not None:
+            o4[i, edge].addmm_(a4[i, edge], carry[i, 0])
     return x[:, last : last + 1].clone()
 
 
@@ -154,7 +148,7 @@ def _scan(x: torch.Tensor, reverse: bool, loop: bool | None = None) -> torch.Ten
     set (one row, g = 256 chunks: 13 ms against 1.0 ms for the additions; 1.5 ms at Dv = 65); backwards it
     also needs two flipped copies."""
     if loop is None:
-        loop = x.device.type == "cpu"
+        loop = by_additions(x.device)
     if loop:
         xs = x.unbind(1)  # g views (r, ...)
         pairs = zip(xs[-2::-1], xs[:0:-1], strict=True) if reverse else zip(xs[1:], xs[:-1], strict=True)
@@ -162,6 +156,13 @@ def _scan(x: torch.Tensor, reverse: bool, loop: bool | None = None) -> torch.Ten
             this.add_(before)
         return x
     return x.flip(1).cumsum_(1).flip(1) if reverse else x.cumsum_(1)
+
+
+def by_additions(device: torch.device) -> bool:
+    """Whether running sums over chunk states are loops of in-place additions (on the CPU, where torch's
+    cumsum walks with the states' stride: :func:`_scan`) rather than one cumsum (elsewhere: one launch
+    instead of one per chunk)."""
+    return device.type == "cpu"
 
 
 def prefix_product(
@@ -194,7 +195,7 @@ def prefix_product(
         torch.bmm(scores, v3, out=o3)  # inside each chunk
         del scores
         kv = torch.bmm(k3.transpose(1, 2), v3).view(r, -1, D, Dv)  # (r, g, D, Dv): each chunk's k^T v
-        carry = _add_state_products([(o3, q3, False)], kv, None if first else carry, reverse)  # + earlier chunks
+        carry = _add_state_products(o3, q3, kv, None if first else carry, reverse)  # + earlier chunks
     return result.view(*lead, N, Dv)
 
 
