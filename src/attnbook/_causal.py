@@ -45,10 +45,10 @@ from .feature_maps import FEATURE_MAPS, elu_plus_one
 __all__ = ["attention", "forward", "tile_positions"]
 
 # Positions per tile on the CPU. Its inputs, features, scores and states stay in the caches, and each of a
-# tile's hundred or so operations has enough work that its few microseconds of dispatch do not dominate.
-# B=2 H=8 N=1024, D=64, C=32, one thread, no autograd: tiles of 2048 positions 8.9 ms a call, 1024 9.9 ms (twice
-# the operations), 4096 12.5 ms (their 7 MiB of buffers came from the kernel afresh on every call: 2,000 page
-# faults); forward and backward: 2048 and 4096 alike, 1024 5 % and 8192 10-14 % slower.
+# tile's few dozen operations has enough work that its microsecond or two of dispatch does not dominate.
+# B=2 H=8 N=1024, D=64, C=32, one thread, no autograd: tiles of 2048 positions 10.7 ms a call, 1024 11.7 ms
+# (twice the operations), 4096 11.7 ms (alternating, on a busy host); B=1 H=4 N=16384: 43.9, 43.3 and 49.4 ms.
+# Forward and backward (an earlier version): 2048 and 4096 alike, 1024 5 % and 8192 10-14 % slower.
 CPU_TILE = 2048
 # Elsewhere (a GPU) the operations are launched, not run, by Python: tiles as large as the memory allows.
 DEVICE_TILE = 1 << 15
