@@ -102,10 +102,10 @@ test:
 # their timings are those of a chapter run, not of a machine shared with Jupyter servers. The unit tests (two
 # workers) run last: when the other chain is done they keep both cores busy, where the browser tests (one
 # browser) would leave one idle.
-test-book: venv assets
+test-book: venv assets $(CHROMIUM)
 	@$(MAKE) --no-print-directory -j1 STEPS="lint notebooks book-strict browser wheel-test" steps
 
-test-frontends: venv frontend-setup
+test-frontends: venv frontend-setup $(CHROMIUM)
 	@$(MAKE) --no-print-directory -j1 STEPS="frontend-envs colab frontend" steps
 
 steps:
@@ -163,8 +163,10 @@ book-strict: venv assets
 	rm -rf _build/html _build/jupyter_execute _build/.doctrees
 	$(BIN)/jupyter-book build $(EXECUTED) --path-output . --all --warningiserror --keep-going
 
-# Debian's chromium for the browser tests (Playwright cannot download browsers here): installed when this runs as
-# root with apt-get, otherwise make stops and says what to install.
+# Debian's chromium for the browser and front-end tests (Playwright cannot download browsers here): installed when
+# this runs as root with apt-get, otherwise make stops and says what to install. `make test` installs it with the
+# other setups, before either chain starts: when only `browser` asked for it, the front-end chain once reached
+# its browser first, on a machine without chromium.
 $(CHROMIUM):
 	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 	  echo "installing Debian's chromium for the browser tests"; \
@@ -196,7 +198,7 @@ frontend-envs: venv
 frontend-setup:
 	$(PYTHON) tests/frontend/envs.py --no-package
 
-frontend: frontend-envs
+frontend: frontend-envs $(CHROMIUM)
 	$(BIN)/pytest -q -p no:cacheprovider -n 2 --dist loadgroup tests/frontend
 
 serve:
