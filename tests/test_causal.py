@@ -1,8 +1,10 @@
 """attnbook._causal: causal linear attention tile by tile (features, numerator, normaliser, gradients)."""
 
+import functools
+
 import pytest
 import torch
-from support import feature_map, qkv, tol
+from support import assert_matches_reference, feature_map, qkv, tol
 
 import attnbook
 from attnbook import _causal, _prefix, reference
@@ -45,23 +47,20 @@ def test_every_tile_layout_gives_the_reference_outputs_and_gradients(monkeypatch
     keys: the float64 definition's output and the gradients autograd takes through it."""
     monkeypatch.setattr(_causal, "CPU_TILE", layout)
     B, H, D, Dv = 2, 3, 4, 5
-    q, k, v = (x.requires_grad_() for x in qkv(B, H, N, N, D, Dv, dtype=torch.float64))
+    q, k, v = qkv(B, H, N, N, D, Dv, dtype=torch.float64)
     pad = None
     if mask:
         pad = torch.rand(B, N, generator=torch.Generator().manual_seed(1)) > 0.3
         pad[:, 0] = True
     phi = feature_map(fmap, D)
     kwargs = {"causal": True, "feature_map": phi, "key_padding_mask": pad, "chunk_size": 3}
-    out = attnbook.linear_attention(q, k, v, **kwargs)
-    expected = reference.linear_attention(q, k, v, causal=True, feature_map=phi, key_padding_mask=pad)
-    torch.testing.assert_close(out, expected, **tol(torch.float64))
+    expected = functools.partial(reference.linear_attention, causal=True, feature_map=phi, key_padding_mask=pad)
+    assert_matches_reference(
+        lambda q, k, v: attnbook.linear_attention(q, k, v, **kwargs), expected, [q, k, v], dtype=torch.float64
+    )
     with torch.no_grad():
-        torch.testing.assert_close(attnbook.linear_attention(q, k, v, **kwargs), expected, **tol(torch.float64))
-    upstream = torch.randn_like(out)
-    grads = torch.autograd.grad(out, (q, k, v), upstream)
-    ref_grads = torch.autograd.grad(expected, (q, k, v), upstream)
-    for name, g, r in zip("qkv", grads, ref_grads, strict=True):
-        torch.testing.assert_close(g, r, **tol(torch.float64), msg=lambda m, name=name: f"d{name}: {m}")
+        out = attnbook.linear_attention(q, k, v, **kwargs)
+    torch.testing.assert_close(out, expected(q, k, v), **tol(torch.float64))
 
 
 @pytest.mark.parametrize("N", [36, 37], ids=["whole_chunks", "partial_chunk"])
@@ -72,17 +71,14 @@ def test_the_running_sum_as_one_cumsum_gives_the_same_outputs_and_gradients(monk
     output and gradients."""
     monkeypatch.setattr(_causal, "CPU_TILE", layout)
     monkeypatch.setattr(_prefix, "by_additions", lambda device: False)
-    q, k, v = (x.requires_grad_() for x in qkv(2, 3, N, N, 4, 5, dtype=torch.float64))
-    out = attnbook.linear_attention(q, k, v, causal=True, chunk_size=3)
-    expected = reference.linear_attention(q, k, v, causal=True)
-    torch.testing.assert_close(out, expected, **tol(torch.float64))
+    q, k, v = qkv(2, 3, N, N, 4, 5, dtype=torch.float64)
+    fast = functools.partial(attnbook.linear_attention, causal=True, chunk_size=3)
+    assert_matches_reference(
+        fast, functools.partial(reference.linear_attention, causal=True), [q, k, v], dtype=torch.float64
+    )
     with torch.no_grad():
-        inference = attnbook.linear_attention(q, k, v, causal=True, chunk_size=3)
-    torch.testing.assert_close(inference, expected, **tol(torch.float64))
-    upstream = torch.randn_like(out)
-    grads = torch.autograd.grad(out, (q, k, v), upstream)
-    for g, r in zip(grads, torch.autograd.grad(expected, (q, k, v), upstream), strict=True):
-        torch.testing.assert_close(g, r, **tol(torch.float64))
+        out = fast(q, k, v)
+    torch.testing.assert_close(out, reference.linear_attention(q, k, v, causal=True), **tol(torch.float64))
 
 
 @pytest.mark.parametrize("mask", [False, True], ids=["no_mask", "padded"])

@@ -1,8 +1,10 @@
 """causal_dot_product: the chunked prefix product shared by causal linear and flow attention."""
 
+import functools
+
 import pytest
 import torch
-from support import tol
+from support import assert_matches_reference, tol
 
 from attnbook import _prefix
 from attnbook._prefix import causal_dot_product
@@ -27,15 +29,8 @@ def inputs(N, D=5, Dv=3, dtype=torch.float64, B=2, H=3):
 @pytest.mark.parametrize("chunk_size", [1, 3, 8, 64, 200], ids=lambda c: f"chunk{c}")
 @pytest.mark.parametrize("N", [1, 7, 63, 100])
 def test_outputs_and_gradients_equal_the_masked_matrix_for_any_chunk_size(N, chunk_size):
-    q, k, v = (x.requires_grad_() for x in inputs(N))
-    out = causal_dot_product(q, k, v, chunk_size)
-    expected = masked_product(q, k, v)
-    torch.testing.assert_close(out, expected, **tol(torch.float64))
-    upstream = torch.randn_like(out)
-    grads = torch.autograd.grad(out, (q, k, v), upstream)
-    ref_grads = torch.autograd.grad(expected, (q, k, v), upstream)
-    for name, g, r in zip("qkv", grads, ref_grads, strict=True):
-        torch.testing.assert_close(g, r, **tol(torch.float64), msg=lambda m, name=name: f"d{name}: {m}")
+    product = functools.partial(causal_dot_product, chunk_size=chunk_size)
+    assert_matches_reference(product, masked_product, list(inputs(N)), dtype=torch.float64)
 
 
 @pytest.mark.parametrize("in_place", [1, 1000], ids=["states_in_place", "states_copied"])
