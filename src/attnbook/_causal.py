@@ -40,7 +40,7 @@ import torch
 
 from . import _prefix
 from ._runtime import autocast_disabled
-from .feature_maps import FEATURE_MAPS, elu_plus_one
+from .feature_maps import FEATURE_MAPS, features_into
 
 __all__ = ["attention", "forward", "tile_positions"]
 
@@ -204,11 +204,8 @@ def _features(kind: str | None, w, qt, kt, dt, R: int):
     ``kind`` (padded keys', marked by ``dt``, zeroed), else q and k themselves."""
     if kind is None:
         return (qt, kt, *_feature_views(qt, kt, R))
-    for x, into in ((qt, w.fq), (kt, w.fk)):
-        if kind == "elu":
-            elu_plus_one(x, out=into, tmp=w.tmp)
-        else:
-            torch.clamp(x, min=0.0, out=into)
+    features_into(kind, qt, w.fq, w.tmp)
+    features_into(kind, kt, w.fk, w.tmp)
     if dt is not None:
         w.fk.masked_fill_(dt, 0.0)
     return w.fq, w.fk, w.fq_rows, w.fk_rows, w.fkT, w.fkT_rows

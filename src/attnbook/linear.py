@@ -41,8 +41,7 @@ from .feature_maps import (
     FEATURE_MAPS,
     FeatureMap,
     PerformerFeatures,
-    elu_feature_map,
-    elu_plus_one,
+    features_into,
     resolve_feature_map,
 )
 
@@ -154,9 +153,11 @@ def _causal_attention(q, k, v, keep, phi, eps, chunk_size, name):
     written into one output)."""
     B, H, N, D = q.shape
     Dv, rows = v.shape[-1], B * H
+    kind = _KINDS.get(phi)
     if keep is not None:  # padded values must not reach a product: NaN or inf times a zero weight is NaN
         v = torch.where(keep, v, 0.0)  # (B, H, N, Dv)
-    kind = _KINDS.get(phi)
+        if kind is None:  # and a huge padded key must not become inf * 0 = NaN in its features (built-in
+            k = torch.where(keep, k, 0.0)  # maps: their features are zeroed in the tiles)
     grad = needs_autograd(q, k, v, phi)
     drop = None
     if kind is not None and keep is not None:
@@ -183,9 +184,8 @@ def _causal_attention(q, k, v, keep, phi, eps, chunk_size, name):
 
 
 def _feature_pair(q, k, keep, phi, name, lead):
-    """phi(q) and phi(k) of a map that is not built in, checked; padded keys' features zero."""
-    if keep is not None:  # zero padded keys *before* phi: a huge padded key must not become inf * 0 = NaN
-        k = torch.where(keep, k, 0.0)
+    """phi(q) and phi(k), checked, padded keys' features zero; k's padded keys are zero already (zeroed
+    *before* phi: a huge padded key must not become inf * 0 = NaN)."""
     fq = _features(phi, q, name=name, label="q", lead=lead)  # (..., N, R)
     fk = _keys(phi, k, keep, name, lead)  # (..., N, R)
     check_feature_widths(fq, fk, name=name, lead=lead)
@@ -200,10 +200,7 @@ def _features(phi, x, *, name, label, lead, into=None):
     """phi(x) checked, in x's dtype. Without autograd the built-in maps write into ``into`` (a flat buffer
     of at least x's size, x's dtype); other maps ignore it."""
     if into is not None and phi in _KINDS:
-        into = into[: x.numel()].view(x.shape)  # (..., N, D), contiguous
-        if phi is elu_feature_map:
-            return elu_plus_one(x, out=into)  # elu(x) + 1, as elu_feature_map
-        return torch.clamp(x, min=0.0, out=into)  # max(x, 0), as relu_feature_map
+        return features_into(_KINDS[phi], x, into[: x.numel()].view(x.shape))  # (..., N, D), contiguous
     return check_features(phi(x), x, name=name, label=label, lead=lead).to(x.dtype)
 
 
@@ -220,9 +217,7 @@ def _attend(q, k, v, keep, phi, eps, name, lead, out=None, work=None):
         v = torch.where(keep, v, 0.0)  # (..., M, Dv)
     if work is not None:  # built-in map: phi(k), summed up, then phi(q)
         return _in_pieces(q, k, v, keep, phi, eps, name, lead, out, work)
-    fq = _features(phi, q, name=name, label="q", lead=lead)  # (..., N, R)
-    fk = _keys(phi, k, keep, name, lead)  # (..., M, R)
-    check_feature_widths(fq, fk, name=name, lead=lead)
+    fq, fk = _feature_pair(q, k, keep, phi, name, lead)  # (..., N, R), (..., M, R)
     kv, z = fk.transpose(-2, -1) @ v, fk.sum(dim=-2).unsqueeze(-1)  # (..., R, Dv), (..., R, 1)
     den = _dots(fq, z)  # (..., N, 1): phi(q_i) . sum_j phi(k_j)
     if out is None:  # times the reciprocal, as in fast-transformers (its backward needs fewer temporaries)
