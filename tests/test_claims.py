@@ -1,0 +1,203 @@
+"""attnbook.lab.claims: the tasks are what they say, variants reach the modules, the studies run end to end."""
+
+import dataclasses
+import json
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from attnbook.lab import claims, listops
+from attnbook.lab.claims import Setup, Variant
+
+TINY = Setup(d_model=8, n_heads=2, n_layers=1, batch=8, steps=3, warmup=1, eval_every=2, eval_size=16)
+LISTOPS = claims.ListOpsTask(listops.ListOps(max_depth=2, max_args=3, min_length=4, max_length=16))
+PAIRS = claims.PairRecallTask(n_pairs=4, n_keys=6, n_values=5)
+ABLATIONS = ("flow_no_competition", "flow_no_allocation")
+
+
+def test_pair_recall_targets_are_the_difference_of_the_two_named_values():
+    b = PAIRS.batch(300, torch.Generator().manual_seed(0))
+    assert b.tokens.shape == (300, PAIRS.length) and b.padding is None
+    key, value, second, is_query = PAIRS.fields(b.tokens)
+    assert is_query[:, -1].all() and not is_query[:, :-1].any()
+    for i in range(300):
+        keys = key[i, :-1].tolist()
+        assert len(set(keys)) == PAIRS.n_pairs
+        a, c = key[i, -1].item(), second[i, -1].item()
+        assert a != c and a in keys and c in keys
+        va, vc = value[i, keys.index(a)].item(), value[i, keys.index(c)].item()
+        assert b.target[i].item() == (va - vc) % PAIRS.n_values
+    assert set(b.target.tolist()) == set(range(PAIRS.n_values))
+    assert b.tokens.max() < PAIRS.vocab
+
+
+def test_variant_options_reach_the_module():
+    relu = Variant("linear_relu", "linear", (("feature_map", "relu"),))
+    assert claims.available(relu)
+    torch.manual_seed(0)
+    a = claims.VARIANTS["linear"].build(8, 2)
+    torch.manual_seed(0)
+    b = relu.build(8, 2)
+    x = torch.randn(2, 5, 8)
+    assert not torch.allclose(a(x), b(x))  # same weights, another feature map
+    assert not claims.available(Variant("bad", "flow", (("no_such_argument", 1),)))
+    assert all(claims.available(name) for name in ("softmax", "linear", "flow", "mobile", "moh"))
+
+
+@pytest.mark.parametrize("name", ABLATIONS)
+def test_the_flow_ablations_change_flow_attention(name):
+    if not claims.available(name):
+        pytest.skip(f"the installed FlowAttention does not take {dict(claims.VARIANTS[name].options)} yet")
+    torch.manual_seed(0)
+    full = claims.VARIANTS["flow"].build(8, 2)
+    torch.manual_seed(0)
+    ablated = claims.VARIANTS[name].build(8, 2)
+    assert all(torch.equal(p, r) for p, r in zip(full.parameters(), ablated.parameters(), strict=True))
+    x = torch.randn(2, 7, 8)
+    assert (full(x) - ablated(x)).abs().max() > 1e-4
+
+
+def test_unavailable_variants_are_skipped_and_named_or_refused():
+    bad = Variant("bad", "flow", (("no_such_argument", 1),))
+    result = claims.compare(LISTOPS, TINY, variants=["softmax", bad], seeds=1)
+    assert result.skipped == ["bad"] and result.variants == ["softmax"]
+    with pytest.raises(
+        ValueError, match=r"^compare: variants must be buildable by the installed package, got \['bad'\]"
+    ):
+        claims.compare(LISTOPS, TINY, variants=[bad], seeds=1, skip_unavailable=False)
+
+
+def test_mean_pooling_reads_the_real_tokens_only():
+    model = claims.Classifier("softmax", vocab=16, length=10, n_classes=10, d_model=8, n_heads=2, n_layers=1)
+    model.blocks = nn.ModuleList()  # the readout alone: head(norm(embedding)) pooled
+    tokens = torch.tensor([[10, 1, 2, 14, 15, 15], [11, 3, 4, 5, 14, 15]])
+    padding = tokens == listops.PAD
+    base = model(tokens, padding)
+    other_pads = tokens.masked_fill(padding, 3)  # different ids where the mask says padding
+    torch.testing.assert_close(model(other_pads, padding), base)
+    changed = tokens.clone()
+    changed[0, 1] = 9  # a real token
+    assert not torch.allclose(model(changed, padding)[0], base[0])
+    torch.testing.assert_close(model(changed, padding)[1], base[1])
+
+
+@pytest.mark.parametrize("name", ["softmax", "linear", "flow", "mobile", "moh"])
+def test_training_runs_end_to_end_for_every_mechanism(name):
+    run = claims.train(name, LISTOPS, TINY, seed=1)
+    assert run.steps == [0, 2, 3] and len(run.accuracy) == len(run.loss) == 3
+    assert all(0.0 <= a <= 1.0 for a in run.accuracy) and all(math.isfinite(x) for x in run.loss)
+    assert run.wall_s[0] == 0.0 and run.wall_s[-1] > 0.0
+    assert 0.1 <= run.majority <= 1.0
+
+
+def test_a_seed_reproduces_a_run_and_every_variant_sees_the_same_held_out_set():
+    a = claims.train("linear", LISTOPS, TINY, seed=3)
+    b = claims.train("linear", LISTOPS, TINY, seed=3)
+    assert a.accuracy == b.accuracy and a.loss == b.loss
+    assert claims.train("softmax", LISTOPS, TINY, seed=3).majority == a.majority
+
+
+def test_training_learns_an_easy_task():
+    task = claims.PairRecallTask(n_pairs=2, n_keys=3, n_values=3)  # 6 facts, 6 queries
+    setup = Setup(d_model=32, n_heads=4, n_layers=1, batch=64, steps=150, lr=1e-2, warmup=10, eval_every=150)
+    run = claims.train("softmax", task, setup, seed=0)
+    assert run.loss[-1] < 0.5 * run.loss[0]
+    assert run.final_accuracy > 0.8  # chance 1/3
+
+
+def test_compare_alternates_every_variant_over_the_seeds_and_summarises_them():
+    result = claims.compare(LISTOPS, TINY, variants=["softmax", "flow"], seeds=[4, 5])
+    assert result.variants == ["softmax", "flow"]
+    assert [r.seed for r in result.runs["flow"]] == [4, 5]
+    s = result.summary("flow")
+    finals = [r.final_accuracy for r in result.runs["flow"]]
+    assert s.seeds == 2 and s.low == min(finals) and s.high == max(finals)
+    assert s.mean == pytest.approx(sum(finals) / 2)
+    assert result.chance == 0.1 and 0.1 <= result.majority <= 1.0
+    record = json.loads(json.dumps(result.to_dict()))
+    assert record["summary"]["flow"]["spread"] == pytest.approx(s.high - s.low)
+    assert len(record["runs"]) == 4 and record["task"]["max_depth"] == 2
+
+
+def test_effective_rank_counts_the_directions_a_head_output_spans():
+    one = torch.randn(20, 1) @ torch.randn(1, 4)  # (N, D) of rank 1
+    assert claims._effective_rank(one.double()).item() == pytest.approx(1.0, abs=1e-6)
+    q, _ = torch.linalg.qr(torch.randn(20, 4, dtype=torch.float64))
+    spread = q - q.mean(0)  # centred: four directions of similar size
+    assert 3.0 < claims._effective_rank(spread).item() <= 4.0
+    assert claims._effective_rank(torch.ones(5, 3, dtype=torch.float64)).item() == 0.0  # no spread at all
+
+
+def test_a_head_that_averages_uniformly_has_no_spread():
+    model = claims.Classifier("linear", vocab=16, length=8, n_classes=4, d_model=8, n_heads=2, n_layers=1)
+    attn = model.blocks[0].attn
+    with torch.no_grad():  # zero queries and keys: every query weighs every key alike
+        for p in (attn.query_projection, attn.key_projection):
+            p.weight.zero_()
+            p.bias.zero_()
+    tokens = torch.randint(15, (6, 8))
+    stats = claims.head_stats(model, tokens)
+    assert len(stats.spread) == 2 and stats.head_dim == 4
+    assert max(stats.spread) < 1e-5 and max(stats.rank) < 1e-3
+    assert all(2.0 < r <= 4.0 for r in stats.value_rank)
+    fresh = claims.head_stats(
+        claims.Classifier("softmax", vocab=16, length=8, n_classes=4, d_model=8, n_heads=2), tokens
+    )
+    assert min(fresh.spread) > 0.01 and all(0 < r <= 4.0 for r in fresh.rank)
+
+
+def test_the_head_width_study_keeps_the_total_width_and_measures_every_head():
+    task = claims.HEADS_TASK.__class__(n_pairs=3, n_keys=4, n_values=3)
+    setup = dataclasses.replace(TINY, d_model=8)
+    study = claims.head_width_study(task, setup, widths=(2, 4), seeds=1, probe_size=8)
+    assert study.variants == ["linear", "mobile"] and study.widths == [2, 4]
+    for v in study.variants:
+        for d in (2, 4):
+            (initial,), (trained,) = study.initial[v][d], study.trained[v][d]
+            assert initial.head_dim == trained.head_dim == d and len(trained.spread) == 8 // d
+            assert all(0 <= r <= d + 1e-9 for r in trained.rank)
+            assert study.runs[v][d][0].steps[-1] == 3
+    assert initial.spread != trained.spread  # measured before and after training
+    json.dumps(study.to_dict())
+    with pytest.raises(ValueError, match="setup.d_model must be a multiple of every head width, got setup.d_model=8"):
+        claims.head_width_study(task, setup, widths=(3,), seeds=1)
+
+
+def test_the_moh_study_activates_the_fraction_of_heads_it_reports():
+    setup = dataclasses.replace(TINY, d_model=16, n_heads=4)
+    study = claims.moh_study(PAIRS, setup, splits=((1, 1), (4, 0)), seeds=1)
+    assert [f for f, _ in study.curve()] == [0.5, 1.0]
+    assert study.comparison.variants == ["moh_s1_k1", "moh_s4_k0", "softmax"]
+    layer = claims.moh_variant(1, 1).build(16, 4)
+    _, routing = layer(torch.randn(2, 5, 16), return_routing=True)
+    assert (routing.selected.sum(-1) == 2).all()  # 2 of 4 heads per token
+    json.dumps(study.to_dict())
+    with pytest.raises(ValueError, match="MoHAttention: each token would use shared_head"):
+        claims.moh_study(PAIRS, setup, splits=((2, 3),), seeds=1)
+
+
+def test_rescaling_keeps_the_toy_flat_and_trained_projections_concentrate_it():
+    demo = claims.lookup_share_demo(6, 8, steps=100, scales=(1, 16, 128))
+    for m in ("linear", "flow"):
+        assert max(demo.rescaled[m]) < 0.4  # 6 keys: uniform 0.17
+        assert demo.trained[m] > max(demo.rescaled[m]) + 0.15
+        assert demo.overlap_trained[m] < demo.overlap_rescaled[m]
+    assert demo.uniform == pytest.approx(1 / 6)
+    json.dumps(demo.to_dict())
+
+
+def test_bad_arguments_are_named():
+    with pytest.raises(ValueError, match=r"^Setup: d_model must be a multiple of n_heads, got d_model=30, n_heads=4$"):
+        Setup(d_model=30, n_heads=4)
+    with pytest.raises(ValueError, match=r"^train: variant must be one of 'softmax', 'linear'"):
+        claims.train("rnn", LISTOPS, TINY)
+    with pytest.raises(ValueError, match=r"^Classifier: pool must be one of 'mean', 'last', got 'max'$"):
+        claims.Classifier("flow", vocab=4, length=4, n_classes=2, pool="max")
+    with pytest.raises(ValueError, match=r"^PairRecallTask: n_pairs must be an int >= 2 \(the query names two facts\)"):
+        claims.PairRecallTask(n_pairs=1)
+    with pytest.raises(TypeError, match=r"^train: task must be a ListOpsTask \(or ListOps\), a PairRecallTask or"):
+        claims.train("flow", "listops", TINY)
+    with pytest.raises(ValueError, match=r"^lookup_share_demo: names must be one of 'linear', 'flow', 'mobile'"):
+        claims.lookup_share_demo(names=("softmax",))
