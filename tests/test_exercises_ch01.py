@@ -1,21 +1,54 @@
-"""Chapter 1's exercise checkers: right answers pass, the mistakes students make are named, nothing crashes."""
+"""Chapter 1's exercise checkers: right answers in every form pass, the mistakes students make are named,
+nothing crashes.
+
+The wrong answers below were written from the exercise statements, as a student would, before reading the
+checkers."""
 
 import math
 
+import numpy as np
 import pytest
 import torch
+from exercises_support import (
+    ODD_ANSWERS,
+    ODD_IDS,
+    accepted,
+    diagnosed,
+    fits_the_box,
+    longest,
+    mask_kw,
+    rejected,
+    spy,
+    undiagnosed,
+)
 
 from attnbook import reference
-from attnbook.exercises import check
+from attnbook.exercises import ch01, check
 from attnbook.exercises.ch01 import masked_softmax_solution
 
 # --- 1.1 masked softmax ---------------------------------------------------------------------------------------
+
+
+def chapter_solution(scores, allowed):
+    """The chapter's solution as it was: exp of every score, then multiplied by the mask."""
+    hidden = scores.masked_fill(~allowed, -math.inf)
+    top = hidden.amax(dim=-1, keepdim=True)
+    top = torch.where(torch.isfinite(top), top, 0.0)
+    e = torch.exp(scores - top) * allowed
+    total = e.sum(dim=-1, keepdim=True)
+    return e / torch.where(total > 0, total, 1.0)
 
 
 def masked_softmax_where(scores, allowed):
     """Another right answer: -inf, softmax, then NaN rows replaced by zeros."""
     w = torch.softmax(scores.masked_fill(~allowed, -math.inf), dim=-1)
     return torch.nan_to_num(w, nan=0.0)
+
+
+def masked_softmax_log(scores, allowed):
+    """Another right answer: through log_softmax, empty rows zeroed with where."""
+    logw = torch.log_softmax(scores.masked_fill(~allowed, -math.inf), dim=-1)
+    return torch.where(allowed.any(-1, keepdim=True), logw.exp(), 0.0)
 
 
 def nan_on_empty_rows(scores, allowed):
@@ -44,10 +77,45 @@ def no_shift(scores, allowed):
     return e / torch.where(total > 0, total, 1.0)
 
 
-@pytest.mark.parametrize("answer", [masked_softmax_solution, masked_softmax_where], ids=["shifted", "nan-to-zero"])
+def no_shift_minus_inf(scores, allowed):
+    e = torch.exp(scores.masked_fill(~allowed, -math.inf))
+    total = e.sum(dim=-1, keepdim=True)
+    return e / torch.where(total > 0, total, 1.0)
+
+
+def shift_by_all_keys(scores, allowed):
+    """The max over every key, hidden ones included (the hint says 'largest allowed')."""
+    e = torch.exp(scores - scores.amax(dim=-1, keepdim=True)) * allowed
+    total = e.sum(dim=-1, keepdim=True)
+    return e / torch.where(total > 0, total, 1.0)
+
+
+def shift_by_all_keys_unguarded(scores, allowed):
+    e = torch.exp(scores - scores.amax(dim=-1, keepdim=True)) * allowed
+    return e / e.sum(dim=-1, keepdim=True)
+
+
+def over_queries(scores, allowed):
+    return masked_softmax_where(scores.transpose(-2, -1), allowed.transpose(-2, -1)).transpose(-2, -1)
+
+
+def fills_in_place(scores, allowed):
+    scores.masked_fill_(~allowed, -math.inf)
+    return torch.nan_to_num(torch.softmax(scores, dim=-1), nan=0.0)
+
+
+def returns_float32(scores, allowed):
+    return masked_softmax_where(scores, allowed).float()
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [masked_softmax_solution, masked_softmax_where, masked_softmax_log],
+    ids=["shifted", "nan-to-zero", "log-softmax"],
+)
 def test_masked_softmax_right_answers_pass(answer):
     r = check("1.1", answer)
-    assert r.passed, r.message
+    accepted(r)
     assert r.message.startswith("masked_softmax is right")
 
 
@@ -60,20 +128,52 @@ def test_masked_softmax_right_answers_pass(answer):
         (inverted_mask, "the mask is read the wrong way round"),
         (zero_scores, "set to 0 instead of -inf"),
         (no_shift, "exp overflows: subtract each row's largest allowed score"),
+        (no_shift_minus_inf, "exp overflows: subtract each row's largest allowed score"),
+        (shift_by_all_keys, "shifted by its largest score over all keys, hidden ones included"),
+        (shift_by_all_keys_unguarded, "shifted by its largest score over all keys, hidden ones included"),
+        (chapter_solution, "inf * 0 = NaN"),
+        (over_queries, "along dim -2"),
         (lambda s, a: torch.softmax(s, dim=-1), "the mask is ignored"),
     ],
-    ids=["nan-rows", "minus-1e9", "zero-after", "inverted", "zero-scores", "no-shift", "no-mask"],
+    ids=[
+        "nan-rows",
+        "minus-1e9",
+        "zero-after",
+        "inverted",
+        "zero-scores",
+        "no-shift",
+        "no-shift-minus-inf",
+        "shift-by-all",
+        "shift-by-all-unguarded",
+        "exp-before-mask",
+        "over-queries",
+        "no-mask",
+    ],
 )
 def test_masked_softmax_mistakes_are_named(answer, diagnosis):
     r = check("1.1", answer)
-    assert not r.passed
-    assert "\nIt looks like " in r.message and diagnosis in r.message.split("It looks like ")[1], r.message
+    diagnosed(r, diagnosis)
     assert r.message.count("\n") == 1
+    fits_the_box(r)
+
+
+def test_masked_softmax_tries_a_large_hidden_score_and_64_keys():
+    s = spy(masked_softmax_solution)
+    accepted(check("1.1", s))
+    assert longest(s.calls, dim=-1) >= 64 and longest(s.calls, dim=-2) >= 64
+    assert any(bool((sc.masked_fill(a, -math.inf) >= 1000).any()) for (sc, a), _ in s.calls)  # hidden, large
+
+
+def test_masked_softmax_rejects_writes_into_its_inputs():
+    rejected(check("1.1", fills_in_place), "wrote into its argument `scores`", "in-place")
+
+
+def test_masked_softmax_names_a_wrong_dtype():
+    rejected(check("1.1", returns_float32), "has dtype float32, expected float64")
 
 
 def test_masked_softmax_reports_shapes_exceptions_and_stubs():
-    r = check("1.1", lambda s, a: torch.softmax(s, dim=-1).sum(-1))
-    assert not r.passed and "has shape (4,), expected (4, 6)" in r.message
+    rejected(check("1.1", lambda s, a: torch.softmax(s, dim=-1).sum(-1)), "has shape (4,), expected (4, 6)")
 
     def broken(scores, allowed):
         return scores @ allowed  # a dtype error inside the student's code
@@ -84,15 +184,23 @@ def test_masked_softmax_reports_shapes_exceptions_and_stubs():
     def stub(scores, allowed):
         raise NotImplementedError
 
-    assert "not written yet" in check("1.1", stub).message
-    assert "returned None" in check("1.1", lambda s, a: None).message
+    rejected(check("1.1", stub), "not written yet")
+    rejected(check("1.1", lambda s, a: None), "returned None")
+
+
+@pytest.mark.parametrize("exercise_id", ["1.1", "1.2", "1.3", "1.4"])
+@pytest.mark.parametrize("answer", ODD_ANSWERS, ids=ODD_IDS)
+def test_answers_of_the_wrong_type_get_feedback(exercise_id, answer):
+    rejected(check(exercise_id, answer), "expected a function")
+    rejected(check(exercise_id, lambda *args: answer))
 
 
 def test_masked_softmax_solution_matches_the_reference_weights():
     q, k = torch.randn(2, 3, 5, 4, dtype=torch.float64), torch.randn(2, 3, 6, 4, dtype=torch.float64)
     mask = torch.rand(2, 1, 5, 6) > 0.5
     mask[0, 0, 2] = False  # an empty row
-    _, want = reference.softmax_attention(q, k, k[..., :2], mask=mask, return_weights=True)
+    f = reference.softmax_attention
+    _, want = f(q, k, k[..., :2], **mask_kw(f, mask), return_weights=True)
     got = masked_softmax_solution(q @ k.transpose(-2, -1) / 2.0, mask.expand(2, 3, 5, 6))
     torch.testing.assert_close(got, want)
     assert torch.equal(got[0, :, 2], torch.zeros(3, 6, dtype=torch.float64))
@@ -106,6 +214,20 @@ def causal_attention_solution(q, k, v):
     allowed = torch.ones(N, N, dtype=torch.bool).tril()
     scores = q @ k.transpose(-2, -1) / math.sqrt(D)  # (B, H, N, N)
     return torch.softmax(scores.masked_fill(~allowed, -math.inf), dim=-1) @ v
+
+
+def causal_with_minus_1e9(q, k, v):
+    """Right too: every causal row has a key, so -1e9 gives the same weights as -inf."""
+    N = q.shape[-2]
+    scores = q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5
+    hidden = torch.ones(N, N, dtype=torch.bool).triu(1)
+    return torch.softmax(scores.masked_fill(hidden, -1e9), dim=-1) @ v
+
+
+def causal_with_masked_softmax(q, k, v):
+    N = q.shape[-2]
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    return masked_softmax_where(scores, torch.ones(N, N, dtype=torch.bool).tril().expand_as(scores)) @ v
 
 
 def mask_shifted(diagonal, transpose=False):
@@ -136,9 +258,38 @@ def strictly_lower_nan(q, k, v):
     return torch.softmax(scores.masked_fill(hidden, -math.inf), dim=-1) @ v
 
 
-def test_causal_attention_right_answers_pass():
-    assert check("1.2", causal_attention_solution).passed
-    assert check("1.2", lambda q, k, v: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True))
+BUFFER = torch.ones(8, 8, dtype=torch.bool).tril()  # a mask made once, for the N of the chapter's examples
+
+
+def fixed_buffer(q, k, v):
+    N = q.shape[-2]
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    return torch.softmax(scores.masked_fill(~BUFFER[:N, :N], -math.inf), dim=-1) @ v
+
+
+def scales_q_in_place(q, k, v):
+    q /= math.sqrt(q.shape[-1])
+    N = q.shape[-2]
+    scores = (q @ k.transpose(-2, -1)).masked_fill(~torch.ones(N, N, dtype=torch.bool).tril(), -math.inf)
+    return torch.softmax(scores, dim=-1) @ v
+
+
+def in_float64(q, k, v):
+    return causal_attention_solution(q.double(), k.double(), v.double())
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        causal_attention_solution,
+        causal_with_minus_1e9,
+        causal_with_masked_softmax,
+        lambda q, k, v: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True),
+    ],
+    ids=["solution", "minus-1e9", "masked-softmax", "sdpa"],
+)
+def test_causal_attention_right_answers_pass(answer):
+    accepted(check("1.2", answer))
 
 
 @pytest.mark.parametrize(
@@ -146,48 +297,136 @@ def test_causal_attention_right_answers_pass():
     [
         (scaled(lambda d: 1.0), "the scores are not divided by sqrt(D)"),
         (scaled(lambda d: 1.0 / d), "divided by D instead of sqrt(D)"),
+        (scaled(lambda d: math.sqrt(d)), "multiplied by sqrt(D)"),
         (mask_shifted(1), "off by one: query i sees key i + 1 as well"),
         (mask_shifted(-1), "off by one: query i does not see its own key i (it must"),
         (strictly_lower_nan, "off by one: query i does not see its own key i, so the first query has no key"),
         (mask_shifted(0, transpose=True), "the mask is transposed"),
-        (lambda q, k, v: reference.softmax_attention(q, k, v), "there is no causal mask"),
+        (lambda q, k, v: reference.softmax_attention(q, k, v).to(q.dtype), "there is no causal mask"),
     ],
-    ids=["no-scale", "scale-1-over-D", "sees-next", "misses-self", "misses-self-nan", "transposed", "no-mask"],
+    ids=[
+        "no-scale",
+        "scale-1-over-D",
+        "times-sqrt-D",
+        "sees-next",
+        "misses-self",
+        "misses-self-nan",
+        "transposed",
+        "no-mask",
+    ],
 )
 def test_causal_attention_mistakes_are_named(answer, diagnosis):
-    r = check("1.2", answer)
-    assert not r.passed
-    assert "\nIt looks like " in r.message and diagnosis in r.message.split("It looks like ")[1], r.message
+    diagnosed(check("1.2", answer), diagnosis)
+
+
+def test_causal_attention_tries_64_tokens_and_catches_a_fixed_size_buffer():
+    s = spy(causal_attention_solution)
+    accepted(check("1.2", s))
+    assert longest(s.calls) >= 64
+    rejected(check("1.2", fixed_buffer), "raised RuntimeError", "depend on a fixed size")
+
+
+def test_causal_attention_rejects_writes_into_its_inputs_and_names_a_wrong_dtype():
+    rejected(check("1.2", scales_q_in_place), "wrote into its argument `q`")
+    rejected(check("1.2", in_float64), "float32 q, k, v", "has dtype float64, expected float32")
 
 
 def test_causal_attention_reports_exceptions_and_wrong_shapes():
     r = check("1.2", lambda q, k, v: q @ k)  # (.., 5, 4) @ (.., 5, 4): a shape error in the student's code
     assert not r.passed and r.message.startswith("causal_attention raised RuntimeError on q, k (2, 1, 5, 4)")
-    r = check("1.2", lambda q, k, v: causal_attention_solution(q, k, v)[..., 0])
-    assert "has shape (2, 1, 5), expected (2, 1, 5, 3)" in r.message
+    rejected(check("1.2", lambda q, k, v: causal_attention_solution(q, k, v)[..., 0]), "expected (2, 1, 5, 3)")
+
+
+def test_the_causal_reference_is_the_packages():
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 11, 4, generator=g, dtype=torch.float64) for _ in range(3))
+    mask = torch.ones(11, 11, dtype=torch.bool).tril()
+    f = reference.softmax_attention
+    torch.testing.assert_close(ch01.causal_reference(q, k, v), f(q, k, v, **mask_kw(f, mask)))
 
 
 # --- 1.3 and 1.4: formulas ------------------------------------------------------------------------------------
 
 
-def test_bandwidth():
-    assert check("1.3", lambda d: d**0.25).passed
-    assert check("1.3", lambda d: math.sqrt(math.sqrt(d))).passed
-    assert "It looks like h = sqrt(D)" in check("1.3", math.sqrt).message
-    assert "h = D^(-1/4)" in check("1.3", lambda d: d**-0.25).message
-    assert "h = 1 / sqrt(D)" in check("1.3", lambda d: 1 / math.sqrt(d)).message
-    assert "bandwidth raised ZeroDivisionError" in check("1.3", lambda d: 1 / 0).message
-    assert "expected a number" in check("1.3", lambda d: "2").message
+@pytest.mark.parametrize(
+    "answer",
+    [
+        lambda d: d**0.25,
+        lambda d: math.sqrt(math.sqrt(d)),
+        lambda d: np.sqrt(np.sqrt(d)),  # numpy.float64
+        lambda d: np.float32(d) ** np.float32(0.25),  # numpy.float32
+        lambda d: torch.tensor(float(d), dtype=torch.float64) ** 0.25,  # a 0-d tensor
+        lambda d: torch.tensor(float(d)) ** 0.25,  # a float32 0-d tensor
+        lambda d: math.pow(d, 1 / 4),
+    ],
+    ids=["power", "sqrt-sqrt", "numpy", "numpy-float32", "tensor", "tensor-float32", "pow"],
+)
+def test_bandwidth_right_answers_in_every_number_type(answer):
+    accepted(check("1.3", answer))
 
 
-def test_gap():
-    assert check("1.4", lambda p, m: math.log(p * (m - 1) / (1 - p))).passed
-    assert check("1.4", lambda p, m: math.log(p / (1 - p)) + math.log(m - 1)).passed
-    assert "there are M - 1 others" in check("1.4", lambda p, m: math.log(p * m / (1 - p))).message
-    assert "left out of the sum" in check("1.4", lambda p, m: math.log(p / (1 - p))).message
-    assert "the logarithm is missing" in check("1.4", lambda p, m: p * (m - 1) / (1 - p)).message
+@pytest.mark.parametrize(
+    "answer, diagnosis",
+    [
+        (math.sqrt, "h = sqrt(D)"),
+        (lambda d: 1 / math.sqrt(d), "h = 1 / sqrt(D)"),
+        (lambda d: d**-0.25, "h = D^(-1/4)"),
+        (lambda d: math.sqrt(2) * d**0.25, "h^2 = 2 sqrt(D)"),
+        (lambda d: math.sqrt(d) / 2, "h = sqrt(D) / 2"),
+    ],
+    ids=["sqrt", "inverse-sqrt", "inverse-fourth-root", "forgot-the-2", "sqrt-over-2"],
+)
+def test_bandwidth_mistakes_are_named(answer, diagnosis):
+    diagnosed(check("1.3", answer), diagnosis)
+
+
+def test_bandwidth_a_coincidence_at_one_d_names_nothing():
+    # sqrt(D) / 2 equals 1 / sqrt(D) at D = 2 only: that one case must not name h = 1 / sqrt(D)
+    r = check("1.3", lambda d: math.sqrt(d) / 2)
+    assert "1 / sqrt(D)" not in r.message
+
+
+def test_bandwidth_exceptions_and_non_numbers():
+    rejected(check("1.3", lambda d: 1 / 0), "bandwidth raised ZeroDivisionError")
+    rejected(check("1.3", lambda d: "2"), "expected a number")
+    rejected(check("1.3", lambda d: torch.ones(2)), "expected a number")
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        lambda p, m: math.log(p * (m - 1) / (1 - p)),
+        lambda p, m: math.log(p / (1 - p)) + math.log(m - 1),
+        lambda p, m: np.log(p) - np.log1p(-p) + np.log(m - 1),
+        lambda p, m: torch.log(torch.tensor(p * (m - 1) / (1 - p), dtype=torch.float64)),
+    ],
+    ids=["log", "logit-plus-log", "numpy", "tensor"],
+)
+def test_gap_right_answers(answer):
+    accepted(check("1.4", answer))
+
+
+@pytest.mark.parametrize(
+    "answer, diagnosis",
+    [
+        (lambda p, m: math.log(p * m / (1 - p)), "there are M - 1 others"),
+        (lambda p, m: math.log(p / (1 - p)), "left out of the sum"),
+        (lambda p, m: math.log(p * (m - 1)), "the factor 1 / (1 - p) is missing"),
+        (lambda p, m: math.log((1 - p) * (m - 1) / p), "p and 1 - p are swapped"),
+        (lambda p, m: p * (m - 1) / (1 - p), "the logarithm is missing"),
+        (lambda p, m: math.log10(p * (m - 1) / (1 - p)), "base 10"),
+        (lambda p, m: math.log2(p * (m - 1) / (1 - p)), "base 2"),
+    ],
+    ids=["M-not-M-1", "logit", "no-1-minus-p", "swapped", "no-log", "log10", "log2"],
+)
+def test_gap_mistakes_are_named(answer, diagnosis):
+    diagnosed(check("1.4", answer), diagnosis)
+
+
+def test_gap_a_wrong_constant():
     r = check("1.4", lambda p, m: 6.0)
-    assert not r.passed and "gap, on p = 0.9, M = 64: the result is 6, expected 6.34036" in r.message
+    undiagnosed(r)
+    assert "gap, on p = 0.9, M = 64: the result is 6, expected 6.34036" in r.message
 
 
 # --- shown in an exercise box -----------------------------------------------------------------------------------
@@ -201,7 +440,7 @@ def test_gap():
 def test_results_are_shown_within_the_72_columns_of_an_exercise_box(exercise_id, answer):
     r = check(exercise_id, answer)
     shown = str(r)
-    assert all(len(line) <= 72 for line in shown.splitlines()), shown
+    fits_the_box(r)
     assert repr(r) == shown and shown.startswith("✓ " if r.passed else "✗ ")
     assert " ".join(shown[2:].split()) == " ".join(r.message.split())  # only the line breaks differ
     if not r.passed:

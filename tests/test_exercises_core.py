@@ -1,7 +1,11 @@
 """attnbook.exercises core: a checker finds the first difference, diagnoses known mistakes, never crashes."""
 
+import math
+from decimal import Decimal
+from fractions import Fraction
 from typing import NamedTuple
 
+import numpy as np
 import pytest
 import torch
 
@@ -71,22 +75,20 @@ def test_require_raises_with_the_message():
         run(lambda x: x.sum()).require()
 
 
-def test_answers_that_write_into_their_inputs_do_not_affect_the_expected_result():
+def test_answers_that_write_into_their_inputs_are_rejected_by_argument_name():
     def in_place(x):
         x.exp_()
         return x.div_(x.sum(-1, keepdim=True))
 
-    assert run(in_place).passed
+    r = run(in_place)
+    assert not r.passed and "softmax_rows wrote into its argument `x`" in r.message and "in-place" in r.message
 
 
 def test_a_mistake_that_gives_nan_is_diagnosed_too():
     mistakes = [Diagnosis("0/0 on a row of zeros", lambda x: x / x.sum(-1, keepdim=True))]
+    zeros = [Case((torch.zeros(2, 3),), label="zeros"), Case((torch.zeros(1, 4),), label="more zeros")]
     r = check_function(
-        lambda x: x / x.sum(-1, keepdim=True),
-        [Case((torch.zeros(2, 3),), label="zeros")],
-        expected=softmax_rows,
-        name="softmax_rows",
-        diagnoses=mistakes,
+        lambda x: x / x.sum(-1, keepdim=True), zeros, expected=softmax_rows, name="softmax_rows", diagnoses=mistakes
     )
     assert "it is nan where" in r.message and "It looks like 0/0 on a row of zeros" in r.message
 
@@ -132,3 +134,170 @@ def test_numeric_answers():
 def test_check_dispatches_by_id_and_names_the_exercises_for_an_unknown_one():
     r = check("0.0", lambda: None)
     assert isinstance(r, Result) and not r.passed and r.message.startswith("there is no exercise '0.0'")
+
+
+# --- the policies of issue 29 ---------------------------------------------------------------------------------
+
+
+class State(NamedTuple):
+    S: torch.Tensor
+    z: torch.Tensor
+
+
+def step_cases():
+    g = torch.Generator().manual_seed(0)
+    return [
+        Case((torch.randn(3, generator=g, dtype=torch.float64), State(torch.ones(3, 3), torch.ones(3))), label="a"),
+        Case((torch.randn(3, generator=g, dtype=torch.float64), State(torch.ones(3, 3), torch.ones(3))), label="b"),
+    ]
+
+
+def right_step(x, state):
+    return State(state.S + x[:, None] * x, state.z + x)
+
+
+@pytest.mark.parametrize(
+    "answer, argument",
+    [
+        (lambda x, state: State(state.S.add_(x[:, None] * x), state.z + x), "state.S"),
+        (lambda x, state: State(state.S + x[:, None] * x, state.z.add_(x)), "state.z"),
+        (lambda x, state: right_step(x.mul_(1.0), state), None),  # writes, but changes nothing
+        (lambda x, state: (x.clamp_(-0.1, 0.1), right_step(x, state))[1], "x"),
+    ],
+    ids=["S", "z", "no-change", "x"],
+)
+def test_writes_into_nested_inputs_are_named(answer, argument):
+    r = check_function(answer, step_cases(), expected=right_step, name="step")
+    if argument is None:
+        assert r.passed, r.message
+    else:
+        assert not r.passed and f"step wrote into its argument `{argument}` on a" in r.message, r.message
+
+
+def test_writes_into_lists_and_dicts_are_named():
+    def expected(cache):
+        return cache["k"][0] * 2
+
+    cases = [Case(({"k": [torch.ones(2)]},), label="a cache")]
+    r = check_function(lambda cache: cache["k"][0].mul_(2), cases, expected=expected, name="f")
+    assert not r.passed and "`cache['k'][0]`" in r.message
+
+    def appends(cache):
+        cache["k"].append(torch.zeros(1))
+        return cache["k"][0] * 2
+
+    r = check_function(appends, cases, expected=expected, name="f")
+    assert not r.passed and "`cache['k']`" in r.message
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [3, 3.0, np.int64(3), np.float32(3.0), np.float64(3.0), torch.tensor(3), torch.tensor(3.0), np.array(3.0),
+     Fraction(3), Decimal("3"), torch.tensor([3.0])],
+    ids=["int", "float", "np.int64", "np.float32", "np.float64", "int-tensor", "tensor", "0-d-array", "fraction",
+         "decimal", "size-1-tensor"],
+)  # fmt: skip
+def test_any_real_number_is_a_number(answer):
+    assert check_value("three", answer, 3).passed
+    assert check_function(lambda: answer, [Case()], expected=lambda: 3.0, name="f").passed
+
+
+@pytest.mark.parametrize("answer", [True, np.bool_(True), 3 + 0j, "3", torch.ones(2), np.ones(2), [3]])
+def test_what_is_not_a_number_gets_feedback(answer):
+    r = check_value("three", answer, 1)
+    assert not r.passed and "expected a number" in r.message
+
+
+def test_a_float32_number_is_right_to_float32_precision():
+    x = np.float32(1 / 3)
+    assert abs(float(x) - 1 / 3) > 1e-9  # it is not exactly 1/3
+    assert check_value("third", x, 1 / 3, rtol=1e-9).passed
+    assert not check_value("third", 1 / 3 + 1e-8, 1 / 3, rtol=1e-9).passed  # a float64 is held to the tolerance
+
+
+def test_containers_lists_for_tuples_python_numbers_for_0d_tensors_arrays_for_tensors():
+    def expected(x):
+        return State(x * 2, (x * x).sum())
+
+    cases = [Case((torch.arange(3.0, dtype=torch.float64),), label="a")]
+    assert check_function(lambda x: [x * 2, (x * x).sum()], cases, expected=expected, name="f").passed
+    assert check_function(lambda x: (x * 2, float((x * x).sum())), cases, expected=expected, name="f").passed
+    assert check_function(lambda x: {"S": x * 2, "z": (x * x).sum()}, cases, expected=expected, name="f").passed
+    assert check_function(lambda x: ((x * 2).numpy(), 5.0), cases, expected=expected, name="f").passed
+    r = check_function(lambda x: [x * 2], cases, expected=expected, name="f")
+    assert not r.passed and "a list of 1 items, expected a tuple of 2 (S, z)" in r.message
+
+
+def test_a_wrong_dtype_is_named_not_reported_as_equal_numbers():
+    cases = [Case((torch.tensor([0.0288296], dtype=torch.float64),), label="a")]
+    r = check_function(lambda x: x.float(), cases, expected=lambda x: x.clone(), name="f")
+    assert not r.passed and "has dtype float32, expected float64 (compute in the inputs' dtype)" in r.message
+    assert "off by" not in r.message
+    r = check_function(lambda x: x.float() + 1, cases, expected=lambda x: x.clone(), name="f")
+    assert not r.passed and "off by 1" in r.message and "also has dtype float32, expected float64" in r.message
+    r = check_function(lambda x: x.long(), cases, expected=lambda x: x.clone(), name="f")
+    assert not r.passed and "has dtype int64, expected a floating-point tensor of dtype float64" in r.message
+
+
+def test_a_diagnosis_needs_two_cases_that_separate_it():
+    # "the state is reset": on a zero state a wrong answer of zeros looks like it, on the other case it does not
+    def expected(x, s):
+        return s + x
+
+    def reset(x, s):
+        return x.clone()
+
+    zero, other = torch.zeros(3, dtype=torch.float64), torch.ones(3, dtype=torch.float64)
+    x = torch.full((3,), 2.0, dtype=torch.float64)
+    cases = [Case((x * 0, zero), label="zero input, zero state"), Case((x, other), label="a state of ones")]
+    cases += [Case((x * 3, other), label="another")]
+    mistakes = [Diagnosis("the state is reset", reset)]
+    r = check_function(lambda x, s: torch.zeros(3, dtype=torch.float64), cases, expected=expected, name="f",
+                       diagnoses=mistakes)  # fmt: skip
+    assert not r.passed and "It looks like" not in r.message
+    r = check_function(reset, cases, expected=expected, name="f", diagnoses=mistakes)
+    assert not r.passed and "It looks like the state is reset" in r.message
+    r = check_function(reset, cases[:2], expected=expected, name="f", diagnoses=mistakes)
+    assert not r.passed and "It looks like" not in r.message  # one separating case is not enough
+
+
+def test_an_undefined_expected_value_never_passes():
+    cases = [Case((torch.zeros(2),), label="zeros")]
+    r = check_function(lambda x: x / x, cases, expected=lambda x: x / x, name="f")
+    assert not r.passed and "undefined for these inputs" in r.message
+    r = check_value("ratio", float("nan"), float("nan"))
+    assert not r.passed and "undefined for these inputs" in r.message
+    assert not check_value("ratio", 1.0, math.inf).passed
+
+
+def test_a_note_is_said_when_only_the_noted_cases_fail():
+    cases = [Case((n,), label=f"N = {n}", note="does it use a fixed size?" if n > 8 else None) for n in (3, 7, 64)]
+
+    def fixed(n):
+        return float(min(n, 8))
+
+    r = check_function(fixed, cases, expected=float, name="f")
+    assert not r.passed and "N = 64" in r.message
+    assert "It is right on the other inputs: does it use a fixed" in r.message
+    r = check_function(lambda n: float(n) + (n == 3), cases, expected=float, name="f")
+    assert "fixed size" not in r.message
+
+
+def test_registered_checkers_never_raise():
+    from attnbook.exercises import exercise
+
+    @exercise("0.1")
+    def broken(answer, *, data):
+        return float(data["x"]) > answer  # no Result, and raises on odd data
+
+    try:
+        r = broken(1.0, data={"x": object()})
+        assert isinstance(r, Result) and not r.passed and "the checker could not use this answer" in r.message
+        r = broken(1.0)
+        assert not r.passed and "called with the wrong arguments" in r.message and "data" in r.message
+        r = broken(0.0, data={"x": 1})
+        assert not r.passed and "gave no verdict" in r.message
+    finally:
+        from attnbook.exercises import _core
+
+        _core._REGISTRY.pop("0.1")

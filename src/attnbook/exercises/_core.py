@@ -1,15 +1,41 @@
-"""The machinery behind every exercise checker: cases, comparisons, diagnoses, one-line results."""
+"""The machinery behind every exercise checker: cases, comparisons, diagnoses, one-line results.
+
+The policies below hold for every checker, because they are implemented here once:
+
+* **Writes into the inputs are rejected.** Each call gets fresh copies of a case's inputs, and afterwards those
+  copies are compared with a saved copy, tensors nested in tuples, NamedTuples, lists and dicts included. A
+  function that changed one (``q /= ...``, ``sigmoid_``, ``masked_fill_``, ``add_`` on a state) is told which
+  argument it wrote into (``state.S``): in the student's own model the same code would corrupt the caller's
+  tensors.
+* **Any real number is a number:** ``int``, ``float``, numpy scalars (``np.int64`` from ``argmax``,
+  ``np.float32``), 0-d tensors and 0-d arrays; a Python number is accepted where a 0-d tensor is expected, a
+  list where a tuple is, a numpy array where a tensor is.
+* **Dtypes are named:** a tensor of the right shape in another floating dtype is reported as "has dtype
+  float32, expected float64", never as a difference between two equal-looking numbers.
+* **A diagnosis rests on evidence:** a known mistake is named only if the answer equals that wrong variant on
+  at least two cases on which the variant differs from the right answer, the failing case among them. One
+  degenerate case (a zero state, D = 2, B = 2) cannot name the wrong cause.
+* **An undefined expected value never passes:** if the right answer itself is NaN or infinite on a case (or a
+  number to compare with is), the checker says that the data are degenerate instead of accepting anything.
+* **A checker never raises:** the student's exceptions become the message, and so do the checker's own (an
+  answer of a type the checker did not foresee): :func:`exercise` wraps every registered checker.
+"""
 
 from __future__ import annotations
 
 import copy
+import decimal
+import functools
 import importlib
+import inspect
 import math
+import numbers
 import pkgutil
 import textwrap
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from ..testing import tol
@@ -18,7 +44,9 @@ __all__ = [
     "Result",
     "Case",
     "Diagnosis",
+    "as_number",
     "first_difference",
+    "compare",
     "check_function",
     "check_value",
     "exercise",
@@ -28,6 +56,7 @@ __all__ = [
 
 
 WIDTH = 72  # columns of output that fit inside an exercise box on the website
+EVIDENCE = 2  # cases on which an answer must equal a wrong variant before the variant is named
 
 
 @dataclass(frozen=True)
@@ -59,27 +88,85 @@ class Result:
 
 @dataclass(frozen=True)
 class Case:
-    """One input to try: positional ``args``, keyword ``kwargs`` and a ``label`` used in messages."""
+    """One input to try: positional ``args``, keyword ``kwargs`` and a ``label`` used in messages.
+
+    ``note`` is said when an answer is wrong only on cases that have one, e.g. on the long sequences: "they
+    are longer than the others: does something depend on a fixed size?".
+    """
 
     args: tuple = ()
     kwargs: dict = field(default_factory=dict)
     label: str = "an input"
+    note: str | None = None
 
 
 @dataclass(frozen=True)
 class Diagnosis:
-    """A known wrong variant of the answer: if the student's result equals ``wrong(*args, **kwargs)`` on a case
-    where it is wrong, ``message`` (e.g. "eps added to every term instead of to the denominator") is shown."""
+    """A known wrong variant of the answer: ``message`` (e.g. "eps added to every term instead of to the
+    denominator") is shown if the student's result equals ``wrong(*args, **kwargs)`` on the failing case and on
+    at least one more case where the variant is wrong (see the module docstring)."""
 
     message: str
     wrong: Callable
 
 
-def _fresh(x):
-    """A deep copy of a case's inputs (tensors cloned), so that no call can change what the next one sees."""
+# --- numbers and containers -------------------------------------------------------------------------------------
+
+
+def as_number(x) -> int | float | None:
+    """``x`` as a Python int or float when it is a real number of any kind, else None.
+
+    Accepted: int, float, numpy integer and floating scalars, ``fractions.Fraction``, ``decimal.Decimal``, and
+    tensors or numpy arrays holding a single real number (0-d or of size 1). Not numbers: bool, complex, strings.
+    """
+    if isinstance(x, (bool, np.bool_)):
+        return None
     if isinstance(x, torch.Tensor):
-        return x.detach().clone()
-    return copy.deepcopy(x)
+        if x.numel() != 1 or x.is_complex() or x.dtype == torch.bool:
+            return None
+        return x.detach().cpu().item()
+    if isinstance(x, np.ndarray):
+        if x.size != 1 or x.dtype.kind not in "iuf":
+            return None
+        return x.item()
+    if isinstance(x, numbers.Integral):
+        return int(x)
+    if isinstance(x, numbers.Real):
+        return float(x)
+    if isinstance(x, decimal.Decimal):
+        return float(x)
+    return None
+
+
+def _resolution(x) -> float:
+    """The relative precision of the type a number came in: float32's eps for a float32 tensor or scalar."""
+    if isinstance(x, torch.Tensor) and x.is_floating_point():
+        return torch.finfo(x.dtype).eps
+    if isinstance(x, (np.floating, np.ndarray)) and np.issubdtype(np.asarray(x).dtype, np.floating):
+        return float(np.finfo(np.asarray(x).dtype).eps)
+    return 0.0 if isinstance(x, (int, np.integer)) else float(np.finfo(np.float64).eps)
+
+
+def _number(x: float) -> str:
+    return f"{x:.6g}"
+
+
+def _what(x) -> str:
+    if isinstance(x, torch.Tensor):
+        if x.dim() == 0:
+            return f"a 0-d tensor of dtype {_dtype(x.dtype)}"
+        return f"a tensor of shape {tuple(x.shape)}"
+    if isinstance(x, np.ndarray):
+        return f"a numpy array of shape {x.shape}"
+    if isinstance(x, (list, tuple)) and not hasattr(x, "_fields"):
+        return f"a {type(x).__name__} of {len(x)} items"
+    kind = type(x)
+    prefix = "numpy." if kind.__module__ == "numpy" else ""
+    return f"a {prefix}{kind.__name__}"
+
+
+def _dtype(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
 
 
 def _index(flat: int, shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -88,10 +175,6 @@ def _index(flat: int, shape: tuple[int, ...]) -> tuple[int, ...]:
         out.append(flat % size)
         flat //= size
     return tuple(reversed(out))
-
-
-def _number(x: float) -> str:
-    return f"{x:.6g}"
 
 
 def first_difference(
@@ -123,60 +206,272 @@ def first_difference(
     return f"{at} is {_number(float(g[i]))}, expected {_number(float(e[i]))} (off by {off}){of}".lstrip()
 
 
+def _table(dtype: torch.dtype) -> dict[str, float]:
+    return tol(dtype) if dtype in (torch.float64, torch.float32, torch.bfloat16, torch.float16) else tol(torch.float64)
+
+
 def _tolerance(expected, rtol, atol) -> tuple[float, float]:
     dtype = expected.dtype if isinstance(expected, torch.Tensor) and expected.is_floating_point() else torch.float64
-    t = tol(dtype) if dtype in (torch.float64, torch.float32, torch.bfloat16, torch.float16) else tol(torch.float64)
+    t = _table(dtype)
     return (t["rtol"] if rtol is None else rtol), (t["atol"] if atol is None else atol)
 
 
-def _what(x) -> str:
-    if isinstance(x, torch.Tensor):
-        return f"a tensor of shape {tuple(x.shape)}"
-    return f"a {type(x).__name__}"
+def _coarser(a: torch.dtype, b: torch.dtype) -> torch.dtype:
+    return a if torch.finfo(a).eps > torch.finfo(b).eps else b
+
+
+def _as_tensor(got, expected: torch.Tensor):
+    """A numpy array as a tensor, a number as a 0-d tensor of ``expected``'s dtype (when that is 0-d)."""
+    if isinstance(got, np.ndarray) and got.dtype.kind in "biuf":
+        return torch.from_numpy(np.ascontiguousarray(got))
+    if expected.dim() == 0 and not isinstance(got, torch.Tensor):
+        value = as_number(got)
+        if value is not None:
+            return torch.tensor(value, dtype=expected.dtype)
+    return got
+
+
+def _is_sequence(x) -> bool:
+    return isinstance(x, (list, tuple))
 
 
 def _compare(got, expected, rtol, atol, path: str = "", equal_nan: bool = False) -> str | None:
-    """None when ``got`` matches ``expected`` (tensors, numbers, tuples/NamedTuples of them), else the problem."""
     label = f"{path} " if path else ""
     if isinstance(expected, torch.Tensor):
+        got = _as_tensor(got, expected)
         if not isinstance(got, torch.Tensor):
             return f"{label}is {_what(got)}, expected a torch.Tensor of shape {tuple(expected.shape)}"
         if tuple(got.shape) != tuple(expected.shape):
             return f"{label}has shape {tuple(got.shape)}, expected {tuple(expected.shape)}"
         if got.dtype == torch.bool or expected.dtype == torch.bool:
             if got.dtype != expected.dtype:
-                return f"{label}has dtype {got.dtype}, expected {expected.dtype}"
+                return f"{label}has dtype {_dtype(got.dtype)}, expected {_dtype(expected.dtype)}"
             if not torch.equal(got.cpu(), expected.cpu()):
                 i = int((got.cpu() != expected.cpu()).reshape(-1).nonzero()[0])
                 return f"{label}differs at index {_index(i, tuple(expected.shape))}"
             return None
-        if got.is_complex() or not (got.is_floating_point() or not expected.is_floating_point()):
-            return f"{label}has dtype {got.dtype}, expected a floating-point tensor like {expected.dtype}"
+        if got.is_complex() or (expected.is_floating_point() and not got.is_floating_point()):
+            return (
+                f"{label}has dtype {_dtype(got.dtype)}, expected a floating-point tensor of dtype "
+                f"{_dtype(expected.dtype)}"
+            )
+        if got.dtype != expected.dtype and got.is_floating_point() and expected.is_floating_point():
+            t = _table(_coarser(got.dtype, expected.dtype))
+            diff = first_difference(got, expected, rtol=max(rtol, t["rtol"]), atol=max(atol, t["atol"]))
+            dtypes = f"{_dtype(got.dtype)}, expected {_dtype(expected.dtype)}"
+            if diff is None:
+                return f"{label}has dtype {dtypes} (compute in the inputs' dtype)"
+            return f"{label}{diff}; it also has dtype {dtypes}"
         diff = first_difference(got, expected, rtol=rtol, atol=atol, equal_nan=equal_nan)
         return None if diff is None else f"{label}{diff}"
     if isinstance(expected, tuple):
-        if not isinstance(got, tuple) or len(got) != len(expected):
-            n = len(got) if isinstance(got, tuple) else None
-            return (
-                f"{label}is {_what(got)}"
-                + (f" of {n} items" if n is not None else "")
-                + (f", expected a tuple of {len(expected)} ({', '.join(getattr(expected, '_fields', ())) or 'items'})")
-            )
-        names = getattr(expected, "_fields", None) or [f"item {i}" for i in range(len(expected))]
+        fields = getattr(expected, "_fields", None)
+        if fields and isinstance(got, Mapping) and set(got) == set(fields):
+            got = tuple(got[f] for f in fields)
+        if not _is_sequence(got) or len(got) != len(expected):
+            n = f" of {len(got)} items" if hasattr(got, "_fields") else ""
+            names = ", ".join(fields or ()) or "items"
+            return f"{label}is {_what(got)}{n}, expected a tuple of {len(expected)} ({names})"
+        names = fields or [f"item {i}" for i in range(len(expected))]
         for name, g, e in zip(names, got, expected, strict=True):
             problem = _compare(g, e, rtol, atol, path=f"{path}.{name}" if path else name, equal_nan=equal_nan)
             if problem:
                 return problem
         return None
     if isinstance(expected, (int, float)) and not isinstance(expected, bool):
-        if isinstance(got, torch.Tensor) and got.numel() == 1:
-            got = got.item()
-        if isinstance(got, bool) or not isinstance(got, (int, float)):
+        value = as_number(got)
+        if value is None:
             return f"{label}is {_what(got)}, expected a number"
-        if not (abs(got - expected) <= atol + rtol * abs(expected)) and got != expected:
-            return f"{label}is {_number(got)}, expected {_number(expected)}"
+        if equal_nan and math.isnan(value) and math.isnan(expected):
+            return None
+        r = max(rtol, 8 * _resolution(got))  # a float32 number is right to float32's precision
+        if value != expected and not abs(value - expected) <= atol + r * abs(expected):
+            return f"{label}is {_number(value)}, expected {_number(expected)}"
         return None
     return None if got == expected else f"{label}is {got!r}, expected {expected!r}"
+
+
+def compare(got, expected, *, rtol: float, atol: float, path: str = "", equal_nan: bool = False) -> str | None:
+    """None when ``got`` matches ``expected`` (tensors, numbers, tuples/NamedTuples of them), else the problem.
+
+    Never raises: an object that cannot be compared is reported as such.
+    """
+    try:
+        return _compare(got, expected, rtol, atol, path, equal_nan)
+    except Exception as exc:  # an answer of a type nothing here foresaw
+        label = f"{path} " if path else ""
+        return f"{label}is {_what(got)}, which cannot be compared with the expected result ({type(exc).__name__})"
+
+
+def _undefined(x) -> bool:
+    """True when an expected result holds NaN or infinity anywhere (degenerate inputs or a broken reference)."""
+    if isinstance(x, torch.Tensor):
+        return x.is_floating_point() and not bool(torch.isfinite(x).all())
+    if isinstance(x, Mapping):
+        return any(_undefined(v) for v in x.values())
+    if _is_sequence(x):
+        return any(_undefined(v) for v in x)
+    value = as_number(x)
+    return value is not None and not math.isfinite(value)
+
+
+# --- inputs: fresh copies, and writes into them -----------------------------------------------------------------
+
+
+def _fresh(x):
+    """A deep copy of a case's inputs (tensors cloned), so that no call can change what the next one sees."""
+    if isinstance(x, torch.Tensor):
+        return x.detach().clone()
+    if isinstance(x, tuple) and hasattr(x, "_fields"):
+        return type(x)(*(_fresh(y) for y in x))
+    if isinstance(x, (tuple, list)):
+        return type(x)(_fresh(y) for y in x)
+    if isinstance(x, dict):
+        return {k: _fresh(y) for k, y in x.items()}
+    return copy.deepcopy(x)
+
+
+def _same_tensor(before: torch.Tensor, after) -> bool:
+    if not isinstance(after, torch.Tensor) or after.shape != before.shape or after.dtype != before.dtype:
+        return False
+    a, b = after.detach().cpu(), before.cpu()
+    if torch.equal(a, b):
+        return True
+    return bool(a.is_floating_point() and ((a == b) | (torch.isnan(a) & torch.isnan(b))).all())
+
+
+def _first_write(before, after, path: str) -> str | None:
+    """The path (``state.S``, ``cache[1]``) of the first tensor or container in ``after`` that differs from
+    its saved copy ``before``, else None."""
+    if isinstance(before, torch.Tensor):
+        return None if _same_tensor(before, after) else path
+    if isinstance(before, (tuple, list)):
+        if not isinstance(after, (tuple, list)) or len(after) != len(before):
+            return path
+        fields = getattr(before, "_fields", None)
+        for i, (b, a) in enumerate(zip(before, after, strict=True)):
+            found = _first_write(b, a, f"{path}.{fields[i]}" if fields else f"{path}[{i}]")
+            if found:
+                return found
+        return None
+    if isinstance(before, dict):
+        if not isinstance(after, dict) or set(after) != set(before):
+            return path
+        for key, b in before.items():
+            found = _first_write(b, after[key], f"{path}[{key!r}]")
+            if found:
+                return found
+    return None
+
+
+def _argument_names(fn: Callable, n: int) -> list[str]:
+    """The names of ``fn``'s first ``n`` positional parameters (``argument 3`` where they cannot be read)."""
+    names: list[str] = []
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        params = []
+    for p in params:
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
+            names.append(p.name)
+        elif p.kind == p.VAR_POSITIONAL:
+            names.extend(f"{p.name}[{i}]" for i in range(n - len(names)))
+            break
+    names.extend(f"argument {i + 1}" for i in range(len(names), n))
+    return names[:n]
+
+
+def written_argument(fn: Callable, args: tuple, kwargs: dict, saved_args: tuple, saved_kwargs: dict) -> str | None:
+    """The argument of ``fn`` (by name, nested parts too: ``state.S``) that the call changed, else None."""
+    for name, before, after in zip(_argument_names(fn, len(args)), saved_args, args, strict=True):
+        found = _first_write(before, after, name)
+        if found:
+            return found
+    for key, before in saved_kwargs.items():
+        found = _first_write(before, kwargs.get(key), key)
+        if found:
+            return found
+    return None
+
+
+def in_place_message(name: str, argument: str, label: str) -> str:
+    return (
+        f"{name} wrote into its argument `{argument}` on {label}: in-place operations (`add_`, `/=`, "
+        "`masked_fill_`, ...) change the caller's tensors. Compute a new tensor instead."
+    )
+
+
+# --- calling the student's function on the cases ----------------------------------------------------------------
+
+_NOTHING = object()  # the answer gave nothing to compare on this case (it raised, or returned None)
+
+
+@dataclass
+class _Run:
+    case: Case
+    want: object
+    got: object = _NOTHING
+    problem: str | None = None  # what is wrong with the value (None: right)
+    fatal: str | None = None  # it raised, returned None, or wrote into its inputs
+    stub: bool = False  # not written yet: raises NotImplementedError or returns None
+
+
+def _run(fn: Callable, case: Case, want, name: str, rtol, atol) -> _Run:
+    args, kwargs = _fresh(case.args), _fresh(case.kwargs)
+    saved_args, saved_kwargs = _fresh(args), _fresh(kwargs)
+    run = _Run(case, want)
+    try:
+        got = fn(*args, **kwargs)
+    except NotImplementedError:
+        run.fatal, run.stub = f"{name} is not written yet (it raises NotImplementedError): fill in the body", True
+        return run
+    except Exception as exc:  # the student's bug, reported with its message
+        run.fatal = f"{name} raised {type(exc).__name__} on {case.label}: {exc}"
+        return run
+    if got is None:
+        run.fatal, run.stub = f"{name} returned None on {case.label}: fill in the body and return the result", True
+        return run
+    run.got = got
+    try:
+        argument = written_argument(fn, args, kwargs, saved_args, saved_kwargs)
+    except Exception:  # an input the comparison does not understand: no verdict on writes
+        argument = None
+    if argument:
+        run.fatal = in_place_message(name, argument, case.label)
+    r, a = _tolerance(want, rtol, atol)
+    run.problem = compare(got, want, rtol=r, atol=a, path="the result")
+    return run
+
+
+def _diagnose(runs: list[_Run], failing: int, diagnoses: Sequence[Diagnosis], rtol, atol) -> Diagnosis | None:
+    """The diagnosis that the answer matches on at least ``EVIDENCE`` separating cases, the failing one among
+    them (a case separates when the variant is wrong there); of several, the one it matches on most cases and
+    contradicts on fewest (an answer may have a second mistake that shows on other cases)."""
+    best, best_score = None, None
+    for d in diagnoses:
+        support, against, explains_failure = 0, 0, False
+        for i, run in enumerate(runs):
+            if run.got is _NOTHING:
+                continue
+            try:
+                variant = d.wrong(*_fresh(run.case.args), **_fresh(run.case.kwargs))
+            except Exception:  # a variant that cannot be evaluated here gives no evidence
+                continue
+            r, a = _tolerance(run.want, rtol, atol)
+            if compare(variant, run.want, rtol=r, atol=a) is None:
+                continue  # the mistake makes no difference on this case
+            if compare(run.got, variant, rtol=r, atol=a, equal_nan=True) is None:
+                support += 1
+                explains_failure |= i == failing
+            else:
+                against += 1
+        if explains_failure and support >= EVIDENCE and (best_score is None or support - against > best_score):
+            best, best_score = d, support - against
+    return best
+
+
+def _checker_error(name: str, what: str, exc: Exception) -> Result:
+    return Result(False, f"{name}: the checker could not {what} ({type(exc).__name__}: {exc})")
 
 
 def check_function(
@@ -193,64 +488,127 @@ def check_function(
     """Call ``fn`` on every case and compare with ``expected`` (called the same way); the first problem wins.
 
     The student's exceptions never propagate: they become the message. ``rtol`` / ``atol`` default to
-    :data:`attnbook.testing.TOLERANCES` of the expected result's dtype.
+    :data:`attnbook.testing.TOLERANCES` of the expected result's dtype. A write into an input is a problem
+    (named by argument); a known mistake is named only on the evidence of several cases (see the module
+    docstring); a case whose expected result is NaN or infinite fails as undefined.
     """
     if not callable(fn):
         return Result(False, f"{name}: expected a function, got {_what(fn)}")
+    runs: list[_Run] = []
+    failing = None
     for case in cases:
-        want = expected(*_fresh(case.args), **_fresh(case.kwargs))
         try:
-            got = fn(*_fresh(case.args), **_fresh(case.kwargs))
-        except NotImplementedError:
-            return Result(False, f"{name} is not written yet (it raises NotImplementedError): fill in the body")
-        except Exception as exc:  # the student's bug, reported with its message
-            return Result(False, f"{name} raised {type(exc).__name__} on {case.label}: {exc}")
-        if got is None:
-            return Result(False, f"{name} returned None on {case.label}: fill in the body and return the result")
-        r, a = _tolerance(want, rtol, atol)
-        problem = _compare(got, want, r, a, path="the result")
-        if problem is None:
-            continue
-        for d in diagnoses:
-            try:
-                variant = d.wrong(*_fresh(case.args), **_fresh(case.kwargs))
-            except Exception:  # a diagnosis that cannot be evaluated here does not apply
-                continue
-            if _compare(got, variant, r, a, equal_nan=True) is None:
-                return Result(False, f"{name}, on {case.label}: {problem}.\nIt looks like {d.message}.")
-        return Result(False, f"{name}, on {case.label}: {problem}.")
-    labels = ", ".join(dict.fromkeys(c.label for c in cases))
-    return Result(True, success or f"{name} is right on all {len(cases)} inputs ({labels}).")
+            want = expected(*_fresh(case.args), **_fresh(case.kwargs))
+        except Exception as exc:
+            return _checker_error(name, f"compute the expected result on {case.label}", exc)
+        if _undefined(want):
+            return Result(
+                False, f"{name}, on {case.label}: the expected result is undefined for these inputs (NaN or "
+                "infinity), so no answer can be accepted on them: the inputs are degenerate"
+            )  # fmt: skip
+        run = _run(fn, case, want, name, rtol, atol)
+        runs.append(run)
+        if failing is None and (run.fatal or run.problem):
+            failing = len(runs) - 1
+            if run.stub:
+                return Result(False, run.fatal)  # nothing more to learn from the other cases
+    if failing is None:
+        labels = ", ".join(dict.fromkeys(c.label for c in cases))
+        return Result(True, success or f"{name} is right on all {len(cases)} inputs ({labels}).")
+    run = runs[failing]
+    others_right = all(not (r.fatal or r.problem) for r in runs if not r.case.note)
+    note = f"\nIt is right on the other inputs: {run.case.note}" if run.case.note and others_right else ""
+    if run.fatal:
+        return Result(False, run.fatal + note)
+    found = _diagnose(runs, failing, diagnoses, rtol, atol)
+    if found is not None:
+        return Result(False, f"{name}, on {run.case.label}: {run.problem}.\nIt looks like {found.message}.")
+    return Result(False, f"{name}, on {run.case.label}: {run.problem}.{note}")
 
 
 def check_value(
-    name: str, answer, expected: float, *, rtol: float = 1e-6, atol: float = 0.0, hint: str | None = None
+    name: str,
+    answer,
+    expected,
+    *,
+    rtol: float = 1e-6,
+    atol: float = 0.0,
+    hint: str | None = None,
+    mistakes: Sequence[tuple[float, str]] = (),
 ) -> Result:
-    """A numeric answer (a derive exercise): ``answer`` against ``expected`` within ``rtol`` / ``atol``."""
+    """A numeric answer (a derive or explore exercise): ``answer`` against ``expected`` within ``rtol`` / ``atol``.
+
+    ``answer`` may be any real number (numpy scalars and 0-d tensors included). ``mistakes`` are known wrong
+    values and what each one means, ``(7, "7 is M, the number of sources")``; a value is recognised only where
+    it is not also within the tolerance of ``expected``. An ``expected`` that is NaN or infinite (degenerate
+    data) fails whatever the answer.
+    """
     if answer is None:
         return Result(False, f"{name}: no answer yet (it is None)")
-    if isinstance(answer, torch.Tensor) and answer.numel() == 1:
-        answer = answer.item()
-    if isinstance(answer, bool) or not isinstance(answer, (int, float)):
+    value = as_number(answer)
+    if value is None:
         return Result(False, f"{name}: expected a number, got {_what(answer)}")
-    if not math.isfinite(answer) or abs(answer - expected) > atol + rtol * abs(expected):
-        more = f" Hint: {hint}" if hint else ""
-        return Result(False, f"{name}: {_number(answer)} is not right.{more}")
-    return Result(True, f"{name}: {_number(answer)} is right.")
+    want = as_number(expected)
+    if want is None or not math.isfinite(want):
+        return Result(
+            False, f"{name}: the expected value is undefined for these inputs (it is {expected!r}), so no answer "
+            "can be accepted: the data are degenerate"
+        )  # fmt: skip
+    r = max(rtol, 8 * _resolution(answer))
 
+    def near(x: float, y: float) -> bool:
+        return x == y or abs(x - y) <= atol + r * abs(y)
+
+    if math.isfinite(value) and near(value, want):
+        return Result(True, f"{name}: {_number(value)} is right.")
+    for wrong, meaning in mistakes:
+        if math.isfinite(value) and near(value, wrong) and not near(wrong, want):
+            return Result(False, f"{name}: {_number(value)} is not right: {meaning}")
+    more = f" Hint: {hint}" if hint else ""
+    return Result(False, f"{name}: {_number(value)} is not right.{more}")
+
+
+# --- the registry -----------------------------------------------------------------------------------------------
 
 _REGISTRY: dict[str, Callable[..., Result]] = {}
 
 
+def _origin(f: Callable) -> tuple[str, str]:
+    f = getattr(f, "__wrapped__", f)
+    return getattr(f, "__module__", ""), getattr(f, "__qualname__", repr(f))
+
+
 def exercise(exercise_id: str) -> Callable[[Callable[..., Result]], Callable[..., Result]]:
-    """Register a checker under ``exercise_id`` (e.g. ``"2.3"``: chapter 2, exercise 3)."""
+    """Register a checker under ``exercise_id`` (e.g. ``"2.3"``: chapter 2, exercise 3).
+
+    The registered function never raises: an error in the checker itself (an answer of a type it did not
+    foresee, a call with the wrong arguments) becomes a failing :class:`Result` that says what went wrong.
+    """
 
     def register(checker: Callable[..., Result]) -> Callable[..., Result]:
-        if exercise_id in _REGISTRY and _REGISTRY[exercise_id] is not checker:
+        @functools.wraps(checker)
+        def safe(*args, **kwargs) -> Result:
+            try:
+                inspect.signature(checker).bind(*args, **kwargs)
+            except TypeError as exc:
+                return Result(False, f"{exercise_id}: the checker was called with the wrong arguments: {exc}")
+            try:
+                result = checker(*args, **kwargs)
+            except Exception as exc:
+                return Result(
+                    False, f"{exercise_id}: the checker could not use this answer ({type(exc).__name__}: {exc}); "
+                    "check its type against the exercise statement"
+                )  # fmt: skip
+            if not isinstance(result, Result):
+                return Result(False, f"{exercise_id}: the checker gave no verdict (it returned {_what(result)})")
+            return result
+
+        known = _REGISTRY.get(exercise_id)
+        if known is not None and _origin(known) != _origin(checker):
             raise ValueError(f"exercise {exercise_id!r} is registered twice")
-        _REGISTRY[exercise_id] = checker
-        checker.exercise_id = exercise_id
-        return checker
+        _REGISTRY[exercise_id] = safe
+        safe.exercise_id = exercise_id
+        return safe
 
     return register
 

@@ -5,22 +5,21 @@
 * 1.3 ``bandwidth(D)``: the Gaussian kernel's bandwidth h that the 1/sqrt(D) scaling amounts to.
 * 1.4 ``gap(p, M)``: how far the best score must lead for its weight to reach p.
 
-Each checker calls the student's function on random and edge-case inputs, compares with the float64
-definition (:func:`attnbook.reference.softmax_attention`) or the closed form, and names the common
-mistakes it recognises (a NaN on an empty row, a mask read the wrong way round, a missing 1/sqrt(D), a
-causal mask off by one, ...).
+Each checker calls the student's function on random and edge-case inputs (up to N = 64 and beyond), compares
+with the float64 definition written out here (the same as :func:`attnbook.reference.softmax_attention`, which
+the tests confirm) or the closed form, and names the common mistakes it recognises (a NaN on an empty row, a
+shift by a hidden key's score, a mask read the wrong way round, a missing 1/sqrt(D), a causal mask off by
+one, ...). Every mistake has at least two inputs that show it, so that one coincidence cannot name it.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 import torch
 
-from .. import reference
-from ..testing import tol
-from ._core import Case, Diagnosis, Result, check_function, exercise, first_difference
+from ._core import Case, Diagnosis, Result, check_function, exercise
 
 __all__ = [
     "check_masked_softmax",
@@ -28,69 +27,13 @@ __all__ = [
     "check_bandwidth",
     "check_gap",
     "masked_softmax_solution",
+    "causal_reference",
 ]
 
-# --- a diagnosis for mistakes that give NaN -----------------------------------------------------------------------
-# The core compares an answer with a known wrong variant value by value, and NaN never equals NaN. Mistakes
-# whose signature *is* a NaN (0 / 0 on an empty row, exp overflowing) are therefore recognised here first:
-# the answer has NaN exactly where the variant has, and agrees with it everywhere else.
-
-
-def _call(fn: Callable, case: Case):
-    try:
-        return fn(*_copy(case.args), **_copy(case.kwargs))
-    except Exception:  # reported by check_function, which calls again
-        return None
-
-
-def _copy(x):
-    if isinstance(x, torch.Tensor):
-        return x.detach().clone()
-    if isinstance(x, tuple):
-        return tuple(_copy(y) for y in x)
-    if isinstance(x, dict):
-        return {key: _copy(y) for key, y in x.items()}
-    return x
-
-
-def nan_diagnosis(
-    fn: Callable, cases: Sequence[Case], *, expected: Callable, name: str, diagnoses: Sequence[Diagnosis]
-) -> Result | None:
-    """A failing :class:`Result` when ``fn``'s first wrong answer is a NaN that a known mistake explains, else None.
-
-    Cases are tried in order, as :func:`attnbook.exercises.check_function` does; a case whose answer is wrong
-    without NaN (or raises) ends the search, and the caller's ``check_function`` reports it.
-    """
-    if not callable(fn):
-        return None
-    for case in cases:
-        got = _call(fn, case)
-        want = expected(*_copy(case.args), **_copy(case.kwargs))
-        if not isinstance(got, torch.Tensor) or got.shape != want.shape or not got.is_floating_point():
-            return None
-        rtol, atol = tol(torch.float64).values()
-        if not bool(torch.isnan(got).any()):
-            if first_difference(got, want, rtol=rtol, atol=atol) is None:
-                continue
-            return None
-        for d in diagnoses:
-            try:
-                variant = d.wrong(*_copy(case.args), **_copy(case.kwargs))
-            except Exception:
-                continue
-            g, v = got.detach().cpu().double(), variant.detach().cpu().double()
-            if torch.equal(torch.isnan(g), torch.isnan(v)) and torch.allclose(g, v, rtol, atol, equal_nan=True):
-                problem = first_difference(got, want, rtol=rtol, atol=atol)
-                return Result(False, f"{name}, on {case.label}: the result {problem}.\nIt looks like {d.message}.")
-        return None
-    return None
-
-
-def _check(fn, cases, *, expected, name, diagnoses=(), nan_diagnoses=(), success=None) -> Result:
-    found = nan_diagnosis(fn, cases, expected=expected, name=name, diagnoses=nan_diagnoses)
-    if found is not None:
-        return found
-    return check_function(fn, cases, expected=expected, name=name, diagnoses=diagnoses, success=success)
+FIXED_SIZE = (
+    "these inputs are longer than the others: does something depend on a fixed size (a mask cut from an 8 x 8 "
+    "buffer, a hard-coded arange)?"
+)
 
 
 def _gen(seed: int) -> torch.Generator:
@@ -101,6 +44,13 @@ def _randn(*shape: int, seed: int, scale: float = 1.0) -> torch.Tensor:
     return scale * torch.randn(*shape, dtype=torch.float64, generator=_gen(seed))
 
 
+def _mask(*shape: int, seed: int, p: float = 0.5) -> torch.Tensor:
+    """A random boolean mask (True = may attend) in which every row allows at least one key."""
+    allowed = torch.rand(*shape, generator=_gen(seed)) < p
+    first = torch.randint(shape[-1], shape[:-1], generator=_gen(seed + 1))
+    return allowed.scatter(-1, first[..., None], True)
+
+
 # --- 1.1 a masked softmax that gives zeros on empty rows ----------------------------------------------------------
 
 
@@ -109,18 +59,59 @@ def masked_softmax_solution(scores: torch.Tensor, allowed: torch.Tensor) -> torc
 
     Hidden keys get weight 0; a row with no allowed key gets all zeros (never NaN).
     """
-    top = scores.masked_fill(~allowed, -math.inf).amax(dim=-1, keepdim=True)  # (..., N, 1)
+    hidden = scores.masked_fill(~allowed, -math.inf)  # (..., N, M)
+    top = hidden.amax(dim=-1, keepdim=True)  # (..., N, 1): the largest allowed score
     top = torch.where(torch.isfinite(top), top, 0.0)  # an empty row: any shift will do
-    e = torch.exp(scores - top) * allowed  # (..., N, M), 0 where hidden
+    e = torch.exp(hidden - top)  # (..., N, M), exp(-inf) = 0 where hidden
     total = e.sum(dim=-1, keepdim=True)  # (..., N, 1)
     return e / torch.where(total > 0, total, 1.0)
 
 
-def _softmax_all(scores, allowed):
-    return torch.softmax(scores, dim=-1)
+def _exp_before_mask(s, a):
+    """exp of every score, then zeroed: a hidden score far above the allowed ones gives inf * 0 = NaN."""
+    top = s.masked_fill(~a, -math.inf).amax(dim=-1, keepdim=True)
+    top = torch.where(torch.isfinite(top), top, 0.0)
+    e = torch.exp(s - top) * a
+    total = e.sum(dim=-1, keepdim=True)
+    return e / torch.where(total > 0, total, 1.0)
 
+
+def _shift_by_all_keys(guarded: bool):
+    def wrong(s, a):
+        e = torch.exp(s - s.amax(dim=-1, keepdim=True)) * a
+        total = e.sum(dim=-1, keepdim=True)
+        return e / torch.where(total > 0, total, 1.0) if guarded else e / total
+
+    return wrong
+
+
+_SHIFT_BY_ALL = (
+    "each row is shifted by its largest score over all keys, hidden ones included: a large score on a hidden "
+    "key then makes every allowed exp underflow to 0 (shift by the largest allowed score)"
+)
 
 _SOFTMAX_MISTAKES = [
+    Diagnosis(
+        "a row with no allowed key is a softmax over nothing but -inf, which is 0 / 0 = NaN: give such rows zeros",
+        lambda s, a: torch.softmax(s.masked_fill(~a, -math.inf), dim=-1),
+    ),
+    Diagnosis(
+        "exp overflows: subtract each row's largest allowed score before taking exp",
+        lambda s, a: (torch.exp(s) * a) / (torch.exp(s) * a).sum(dim=-1, keepdim=True),
+    ),
+    Diagnosis(
+        "exp overflows: subtract each row's largest allowed score before taking exp",
+        lambda s, a: (
+            torch.exp(s.masked_fill(~a, -math.inf)) / torch.exp(s.masked_fill(~a, -math.inf)).sum(dim=-1, keepdim=True)
+        ),
+    ),
+    Diagnosis(
+        "exp is taken of the hidden scores too and then multiplied by the mask: exp(1000 - top) is inf, and "
+        "inf * 0 = NaN (exponentiate the scores with -inf in place of the hidden ones)",
+        _exp_before_mask,
+    ),
+    Diagnosis(_SHIFT_BY_ALL, _shift_by_all_keys(guarded=True)),
+    Diagnosis(_SHIFT_BY_ALL, _shift_by_all_keys(guarded=False)),
     Diagnosis(
         "the masked weights are set to zero after a softmax over all keys: the allowed weights then no longer "
         "sum to one (mask the scores with -inf before the softmax)",
@@ -139,148 +130,152 @@ _SOFTMAX_MISTAKES = [
         "uniform weights 1/M instead of zeros",
         lambda s, a: torch.softmax(s.masked_fill(~a, -1e9), dim=-1),
     ),
-    Diagnosis("the mask is ignored", _softmax_all),
-]
-
-_SOFTMAX_NAN_MISTAKES = [
     Diagnosis(
-        "a row with no allowed key is a softmax over nothing but -inf, which is 0 / 0 = NaN: give such rows zeros",
-        lambda s, a: torch.softmax(s.masked_fill(~a, -math.inf), dim=-1),
+        "the softmax runs along dim -2 (over the queries) instead of along each row",
+        lambda s, a: masked_softmax_solution(s.transpose(-2, -1), a.transpose(-2, -1)).transpose(-2, -1),
     ),
-    Diagnosis(
-        "exp overflows: subtract each row's largest allowed score before taking exp",
-        lambda s, a: (torch.exp(s) * a) / (torch.exp(s) * a).sum(dim=-1, keepdim=True),
-    ),
+    Diagnosis("the mask is ignored", lambda s, a: torch.softmax(s, dim=-1)),
 ]
 
 
 def _softmax_cases() -> list[Case]:
-    mask = torch.rand(4, 6, generator=_gen(1)) > 0.4
-    mask[:, 0] = True  # every row has a key
     empty = torch.ones(3, 5, dtype=torch.bool)
     empty[1] = False
     empty[2, 3:] = False
+    empty_64 = _mask(64, 64, seed=3)
+    empty_64[[5, 17, 40]] = False  # three rows with no allowed key
     causal = torch.ones(5, 5, dtype=torch.bool).tril().expand(2, 3, 5, 5)
     big = torch.tensor([[1000.0, 999.0, 0.0], [-5.0, 2.0, 1.0]], dtype=torch.float64)
     big_mask = torch.tensor([[True, True, False], [True, False, True]])
+    big_64 = 800 + _randn(4, 64, seed=5, scale=5.0)  # every allowed score far above exp's range
+    hidden = _randn(3, 6, seed=6)
+    hidden_mask = torch.tensor([[True, True, False, True, False, True]] * 3)
+    hidden[:, 2] = 1000.0  # a large score on a hidden key
+    hidden_64 = _randn(2, 64, 70, seed=7)
+    hidden_64_mask = _mask(2, 64, 70, seed=8, p=0.7)
+    hidden_64 = torch.where(hidden_64_mask, hidden_64, 1000.0 + hidden_64)  # every hidden score large
     return [
-        Case((_randn(4, 6, seed=0), mask), label="random (4, 6) scores with a random mask"),
+        Case((_randn(4, 6, seed=0), _mask(4, 6, seed=1, p=0.6)), label="random (4, 6) scores with a random mask"),
         Case((_randn(3, 5, seed=2), empty), label="a (3, 5) mask whose second row allows no key"),
-        Case((_randn(2, 3, 5, 5, seed=3), causal), label="(2, 3, 5, 5) scores with a causal mask"),
+        Case((_randn(2, 3, 5, 5, seed=9), causal), label="(2, 3, 5, 5) scores with a causal mask"),
         Case((big, big_mask), label="scores of 1000"),
+        Case((hidden, hidden_mask), label="a score of 1000 on a hidden key"),
+        Case((_randn(2, 64, 64, seed=10, scale=3.0), _mask(2, 64, 64, seed=11)), label="random (2, 64, 64) scores"),
+        Case((_randn(64, 64, seed=12, scale=3.0), empty_64), label="(64, 64) scores with three empty rows"),
+        Case((big_64, torch.ones(4, 64, dtype=torch.bool)), label="(4, 64) scores around 800, no mask"),
+        Case((hidden_64, hidden_64_mask), label="(2, 64, 70) scores, every hidden one around 1000"),
     ]
 
 
 @exercise("1.1")
 def check_masked_softmax(fn) -> Result:
     """Exercise 1.1: ``fn(scores, allowed)`` -> weights (..., N, M) with zeros on hidden keys and empty rows."""
-    return _check(
+    return check_function(
         fn,
         _softmax_cases(),
         expected=masked_softmax_solution,
         name="masked_softmax",
         diagnoses=_SOFTMAX_MISTAKES,
-        nan_diagnoses=_SOFTMAX_NAN_MISTAKES,
         success="masked_softmax is right: weights on the allowed keys only, zeros on an empty row, no "
-        "overflow at scores of 1000.",
+        "overflow at scores of 1000, hidden scores of 1000 ignored.",
     )
 
 
 # --- 1.2 causal attention -----------------------------------------------------------------------------------------
 
 
-def _causal(q, k, v):
-    return reference.softmax_attention(q, k, v, causal=True)
+def _attend(q, k, v, allowed: torch.Tensor | None, scale: float | None = None) -> torch.Tensor:
+    """Softmax attention written out in float64, returned in q's dtype: weights over the ``allowed`` keys."""
+    dtype = q.dtype
+    q, k, v = q.double(), k.double(), v.double()
+    s = (1.0 / math.sqrt(q.shape[-1])) if scale is None else scale
+    scores = q @ k.transpose(-2, -1) * s  # (..., N, M)
+    if allowed is None:
+        allowed = torch.ones(scores.shape[-2:], dtype=torch.bool)
+    return (masked_softmax_solution(scores, allowed.expand_as(scores)) @ v).to(dtype)  # (..., N, Dv)
 
 
-def _with_mask(diagonal: int, *, transpose: bool = False, scale: Callable[[int], float] | None = None):
+def _tril(n: int, diagonal: int = 0) -> torch.Tensor:
+    return torch.ones(n, n, dtype=torch.bool).tril(diagonal)
+
+
+def causal_reference(q, k, v) -> torch.Tensor:
+    """Causal softmax attention, q.k / sqrt(D), query i over the keys j <= i, in float64 (returned in q's dtype)."""
+    return _attend(q, k, v, _tril(q.shape[-2]))
+
+
+def _with_mask(diagonal: int, *, transpose: bool = False) -> Callable:
     def wrong(q, k, v):
-        N = q.shape[-2]
-        allowed = torch.ones(N, N, dtype=torch.bool).tril(diagonal)
-        if transpose:
-            allowed = allowed.T
-        s = None if scale is None else scale(q.shape[-1])
-        return reference.softmax_attention(q, k, v, mask=allowed, scale=s)
+        allowed = _tril(q.shape[-2], diagonal)
+        return _attend(q, k, v, allowed.T if transpose else allowed)
 
     return wrong
 
 
-def _nan_on_empty_rows(q, k, v):
+def _scaled(scale_of_d: Callable[[int], float]) -> Callable:
+    return lambda q, k, v: _attend(q, k, v, _tril(q.shape[-2]), scale=scale_of_d(q.shape[-1]))
+
+
+def _nan_on_first_row(q, k, v):
     """The diagonal left out (j < i) with a plain -inf softmax: the first query has no key, 0 / 0."""
-    N, D = q.shape[-2], q.shape[-1]
-    scores = (q @ k.transpose(-2, -1)) / math.sqrt(D)  # (..., N, N)
-    allowed = torch.ones(N, N, dtype=torch.bool).tril(-1)
-    return torch.softmax(scores.masked_fill(~allowed, -math.inf), dim=-1) @ v
+    scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])  # (..., N, N)
+    return torch.softmax(scores.masked_fill(~_tril(q.shape[-2], -1), -math.inf), dim=-1) @ v
 
 
 _CAUSAL_MISTAKES = [
-    Diagnosis(
-        "the scores are not divided by sqrt(D)",
-        lambda q, k, v: reference.softmax_attention(q, k, v, causal=True, scale=1.0),
-    ),
-    Diagnosis(
-        "the scores are divided by D instead of sqrt(D)",
-        lambda q, k, v: reference.softmax_attention(q, k, v, causal=True, scale=1.0 / q.shape[-1]),
-    ),
+    Diagnosis("the scores are not divided by sqrt(D)", _scaled(lambda d: 1.0)),
+    Diagnosis("the scores are divided by D instead of sqrt(D)", _scaled(lambda d: 1.0 / d)),
+    Diagnosis("the scores are multiplied by sqrt(D) instead of divided by it", _scaled(lambda d: math.sqrt(d))),
     Diagnosis("the causal mask is off by one: query i sees key i + 1 as well (it must see only j <= i)", _with_mask(1)),
     Diagnosis(
         "the causal mask is off by one: query i does not see its own key i (it must see j <= i, diagonal included)",
         _with_mask(-1),
     ),
     Diagnosis(
+        "the causal mask is off by one: query i does not see its own key i, so the first query has no key "
+        "at all and its softmax is 0 / 0 (it must see j <= i, diagonal included)",
+        _nan_on_first_row,
+    ),
+    Diagnosis(
         "the mask is transposed: query i sees the keys j >= i, the future, instead of j <= i",
         _with_mask(0, transpose=True),
     ),
-    Diagnosis(
-        "there is no causal mask: every query sees every key", lambda q, k, v: reference.softmax_attention(q, k, v)
-    ),
+    Diagnosis("there is no causal mask: every query sees every key", lambda q, k, v: _attend(q, k, v, None)),
 ]
 
-_CAUSAL_NAN_MISTAKES = [
-    Diagnosis(
-        "the causal mask is off by one: query i does not see its own key i, so the first query has no key "
-        "at all and its softmax is 0 / 0 (it must see j <= i, diagonal included)",
-        _nan_on_empty_rows,
-    )
-]
+
+def _qkv(B: int, H: int, N: int, D: int, Dv: int, seed: int, dtype=torch.float64):
+    return tuple(
+        _randn(B, H, N, d, seed=seed + i).to(dtype) for i, d in enumerate((D, D, Dv))
+    )  # q, k (B, H, N, D), v (B, H, N, Dv)
 
 
 def _causal_cases() -> list[Case]:
     return [
-        Case(
-            (_randn(2, 1, 5, 4, seed=10), _randn(2, 1, 5, 4, seed=11), _randn(2, 1, 5, 3, seed=12)),
-            label="q, k (2, 1, 5, 4) and v (2, 1, 5, 3)",
-        ),
-        Case(
-            (_randn(1, 2, 7, 16, seed=13), _randn(1, 2, 7, 16, seed=14), _randn(1, 2, 7, 16, seed=15)),
-            label="q, k, v (1, 2, 7, 16)",
-        ),
-        Case(
-            (_randn(1, 1, 1, 4, seed=16), _randn(1, 1, 1, 4, seed=17), _randn(1, 1, 1, 2, seed=18)),
-            label="a single token",
-        ),
+        Case(_qkv(2, 1, 5, 4, 3, seed=10), label="q, k (2, 1, 5, 4) and v (2, 1, 5, 3)"),
+        Case(_qkv(1, 2, 7, 16, 16, seed=13), label="q, k, v (1, 2, 7, 16)"),
+        Case(_qkv(1, 1, 1, 4, 2, seed=16), label="a single token"),
+        Case(_qkv(1, 2, 64, 8, 6, seed=19), label="q, k (1, 2, 64, 8), v (1, 2, 64, 6)", note=FIXED_SIZE),
+        Case(_qkv(2, 1, 65, 3, 2, seed=22), label="q, k (2, 1, 65, 3), v (2, 1, 65, 2)", note=FIXED_SIZE),
+        Case(_qkv(1, 2, 6, 4, 4, seed=25, dtype=torch.float32), label="float32 q, k, v (1, 2, 6, 4)"),
     ]
 
 
 @exercise("1.2")
 def check_causal_attention(fn) -> Result:
     """Exercise 1.2: ``fn(q, k, v)`` -> causal softmax attention (B, H, N, Dv), scores scaled by 1/sqrt(D)."""
-    return _check(
+    return check_function(
         fn,
         _causal_cases(),
-        expected=_causal,
+        expected=causal_reference,
         name="causal_attention",
         diagnoses=_CAUSAL_MISTAKES,
-        nan_diagnoses=_CAUSAL_NAN_MISTAKES,
-        success="causal_attention is right: scaled by 1/sqrt(D), each query sees itself and the past only.",
+        success="causal_attention is right: scaled by 1/sqrt(D), each query sees itself and the past only "
+        "(N = 1 to 65, float32 too).",
     )
 
 
 # --- 1.3 the bandwidth of the Gaussian kernel ---------------------------------------------------------------------
-
-
-def _d_cases() -> list[Case]:
-    return [Case((d,), label=f"D = {d}") for d in (16, 2, 64, 100, 1)]
 
 
 @exercise("1.3")
@@ -288,7 +283,7 @@ def check_bandwidth(fn) -> Result:
     """Exercise 1.3: ``fn(D)`` -> the bandwidth h with exp(-|q - k|^2 / 2h^2) ~ exp(q . k / sqrt(D)), h = D^(1/4)."""
     return check_function(
         fn,
-        _d_cases(),
+        [Case((d,), label=f"D = {d}") for d in (16, 2, 64, 100, 3, 1)],
         expected=lambda d: d**0.25,
         name="bandwidth",
         diagnoses=[
@@ -301,6 +296,12 @@ def check_bandwidth(fn) -> Result:
                 "h^2 = sqrt(D) / 2: the 2 of 2h^2 is already matched by the 2 q.k of the expanded square",
                 lambda d: (d**0.5 / 2) ** 0.5,
             ),
+            Diagnosis(
+                "h^2 = 2 sqrt(D): expanding the square gives -|q|^2 + 2 q.k - |k|^2, so the kernel's exponent "
+                "is q.k / h^2, not q.k / 2h^2",
+                lambda d: (2 * d**0.5) ** 0.5,
+            ),
+            Diagnosis("h = sqrt(D) / 2", lambda d: d**0.5 / 2),
         ],
         rtol=1e-6,
         atol=0.0,
@@ -318,7 +319,9 @@ def _gap(p: float, M: int) -> float:
 @exercise("1.4")
 def check_gap(fn) -> Result:
     """Exercise 1.4: ``fn(p, M)`` -> the lead Delta of the top score over M - 1 equal others for a top weight p."""
-    cases = [Case((p, m), label=f"p = {p}, M = {m}") for p, m in ((0.9, 64), (0.5, 2), (0.99, 1000), (0.3, 5))]
+    cases = [
+        Case((p, m), label=f"p = {p}, M = {m}") for p, m in ((0.9, 64), (0.5, 2), (0.99, 1000), (0.3, 5), (0.75, 9))
+    ]
     return check_function(
         fn,
         cases,
@@ -329,10 +332,19 @@ def check_gap(fn) -> Result:
                 "M keys compete with the best one; there are M - 1 others", lambda p, m: math.log(p * m / (1 - p))
             ),
             Diagnosis("the M - 1 other keys are left out of the sum", lambda p, m: math.log(p / (1 - p))),
+            Diagnosis(
+                "the factor 1 / (1 - p) is missing: solve p (e^Delta + M - 1) = e^Delta for e^Delta",
+                lambda p, m: math.log(p * (m - 1)),
+            ),
+            Diagnosis("p and 1 - p are swapped", lambda p, m: math.log((1 - p) * (m - 1) / p)),
             Diagnosis("the logarithm is missing: Delta is the exponent of e", lambda p, m: p * (m - 1) / (1 - p)),
             Diagnosis(
                 "the logarithm is base 10; softmax uses exp, so use the natural log",
                 lambda p, m: math.log10(p * (m - 1) / (1 - p)),
+            ),
+            Diagnosis(
+                "the logarithm is base 2; softmax uses exp, so use the natural log",
+                lambda p, m: math.log2(p * (m - 1) / (1 - p)),
             ),
         ],
         rtol=1e-6,
