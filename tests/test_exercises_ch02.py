@@ -1,9 +1,15 @@
-"""Chapter 2's exercise checkers: right answers pass, the mistakes students make are named, nothing crashes."""
+"""Chapter 2's exercise checkers: right answers in every form pass, the mistakes students make are named,
+nothing crashes.
+
+The wrong answers marked "(issue 29)" were written from the exercise statements, as a student would, before
+reading the checkers."""
 
 import math
 
+import numpy as np
 import pytest
 import torch
+from exercises_support import ODD_ANSWERS, ODD_IDS, accepted, diagnosed, longest, rejected, spy, undiagnosed
 
 import attnbook
 from attnbook import reference
@@ -122,8 +128,9 @@ def rescaled(features, D, factor):
     return torch.cat([features[..., : 1 + D], features[..., 1 + D :] * factor], dim=-1)
 
 
-def test_taylor_features_built_in_float32_are_right_too():
-    assert check("2.2", lambda x: taylor_flat(x.float())).passed
+def test_taylor_features_in_another_dtype_are_named():
+    r = check("2.2", lambda x: taylor_flat(x.float()))
+    assert not r.passed and "has dtype float32, expected float64 (compute in the inputs' dtype)" in r.message
 
 
 @pytest.mark.parametrize("answer", [taylor_flat, taylor_packed], ids=["outer-product", "packed"])
@@ -210,3 +217,184 @@ def test_relative_variance_mistakes_are_named():
     r = check("2.4", lambda x, y: math.exp(2 * float(x @ y)) * relative_variance_solution(x, y))
     assert named(r, "the variance itself")
     assert "relative_variance raised" in check("2.4", lambda x, y: x @ torch.ones(5)).message
+
+
+# --- issue 29: more forms, more mistakes, writes, dtypes, sizes ----------------------------------------------
+
+
+def step_with_lists(q, k, v, state):
+    out, (S, z) = linear_step_solution(q, k, v, state)
+    return [out, [S, z]]
+
+
+def step_with_named_state(q, k, v, state):
+    return step_with_the_package(q, k, v, state)
+
+
+def step_adds_in_place(q, k, v, state):
+    S, z = state
+    fq, fk = elu_feature_map(q), elu_feature_map(k)
+    S.add_(fk[..., :, None] * v[..., None, :])
+    z += fk
+    return (fq[..., None, :] @ S).squeeze(-2) / ((fq * z).sum(-1, keepdim=True) + 1e-6), (S, z)
+
+
+def step_zeros(q, k, v, state):
+    S, z = state
+    return torch.zeros_like(v), (S, z)
+
+
+def step_state_swapped(q, k, v, state):
+    out, (S, z) = linear_step_solution(q, k, v, state)
+    return out, (z, S)
+
+
+def step_phi_on_values(q, k, v, state):
+    return change()(q, k, elu_feature_map(v), state)
+
+
+def step_elu_only(q, k, v, state):
+    S, z = state
+    fq, fk = torch.nn.functional.elu(q), torch.nn.functional.elu(k)
+    S = S + fk[..., :, None] * v[..., None, :]
+    z = z + fk
+    return (fq[..., None, :] @ S).squeeze(-2) / ((fq * z).sum(-1, keepdim=True) + 1e-6), (S, z)
+
+
+def step_eps_on_z(q, k, v, state):
+    S, z = state
+    fq, fk = elu_feature_map(q), elu_feature_map(k)
+    S, z = S + fk[..., :, None] * v[..., None, :], z + fk
+    return (fq[..., None, :] @ S).squeeze(-2) / (fq * (z + 1e-6)).sum(-1, keepdim=True), (S, z)
+
+
+def step_in_float64(q, k, v, state):
+    return linear_step_solution(q.double(), k.double(), v.double(), tuple(x.double() for x in state))
+
+
+@pytest.mark.parametrize("answer", [step_with_lists, step_with_named_state], ids=["lists", "named-state"])
+def test_linear_step_right_answers_in_other_containers(answer):
+    accepted(check("2.1", answer))
+
+
+@pytest.mark.parametrize(
+    "answer, diagnosis",
+    [
+        (step_state_swapped, "returned as (z, S)"),
+        (step_phi_on_values, "applied to the values too"),
+        (step_elu_only, "elu alone"),
+        (step_eps_on_z, "eps is added to every feature of z"),
+        (change(out=lambda n, d: n / d), "the denominator has no eps"),
+    ],
+    ids=["state-swapped", "phi-on-values", "elu-only", "eps-on-z", "no-eps"],
+)
+def test_linear_step_more_mistakes_are_named(answer, diagnosis):
+    diagnosed(check("2.1", answer), diagnosis)
+
+
+def test_linear_step_an_output_of_zeros_is_not_called_a_late_update():
+    # on the first token (S = 0) a late update also gives zeros; the other tokens show it is not that
+    r = check("2.1", step_zeros)
+    undiagnosed(r)
+    assert "after the readout" not in r.message
+
+
+def test_linear_step_rejects_writes_into_the_state():
+    rejected(check("2.1", step_adds_in_place), "wrote into its argument `state.S`", "in-place")
+
+
+def test_linear_step_names_a_wrong_dtype_and_tries_a_long_history():
+    rejected(check("2.1", step_in_float64), "has dtype float64, expected float32")
+    s = spy(linear_step_solution)
+    accepted(check("2.1", s))
+    assert any(float(state[1].sum()) > 64 for (q, k, v, state), _ in s.calls)  # z after 64 tokens
+
+
+@pytest.mark.parametrize("exercise_id", ["2.1", "2.2", "2.3", "2.4"])
+@pytest.mark.parametrize("answer", ODD_ANSWERS, ids=ODD_IDS)
+def test_answers_of_the_wrong_type_get_feedback(exercise_id, answer):
+    rejected(check(exercise_id, answer), "expected a function")
+    rejected(check(exercise_id, lambda *args: answer))
+
+
+def taylor_einsum_shuffled(x):
+    """Right too: the features in another order, built with einsum."""
+    second = torch.einsum("...d,...e->...de", x, x).flatten(-2) * 2**-0.5
+    return torch.cat([second, x, torch.ones_like(x[..., :1])], dim=-1).flip(-1)
+
+
+def taylor_upper_only(x):
+    """Only the pairs d <= e, none scaled: the off-diagonal products are counted once instead of twice."""
+    i, j = torch.triu_indices(x.shape[-1], x.shape[-1])
+    return torch.cat([torch.ones_like(x[..., :1]), x, x[..., i] * x[..., j] / math.sqrt(2)], dim=-1)
+
+
+def taylor_in_place(x):
+    """Right values, but x /= 2^(1/4) changes the caller's x."""
+    x /= 2**0.25
+    outer = (x[..., :, None] * x[..., None, :]).flatten(-2)  # (x_d x_e) / sqrt(2)
+    return torch.cat([torch.ones_like(x[..., :1]), x * 2**0.25, outer], dim=-1)
+
+
+def test_taylor_right_answer_in_another_order():
+    accepted(check("2.2", taylor_einsum_shuffled))
+
+
+def test_taylor_packed_without_the_factor_is_named():
+    diagnosed(check("2.2", taylor_upper_only), "only the pairs d <= e are kept")
+
+
+def test_taylor_rejects_writes_into_x_and_tries_64_rows():
+    rejected(check("2.2", taylor_in_place), "wrote into its argument `x`")
+    s = spy(taylor_flat)
+    accepted(check("2.2", s))
+    assert longest(s.calls) >= 64
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        lambda R, Dv: np.sqrt(2 * R * Dv / (R + Dv)),
+        lambda R, Dv: np.float32(math.sqrt(2 * R * Dv / (R + Dv))),
+        lambda R, Dv: torch.tensor(2.0 * R * Dv / (R + Dv), dtype=torch.float64).sqrt(),
+        lambda R, Dv: (2 / (1 / R + 1 / Dv)) ** 0.5,  # the harmonic mean, square-rooted
+    ],
+    ids=["numpy", "numpy-float32", "tensor", "harmonic-mean"],
+)
+def test_best_chunk_right_answers_in_every_number_type(answer):
+    accepted(check("2.3", answer))
+
+
+def test_best_chunk_rounded_is_named():
+    diagnosed(check("2.3", lambda R, Dv: round(math.sqrt(2 * R * Dv / (R + Dv)))), "rounded to a whole number")
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        lambda x, y: torch.expm1(((x + y) ** 2).sum()),  # a 0-d tensor
+        lambda x, y: np.expm1(((x + y) ** 2).sum().numpy()),  # a numpy.float64
+        lambda x, y: math.exp(((x + y) @ (x + y)).item()) - 1,
+    ],
+    ids=["tensor", "numpy", "exp-minus-1"],
+)
+def test_relative_variance_right_answers_in_every_number_type(answer):
+    accepted(check("2.4", answer))
+
+
+@pytest.mark.parametrize(
+    "answer, diagnosis",
+    [
+        (lambda x, y: math.expm1(float(((x - y) ** 2).sum())), "|x - y|^2"),
+        (lambda x, y: math.expm1(float(((x + y) ** 2).sum()) ** 0.5), "not squared"),
+    ],
+    ids=["minus", "not-squared"],
+)
+def test_relative_variance_more_mistakes_are_named(answer, diagnosis):
+    diagnosed(check("2.4", answer), diagnosis)
+
+
+def test_relative_variance_tries_64_dimensions():
+    s = spy(relative_variance_solution)
+    accepted(check("2.4", s))
+    assert longest(s.calls, dim=-1) >= 64

@@ -211,6 +211,7 @@ def _table(dtype: torch.dtype) -> dict[str, float]:
 
 
 def _tolerance(expected, rtol, atol) -> tuple[float, float]:
+    """``rtol`` / ``atol``, or where None the table's for ``expected``'s dtype (float64 for numbers)."""
     dtype = expected.dtype if isinstance(expected, torch.Tensor) and expected.is_floating_point() else torch.float64
     t = _table(dtype)
     return (t["rtol"] if rtol is None else rtol), (t["atol"] if atol is None else atol)
@@ -238,6 +239,7 @@ def _is_sequence(x) -> bool:
 def _compare(got, expected, rtol, atol, path: str = "", equal_nan: bool = False) -> str | None:
     label = f"{path} " if path else ""
     if isinstance(expected, torch.Tensor):
+        rtol, atol = _tolerance(expected, rtol, atol)
         got = _as_tensor(got, expected)
         if not isinstance(got, torch.Tensor):
             return f"{label}is {_what(got)}, expected a torch.Tensor of shape {tuple(expected.shape)}"
@@ -279,6 +281,7 @@ def _compare(got, expected, rtol, atol, path: str = "", equal_nan: bool = False)
                 return problem
         return None
     if isinstance(expected, (int, float)) and not isinstance(expected, bool):
+        rtol, atol = _tolerance(expected, rtol, atol)
         value = as_number(got)
         if value is None:
             return f"{label}is {_what(got)}, expected a number"
@@ -291,10 +294,13 @@ def _compare(got, expected, rtol, atol, path: str = "", equal_nan: bool = False)
     return None if got == expected else f"{label}is {got!r}, expected {expected!r}"
 
 
-def compare(got, expected, *, rtol: float, atol: float, path: str = "", equal_nan: bool = False) -> str | None:
+def compare(
+    got, expected, *, rtol: float | None = None, atol: float | None = None, path: str = "", equal_nan: bool = False
+) -> str | None:
     """None when ``got`` matches ``expected`` (tensors, numbers, tuples/NamedTuples of them), else the problem.
 
-    Never raises: an object that cannot be compared is reported as such.
+    ``rtol`` / ``atol`` default, tensor by tensor, to :data:`attnbook.testing.TOLERANCES` of its dtype (float64's
+    for numbers). Never raises: an object that cannot be compared is reported as such.
     """
     try:
         return _compare(got, expected, rtol, atol, path, equal_nan)
@@ -438,8 +444,7 @@ def _run(fn: Callable, case: Case, want, name: str, rtol, atol) -> _Run:
         argument = None
     if argument:
         run.fatal = in_place_message(name, argument, case.label)
-    r, a = _tolerance(want, rtol, atol)
-    run.problem = compare(got, want, rtol=r, atol=a, path="the result")
+    run.problem = compare(got, want, rtol=rtol, atol=atol, path="the result")
     return run
 
 
@@ -457,10 +462,9 @@ def _diagnose(runs: list[_Run], failing: int, diagnoses: Sequence[Diagnosis], rt
                 variant = d.wrong(*_fresh(run.case.args), **_fresh(run.case.kwargs))
             except Exception:  # a variant that cannot be evaluated here gives no evidence
                 continue
-            r, a = _tolerance(run.want, rtol, atol)
-            if compare(variant, run.want, rtol=r, atol=a) is None:
+            if compare(variant, run.want, rtol=rtol, atol=atol) is None:
                 continue  # the mistake makes no difference on this case
-            if compare(run.got, variant, rtol=r, atol=a, equal_nan=True) is None:
+            if compare(run.got, variant, rtol=rtol, atol=atol, equal_nan=True) is None:
                 support += 1
                 explains_failure |= i == failing
             else:

@@ -99,6 +99,20 @@ def _variant(*, out=None, S_outer=None, phi_q=True, update_z=True):
     return step
 
 
+def _variant_map(phi):
+    """The solution with another feature map."""
+
+    def step(q, k, v, state):
+        S, z = state
+        fq, fk = phi(q), phi(k)
+        S = S + fk[..., :, None] * v[..., None, :]
+        z = z + fk
+        num = (fq[..., None, :] @ S).squeeze(-2)
+        return Step(num / ((fq * z).sum(dim=-1, keepdim=True) + EPS), State(S, z))
+
+    return step
+
+
 _STEP_MISTAKES = [
     Diagnosis(
         "the state is updated after the readout: the output must be read from S_t and z_t, which already "
@@ -127,29 +141,46 @@ _STEP_MISTAKES = [
         _variant(S_outer=lambda fk, v: v[..., :, None] * fk[..., None, :]),
     ),
     Diagnosis("z is not updated: z_t = z_{t-1} + phi(k_t)", _variant(update_z=False)),
+    Diagnosis(
+        "the feature map is applied to the values too: S sums phi(k_j) v_j^T, with the values as they are",
+        _variant(S_outer=lambda fk, v: fk[..., :, None] * _phi(v)[..., None, :]),
+    ),
+    Diagnosis(
+        "the feature map is elu alone; it is elu(x) + 1, which keeps every feature positive",
+        _variant_map(lambda x: torch.where(x > 0, x, torch.expm1(x))),
+    ),
+    Diagnosis(
+        "the new state is returned as (z, S); it is (S, z), in the order it came in",
+        lambda q, k, v, state: Step(
+            linear_step_solution(q, k, v, state).out, linear_step_solution(q, k, v, state).state[::-1]
+        ),
+    ),
 ]
 
 
-def _state_after(n: int, B: int, H: int, D: int, Dv: int, seed: int) -> State:
+def _state_after(n: int, B: int, H: int, D: int, Dv: int, seed: int, dtype=torch.float64) -> State:
     k, v = _randn(n, B, H, D, seed=seed), _randn(n, B, H, Dv, seed=seed + 1)
     S = (_phi(k)[..., :, None] * v[..., None, :]).sum(0)  # (B, H, D, Dv)
-    return State(S, _phi(k).sum(0))  # (B, H, D, Dv), (B, H, D)
+    return State(S.to(dtype), _phi(k).sum(0).to(dtype))  # (B, H, D, Dv), (B, H, D)
+
+
+def _token(B: int, H: int, D: int, Dv: int, seed: int, dtype=torch.float64):
+    return tuple(_randn(B, H, d, seed=seed + i).to(dtype) for i, d in enumerate((D, D, Dv)))  # q, k, v
 
 
 def _step_cases() -> list[Case]:
     B, H, D = 2, 3, 4
-    zero = (torch.zeros(B, H, D, D, dtype=torch.float64), torch.zeros(B, H, D, dtype=torch.float64))
-    cases = [
-        Case((_randn(B, H, D, seed=20), _randn(B, H, D, seed=21), _randn(B, H, D, seed=22), zero),
-             label="the first token (S = 0, z = 0), D = Dv = 4"),
-        Case((_randn(B, H, D, seed=23), _randn(B, H, D, seed=24), _randn(B, H, D, seed=25),
-              tuple(_state_after(6, B, H, D, D, seed=26))),
-             label="a token after 6 others, D = Dv = 4"),
-        Case((_randn(1, 2, 3, seed=28), _randn(1, 2, 3, seed=29), _randn(1, 2, 5, seed=30),
-              tuple(_state_after(3, 1, 2, 3, 5, seed=31))),
-             label="a token after 3 others, D = 3, Dv = 5"),
-    ]  # fmt: skip
-    return cases
+    zero = State(torch.zeros(B, H, D, D, dtype=torch.float64), torch.zeros(B, H, D, dtype=torch.float64))
+    f32 = torch.float32
+    after_6, after_3 = _state_after(6, B, H, D, D, seed=26), _state_after(3, 1, 2, 3, 5, seed=31)
+    after_64, after_5 = _state_after(64, 1, 2, 8, 6, seed=36), _state_after(5, 1, 1, 4, 4, seed=41, dtype=f32)
+    return [
+        Case((*_token(B, H, D, D, seed=20), zero), label="the first token (S = 0, z = 0), D = Dv = 4"),
+        Case((*_token(B, H, D, D, seed=23), after_6), label="a token after 6 others, D = Dv = 4"),
+        Case((*_token(1, 2, 3, 5, seed=28), after_3), label="a token after 3 others, D = 3, Dv = 5"),
+        Case((*_token(1, 2, 8, 6, seed=33), after_64), label="a token after 64 others, D = 8, Dv = 6"),
+        Case((*_token(1, 1, 4, 4, seed=38, dtype=f32), after_5), label="float32, a token after 5 others"),
+    ]
 
 
 @exercise("2.1")
@@ -161,7 +192,7 @@ def check_linear_step(fn) -> Result:
         expected=linear_step_solution,
         name="linear_step",
         diagnoses=_STEP_MISTAKES,
-        success="linear_step is right: the state takes the token in, then the query reads it.",
+        success="linear_step is right: the state takes the token in, then the query reads it (float32 too).",
     )
 
 
@@ -208,6 +239,11 @@ _TAYLOR_MISTAKES = [
         lambda x, y: 1 + _dots(x, y) + _dots(x * x, y * y) / 2,
     ),
     Diagnosis("the linear features x are missing", lambda x, y: 1 + _dots(x, y) ** 2 / 2),
+    Diagnosis(
+        "only the pairs d <= e are kept, each once: (x.y)^2 holds every pair d != e twice (x_d x_e and x_e x_d), "
+        "so the packed off-diagonal products need a factor sqrt(2) (or keep all D^2 of them)",
+        lambda x, y: 1 + _dots(x, y) + (_dots(x, y) ** 2 + _dots(x * x, y * y)) / 4,
+    ),
 ]
 
 
@@ -216,7 +252,10 @@ def _taylor_cases() -> list[Case]:
         Case((_randn(5, 3, seed=40), _randn(4, 3, seed=41)), label="x (5, 3), y (4, 3)"),
         Case((_randn(2, 3, 6, 4, seed=42), _randn(2, 3, 5, 4, seed=43)), label="x (2, 3, 6, 4), y (2, 3, 5, 4)"),
         Case((_randn(3, 1, seed=44), _randn(2, 1, seed=45)), label="D = 1"),
-    ]
+        Case((_randn(64, 8, seed=46), _randn(70, 8, seed=47)), label="x (64, 8), y (70, 8)"),
+        Case((_randn(2, 1, 64, 5, seed=48).float(), _randn(2, 1, 9, 5, seed=49).float()),
+             label="float32 x (2, 1, 64, 5), y (2, 1, 9, 5)"),
+    ]  # fmt: skip
 
 
 @exercise("2.2")
@@ -230,7 +269,7 @@ def check_taylor_features(fn) -> Result:
         expected=taylor_kernel,
         name="taylor_features",
         diagnoses=_TAYLOR_MISTAKES,
-        **tol(torch.float32),  # features built with float32 constants are right too; the mistakes are O(1)
+        **tol(torch.float32),  # the kernel sums D^2 products; the mistakes are O(1) (a dtype is named anyway)
         success="taylor_features is right: phi(x) . phi(y) = 1 + x.y + (x.y)^2 / 2, which is never below 1/2.",
     )
 
@@ -255,7 +294,8 @@ def _best(R, Dv):
 @exercise("2.3")
 def check_best_chunk(fn) -> Result:
     """Exercise 2.3: ``fn(R, Dv)`` -> the ell minimising :func:`chunk_cost`, sqrt(2 R Dv / (R + Dv))."""
-    cases = [Case((r, dv), label=f"R = {r}, Dv = {dv}") for r, dv in ((16, 64), (64, 64), (256, 32), (1, 1))]
+    shapes = ((16, 64), (64, 64), (256, 32), (1, 1), (8, 24))
+    cases = [Case((r, dv), label=f"R = {r}, Dv = {dv}") for r, dv in shapes]
     return check_function(
         fn,
         cases,
@@ -277,6 +317,15 @@ def check_best_chunk(fn) -> Result:
             ),
             Diagnosis(
                 "ell = sqrt(R Dv): the in-chunk term grows like ell (R + Dv) / 2", lambda r, dv: math.sqrt(r * dv)
+            ),
+            Diagnosis(
+                "the minimiser is rounded to a whole number; the question asks for the real ell that sets F'(ell) = 0",
+                lambda r, dv: round(_best(r, dv)),
+            ),
+            Diagnosis(
+                "the ell (ell + 1) / 2 pairs were counted as ell^2 / 2 and the readout or update left out: "
+                "ell^2 (R + Dv) / 2 = R Dv gives the same ell* only by luck; count every term",
+                lambda r, dv: math.sqrt(r * dv / (r + dv)) * 2,
             ),
         ],
         rtol=1e-6,
@@ -300,6 +349,7 @@ def check_relative_variance(fn) -> Result:
              label="x = (0.3, -0.2, 0.5), y = (0.1, 0.4, 0.2)"),
         Case((_randn(8, seed=50) * 0.4, _randn(8, seed=51) * 0.4), label="x, y in R^8"),
         Case((torch.zeros(2, dtype=torch.float64), torch.zeros(2, dtype=torch.float64)), label="x = y = 0"),
+        Case((_randn(64, seed=52) * 0.1, _randn(64, seed=53) * 0.1), label="x, y in R^64"),
     ]  # fmt: skip
     return check_function(
         fn,
@@ -323,6 +373,14 @@ def check_relative_variance(fn) -> Result:
             Diagnosis(
                 "|x + y|^2 became |x|^2 + |y|^2: the cross term 2 x.y is missing",
                 lambda x, y: math.expm1(float(x @ x + y @ y)),
+            ),
+            Diagnosis(
+                "it is |x - y|^2 in the exponent; w.x and w.y add: w.(x + y)",
+                lambda x, y: math.expm1(float(((x - y) ** 2).sum())),
+            ),
+            Diagnosis(
+                "the exponent is |x + y|, not squared: E[exp(w.u)] = exp(|u|^2 / 2)",
+                lambda x, y: math.expm1(float(((x + y) ** 2).sum()) ** 0.5),
             ),
         ],
         rtol=1e-6,
