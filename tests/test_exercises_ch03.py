@@ -1,9 +1,24 @@
-"""Chapter 3's exercise checkers: the solutions pass, plausible mistakes are named, nothing propagates."""
+"""Chapter 3's exercise checkers: the solutions pass in every form, plausible mistakes are named, nothing
+propagates.
+
+The wrong answers marked "(issue 29)" were written from the exercise statements, as a student would, before
+reading the checkers."""
 
 import math
 
+import numpy as np
 import pytest
 import torch
+from exercises_support import (
+    ODD_ANSWERS,
+    ODD_IDS,
+    accepted,
+    causal_kw,
+    diagnosed,
+    longest,
+    rejected,
+    spy,
+)
 
 import attnbook
 from attnbook.exercises import ch03, check, registered
@@ -46,7 +61,7 @@ def causal_incoming(q, k, eps=1e-6):
 
 def test_causal_incoming_solution_is_accepted():
     r = check("3.2", causal_incoming)
-    assert r.passed and r.message.startswith("causal_incoming is right on 4 inputs"), r.message
+    assert r.passed and r.message.startswith("causal_incoming is right on 7 inputs"), r.message
 
 
 def no_t(q, k):
@@ -136,8 +151,9 @@ def causal_competition(o_hat):
 def test_the_literal_competition_is_the_packages():
     g = torch.Generator().manual_seed(5)
     q, k, v = (2 * torch.randn(2, 3, 11, 4, generator=g, dtype=torch.float64) for _ in range(3))
-    _, stats = attnbook.flow_attention(q, k, v, causal=True, return_flows=True)
-    torch.testing.assert_close(ch03._reference_competition(stats.conserved_outgoing_raw), stats.competition)
+    f = attnbook.flow_attention
+    _, stats = f(q, k, v, **causal_kw(f), return_flows=True)
+    torch.testing.assert_close(ch03.causal_competition_reference(stats.conserved_outgoing_raw), stats.competition)
 
 
 def test_causal_competition_solution_is_accepted():
@@ -216,7 +232,206 @@ def test_the_clamp_acts_until_similarity_one():
     assert check("3.5", 1.0).passed and check("3.5", 1).passed
 
 
-@pytest.mark.parametrize("answer, says", [(0.5, "some sources still have O^ > 1"), (None, "no answer yet")])
+@pytest.mark.parametrize(
+    "answer, says",
+    [
+        (0.5, "the clamp still cuts off"),
+        (0.9, "the clamp still cuts off"),
+        (0.99, "the clamp still cuts off"),
+        (0.999, "the clamp still cuts off"),  # (issue 29) accepted before, though the clamp still acts there
+        (0.999999, "the clamp still cuts off"),
+        (1.5, "is not a similarity"),
+        (-0.2, "is not a similarity"),
+        (None, "no answer yet"),
+        ("1", "expected a number"),
+    ],
+)
 def test_clamp_similarity_wrong_answers(answer, says):
-    r = check("3.5", answer)
-    assert not r.passed and says in r.message
+    rejected(check("3.5", answer), says)
+
+
+# --- issue 29 -------------------------------------------------------------------------------------------------
+
+
+def test_the_literal_incoming_flow_is_the_packages():
+    q, k = (torch.randn(2, 3, 11, 4, dtype=torch.float64) for _ in range(2))
+    v = torch.zeros(2, 3, 11, 1, dtype=torch.float64)
+    f = attnbook.flow_attention
+    _, stats = f(q, k, v, **causal_kw(f), return_flows=True)
+    torch.testing.assert_close(ch03.causal_incoming_reference(q, k), stats.incoming)
+
+
+@pytest.mark.parametrize("answer", [5, 5.0, np.int64(5), np.float32(5.0), torch.tensor(5.0), np.array(5)])
+def test_total_outgoing_flow_in_every_number_type(answer):
+    accepted(check("3.1", answer))
+
+
+@pytest.mark.parametrize("answer, says", [(35, "35 = N M"), (1, "what one sink takes")])
+def test_total_outgoing_flow_more_wrong_answers(answer, says):
+    rejected(check("3.1", answer), says)
+
+
+def incoming_by_loop(q, k, eps=1e-6):
+    """Right too: the prefix of every sink summed in a loop."""
+    qs, ks = torch.sigmoid(q), torch.sigmoid(k)
+    rows = [((qs[..., i, :] + eps) * (ks[..., : i + 1, :].sum(-2) + eps)).sum(-1) / (i + 1) for i in range(q.shape[-2])]
+    return torch.stack(rows, dim=-1)
+
+
+def incoming_eps_after(q, k):
+    qs, ks = torch.sigmoid(q), torch.sigmoid(k)
+    t = torch.arange(1, q.shape[-2] + 1, dtype=q.dtype)
+    return (qs * ks.cumsum(-2)).sum(-1) / t + 1e-6
+
+
+def incoming_no_eps(q, k):
+    qs, ks = torch.sigmoid(q), torch.sigmoid(k)
+    return (qs * ks.cumsum(-2)).sum(-1) / torch.arange(1, q.shape[-2] + 1, dtype=q.dtype)
+
+
+def incoming_eps_on_q_only(q, k):
+    qs, ks = torch.sigmoid(q), torch.sigmoid(k)
+    return ((qs + 1e-6) * ks.cumsum(-2)).sum(-1) / torch.arange(1, q.shape[-2] + 1, dtype=q.dtype)
+
+
+def incoming_eps_on_every_key(q, k):
+    qs, ks = torch.sigmoid(q), torch.sigmoid(k)
+    return ((qs + 1e-6) * (ks + 1e-6).cumsum(-2)).sum(-1) / torch.arange(1, q.shape[-2] + 1, dtype=q.dtype)
+
+
+def incoming_over_n(q, k):
+    qs, ks = torch.sigmoid(q), torch.sigmoid(k)
+    return ((qs + 1e-6) * (ks.cumsum(-2) + 1e-6)).sum(-1) / q.shape[-2]
+
+
+def incoming_hard_coded_t(q, k):
+    """t from the chapter's N = 7: arange(1, 8)."""
+    qs, ks = torch.sigmoid(q), torch.sigmoid(k)
+    t = torch.arange(1, 8, dtype=q.dtype)[: q.shape[-2]]
+    return ((qs + 1e-6) * (ks.cumsum(-2) + 1e-6)).sum(-1) / t
+
+
+def incoming_sigmoid_in_place(q, k):
+    qs, ks = q.sigmoid_(), k.sigmoid_()
+    return ((qs + 1e-6) * (ks.cumsum(-2) + 1e-6)).sum(-1) / torch.arange(1, q.shape[-2] + 1, dtype=q.dtype)
+
+
+def incoming_in_float64(q, k):
+    return causal_incoming(q.double(), k.double())
+
+
+def test_causal_incoming_another_right_formulation():
+    accepted(check("3.2", incoming_by_loop))
+
+
+@pytest.mark.parametrize(
+    "wrong, says",
+    [
+        (incoming_eps_after, "eps is added after the division"),
+        (incoming_no_eps, "there is no eps"),
+        (incoming_eps_on_q_only, "eps is added to the queries' features only"),
+        (incoming_eps_on_every_key, "eps is added to every key before the prefix sum"),
+        (incoming_over_n, "divided by the sequence length N"),
+    ],
+    ids=lambda x: getattr(x, "__name__", "")[9:30],
+)
+def test_causal_incoming_eps_and_division_mistakes_are_named(wrong, says):
+    diagnosed(check("3.2", wrong), says)
+
+
+def test_causal_incoming_tries_64_tokens_and_catches_a_hard_coded_arange():
+    s = spy(causal_incoming)
+    accepted(check("3.2", s))
+    assert longest(s.calls) >= 64
+    rejected(check("3.2", incoming_hard_coded_t), "raised RuntimeError", "depend on a fixed size")
+
+
+def test_causal_incoming_rejects_writes_and_names_dtypes():
+    rejected(check("3.2", incoming_sigmoid_in_place), "wrote into its argument `q`")
+    rejected(check("3.2", incoming_in_float64), "has dtype float64, expected float32")
+
+
+def competition_clamp_upper(o_hat):
+    e = o_hat.clamp(max=1.0).exp()
+    return torch.arange(1, o_hat.shape[-1] + 1, dtype=o_hat.dtype) * e / e.cumsum(-1)
+
+
+def competition_clamp_0_1(o_hat):
+    e = o_hat.clamp(0.0, 1.0).exp()
+    return torch.arange(1, o_hat.shape[-1] + 1, dtype=o_hat.dtype) * e / e.cumsum(-1)
+
+
+def competition_t_from_0(o_hat):
+    e = o_hat.clamp(-1.0, 1.0).exp()
+    return torch.arange(o_hat.shape[-1], dtype=o_hat.dtype) * e / e.cumsum(-1)
+
+
+def competition_clamp_in_place(o_hat):
+    e = o_hat.clamp_(-1.0, 1.0).exp()
+    return torch.arange(1, o_hat.shape[-1] + 1, dtype=o_hat.dtype) * e / e.cumsum(-1)
+
+
+def competition_by_logcumsumexp(o_hat):
+    """Right too: the prefix denominators as logcumsumexp."""
+    x = o_hat.clamp(-1, 1)
+    return torch.arange(1, o_hat.shape[-1] + 1, dtype=o_hat.dtype) * torch.exp(x - x.logcumsumexp(-1))
+
+
+def test_causal_competition_another_right_formulation():
+    accepted(check("3.3", competition_by_logcumsumexp))
+
+
+@pytest.mark.parametrize(
+    "wrong, says",
+    [
+        (competition_clamp_upper, "only the upper bound of the clamp"),
+        (competition_clamp_0_1, "the clamp is to [0, 1]"),
+        (competition_t_from_0, "multiplied by j instead of t_j"),
+    ],
+    ids=["upper-only", "zero-one", "t-from-0"],
+)
+def test_causal_competition_more_mistakes_are_named(wrong, says):
+    diagnosed(check("3.3", wrong), says)
+
+
+def test_causal_competition_rejects_writes_tries_64_tokens_and_names_dtypes():
+    rejected(check("3.3", competition_clamp_in_place), "wrote into its argument `o_hat`", "in-place")
+    s = spy(causal_competition)
+    accepted(check("3.3", s))
+    assert longest(s.calls, dim=-1) >= 64
+    rejected(check("3.3", lambda o: causal_competition(o.double())), "has dtype float64, expected float32")
+
+
+@pytest.mark.parametrize(
+    "answer", [8 * math.e / (math.e + 7), np.float32(8 * math.e / (math.e + 7)), torch.tensor(2.237665)]
+)
+def test_largest_competition_in_every_number_type(answer):
+    accepted(check("3.4", answer))
+
+
+def test_largest_competition_others_at_minus_one():
+    rejected(check("3.4", 8 * math.e**2 / (math.e**2 + 7)), "puts the other sources at -1")
+
+
+@pytest.mark.parametrize("answer", [1, 1.0, np.float64(1.0), torch.tensor(1.0), np.array(1.0)])
+def test_clamp_similarity_in_every_number_type(answer):
+    accepted(check("3.5", answer))
+
+
+def test_clamp_similarity_is_judged_by_the_amount_cut_off_against_what_eps_alone_cuts():
+    floor = max(ch03.clamp_cut(1.0, seed) for seed in ch03.CLAMP_SEEDS)
+    assert 1e-6 < floor < 1e-4  # eps alone cuts a little at similarity 1, as the statement says
+    assert ch03.clamp_cut(0.999) > 100 * floor  # the clamp still acts at 0.999 (the chapter's own test)
+
+
+@pytest.mark.parametrize("exercise_id", ["3.1", "3.4", "3.5"])
+@pytest.mark.parametrize("answer", ODD_ANSWERS, ids=ODD_IDS)
+def test_number_answers_of_the_wrong_type_get_feedback(exercise_id, answer):
+    rejected(check(exercise_id, answer))
+
+
+@pytest.mark.parametrize("exercise_id", ["3.2", "3.3"])
+@pytest.mark.parametrize("answer", ODD_ANSWERS, ids=ODD_IDS)
+def test_function_answers_of_the_wrong_type_get_feedback(exercise_id, answer):
+    rejected(check(exercise_id, answer), "expected a function")
+    rejected(check(exercise_id, lambda *args: answer))

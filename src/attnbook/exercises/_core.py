@@ -453,23 +453,24 @@ def _diagnose(runs: list[_Run], failing: int, diagnoses: Sequence[Diagnosis], rt
     them (a case separates when the variant is wrong there); of several, the one it matches on most cases and
     contradicts on fewest (an answer may have a second mistake that shows on other cases)."""
     best, best_score = None, None
+    order = [failing] + [i for i in range(len(runs)) if i != failing]  # the failing case first: most fail there
     for d in diagnoses:
-        support, against, explains_failure = 0, 0, False
-        for i, run in enumerate(runs):
+        support, against = 0, 0
+        for i in order:
+            run = runs[i]
             if run.got is _NOTHING:
                 continue
             try:
                 variant = d.wrong(*_fresh(run.case.args), **_fresh(run.case.kwargs))
             except Exception:  # a variant that cannot be evaluated here gives no evidence
-                continue
-            if compare(variant, run.want, rtol=rtol, atol=atol) is None:
-                continue  # the mistake makes no difference on this case
-            if compare(run.got, variant, rtol=rtol, atol=atol, equal_nan=True) is None:
-                support += 1
-                explains_failure |= i == failing
-            else:
-                against += 1
-        if explains_failure and support >= EVIDENCE and (best_score is None or support - against > best_score):
+                variant = _NOTHING
+            separates = variant is not _NOTHING and compare(variant, run.want, rtol=rtol, atol=atol) is not None
+            matches = separates and compare(run.got, variant, rtol=rtol, atol=atol, equal_nan=True) is None
+            if i == failing and not matches:
+                break  # it does not explain the failure
+            support += matches
+            against += separates and not matches
+        if support >= EVIDENCE and (best_score is None or support - against > best_score):
             best, best_score = d, support - against
     return best
 
