@@ -12,8 +12,8 @@ on one CPU thread) and ``benchmarks/bench_claims.py`` records at a larger size:
   width C, D = 2, 4, 8 (H = C / D), linear against mobile: how much each head's output varies across
   queries (:func:`head_stats`) at initialisation and after training, and the accuracy on associative recall;
 * :func:`moh_study` -- MoH's claim (Jin et al. 2024): the quality of multi-head attention with a fraction of
-  the heads active per token. Accuracy against that fraction on :class:`PairRecallTask`, a task that needs
-  two heads;
+  the heads active per token. Accuracy against that fraction on :class:`MultiKeyRecallTask`, a task that is
+  easy with one head per looked-up fact;
 * :func:`lookup_share_demo` -- why chapter 6's trained models put most of a query's weight on the right
   fact when chapters 2 and 3 show elu + 1 and Flow-Attention staying flat under any rescaling of q and k.
 
@@ -69,8 +69,8 @@ __all__ = [
     "available",
     "moh_variant",
     "ListOpsTask",
-    "PairRecallTask",
-    "PairRecallEmbedding",
+    "MultiKeyRecallTask",
+    "MultiKeyRecallEmbedding",
     "Setup",
     "Classifier",
     "Run",
@@ -212,92 +212,106 @@ class ListOpsTask:
 
 
 @dataclass(frozen=True)
-class PairRecallTask:
-    """Two-key recall: ``n_pairs`` key-value facts, then one query naming two of their keys (a, b); the target
-    is ``(v_a - v_b) mod n_values``.
+class MultiKeyRecallTask:
+    """Multi-key recall: ``n_pairs`` key-value facts, then one query naming ``n_queried`` of their keys
+    (k_1, ..., k_q), in order; the target is their values in that order, ``(v_1, ..., v_q)``, one class of
+    ``n_values ** n_queried`` (the number ``v_1 n^(q-1) + ... + v_q``).
 
-    Why it needs several heads: at the query both facts must be read *and kept apart*. One softmax head makes
-    one weighted average; weighting both facts mixes v_a and v_b symmetrically (sum of embeddings), from which
-    the difference cannot be told (its sign flips with the order). Two heads, one per key, can. Chance:
-    ``1 / n_values``.
+    Why several heads matter: the query must read q facts *and keep them apart*. A softmax head makes one
+    weighted average of the values; weighting q facts alike gives their unordered set, from which the order
+    cannot be told. One head per key makes each lookup a clean copy. (A single head could still separate
+    them by weighting the facts unequally and decoding the mixture: heads make the task easy, not possible.)
+    Each correct lookup pins one digit of the target, so a model that has learned some lookups is rewarded
+    before it has learned all (a target such as their sum mod n would not be). Chance: ``1 / n_values ** q``.
 
-    Tokens ``0 .. n_keys * n_values - 1`` are facts (``k * n_values + v``), then one query token per ordered
-    pair of distinct keys (``n_facts + a * n_keys + b``).
+    Tokens ``0 .. n_keys * n_values - 1`` are facts (``k * n_values + v``), then one query token per tuple of
+    keys (``n_facts + k_1 n_keys^(q-1) + ... + k_q``).
     """
 
     n_pairs: int = 6
     n_keys: int = 12
-    n_values: int = 8
+    n_values: int = 3
+    n_queried: int = 2
 
     def __post_init__(self):
-        check_int(self.n_pairs, "n_pairs", name="PairRecallTask", minimum=2, why=" (the query names two facts)")
-        check_int(self.n_values, "n_values", name="PairRecallTask", minimum=2)
+        name = "MultiKeyRecallTask"
+        check_int(self.n_queried, "n_queried", name=name, minimum=1)
+        why = " (n_queried: the query names distinct facts)"
+        check_int(self.n_pairs, "n_pairs", name=name, minimum=self.n_queried, why=why)
+        check_int(self.n_values, "n_values", name=name, minimum=2)
         why = " (n_pairs: the keys of a sequence are distinct)"
-        check_int(self.n_keys, "n_keys", name="PairRecallTask", minimum=self.n_pairs, why=why)
+        check_int(self.n_keys, "n_keys", name=name, minimum=self.n_pairs, why=why)
 
     @property
     def vocab(self) -> int:
-        return self.n_keys * self.n_values + self.n_keys * self.n_keys
+        return self.n_keys * self.n_values + self.n_keys**self.n_queried
 
     @property
     def length(self) -> int:
         return self.n_pairs + 1
 
-    n_classes = property(lambda self: self.n_values)
-    chance = property(lambda self: 1.0 / self.n_values)
+    n_classes = property(lambda self: self.n_values**self.n_queried)
+    chance = property(lambda self: 1.0 / self.n_values**self.n_queried)
     pool = "last"
 
     def batch(self, size: int, generator: torch.Generator, device: torch.device | str = "cpu") -> _Batch:
         """Tokens (size, P + 1) and targets (size,)."""
-        size = check_int(size, "size", name="PairRecallTask.batch", minimum=1)
-        check_instance(generator, "generator", torch.Generator, name="PairRecallTask.batch", what="a torch.Generator")
-        P = self.n_pairs
+        name = "MultiKeyRecallTask.batch"
+        size = check_int(size, "size", name=name, minimum=1)
+        check_instance(generator, "generator", torch.Generator, name=name, what="a torch.Generator")
+        P, q = self.n_pairs, self.n_queried
         keys = torch.rand(size, self.n_keys, generator=generator).argsort(dim=-1)[:, :P]  # (size, P) distinct
         values = torch.randint(self.n_values, (size, P), generator=generator)  # (size, P)
-        pick = torch.rand(size, P, generator=generator).argsort(dim=-1)[:, :2]  # (size, 2) two distinct facts
-        a, b = keys.gather(1, pick[:, :1]), keys.gather(1, pick[:, 1:])  # (size, 1) each
-        query = self.n_keys * self.n_values + a * self.n_keys + b  # (size, 1)
+        pick = torch.rand(size, P, generator=generator).argsort(dim=-1)[:, :q]  # (size, q) distinct facts
+        asked, answer = keys.gather(1, pick), values.gather(1, pick)  # (size, q) each
+        key_place = self.n_keys ** torch.arange(q - 1, -1, -1)  # (q,): n_keys^(q-1) .. 1
+        value_place = self.n_values ** torch.arange(q - 1, -1, -1)  # (q,)
+        query = self.n_keys * self.n_values + (asked * key_place).sum(1, keepdim=True)  # (size, 1)
         tokens = torch.cat([keys * self.n_values + values, query], dim=1)  # (size, P + 1)
-        va, vb = values.gather(1, pick[:, :1]), values.gather(1, pick[:, 1:])
-        target = ((va - vb) % self.n_values).squeeze(1)  # (size,)
+        target = (answer * value_place).sum(1)  # (size,)
         return _Batch(tokens.to(device), target.to(device), None)
 
     def fields(self, tokens: torch.Tensor):
-        """``(key, value, second_key, is_query)`` of every token, each (B, N); a query's key is a, its second
-        key b; a fact's second key and a query's value are 0."""
+        """``(key, value, asked, is_query)``: ``key``, ``value``, ``is_query`` (B, N) as in chapter 6 (a query's
+        key is its first asked key, its value 0), ``asked`` (B, N, q) the keys a query names (0 for a fact)."""
         n_facts = self.n_keys * self.n_values
         is_query = tokens >= n_facts
-        pair = (tokens - n_facts).clamp_min(0)
-        key = torch.where(is_query, pair // self.n_keys, tokens // self.n_values)
-        second = torch.where(is_query, pair % self.n_keys, torch.zeros_like(tokens))
+        code = (tokens - n_facts).clamp_min(0)  # (B, N)
+        place = self.n_keys ** torch.arange(self.n_queried - 1, -1, -1, device=tokens.device)  # (q,)
+        asked = (code.unsqueeze(-1) // place) % self.n_keys * is_query.unsqueeze(-1)  # (B, N, q)
+        key = torch.where(is_query, asked[..., 0], tokens // self.n_values)
         value = torch.where(is_query, torch.zeros_like(tokens), tokens % self.n_values)
-        return key, value, second, is_query
+        return key, value, asked, is_query
 
     def embedding(self, d_model: int) -> nn.Module:
-        return PairRecallEmbedding(self, d_model)
+        return MultiKeyRecallEmbedding(self, d_model)
 
 
-class PairRecallEmbedding(nn.Module):
-    """``key[k] + value[v] + role[fact]`` for a fact; ``key[a] + second[b] + role[query]`` for a query.
-
-    The query shares its first key's embedding with the facts (as in :class:`RecallEmbedding`); its second
-    key has its own table, so that the two lookups can be told apart.
+class MultiKeyRecallEmbedding(nn.Module):
+    """``key[k] + value[v] + role[fact]`` for a fact; ``slot_1[k_1] + ... + slot_q[k_q] + role[query]`` for a
+    query, ``slot_1`` being the facts' key table (the first asked key shares its embedding with its fact, as
+    in :class:`~attnbook.lab.headtohead.RecallEmbedding`); the other slots have tables of their own, so that
+    the lookups can be told apart.
     """
 
-    def __init__(self, task: PairRecallTask, d_model: int):
+    def __init__(self, task: MultiKeyRecallTask, d_model: int):
         super().__init__()
-        check_instance(task, "task", PairRecallTask, name="PairRecallEmbedding", what="a PairRecallTask")
-        d_model = check_int(d_model, "d_model", name="PairRecallEmbedding", minimum=1)
+        name = "MultiKeyRecallEmbedding"
+        check_instance(task, "task", MultiKeyRecallTask, name=name, what="a MultiKeyRecallTask")
+        d_model = check_int(d_model, "d_model", name=name, minimum=1)
         self.task = task
         self.key = nn.Embedding(task.n_keys, d_model)
-        self.second = nn.Embedding(task.n_keys, d_model)
+        self.slots = nn.ModuleList(nn.Embedding(task.n_keys, d_model) for _ in range(task.n_queried - 1))
         self.value = nn.Embedding(task.n_values, d_model)
         self.role = nn.Embedding(2, d_model)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        key, value, second, is_query = self.task.fields(tokens)  # 4 x (B, N)
+        key, value, asked, is_query = self.task.fields(tokens)  # (B, N) x 3, (B, N, q)
         q = is_query.unsqueeze(-1).to(self.value.weight.dtype)  # (B, N, 1)
-        return self.key(key) + (1 - q) * self.value(value) + q * self.second(second) + self.role(is_query.long())
+        x = self.key(key) + (1 - q) * self.value(value) + self.role(is_query.long())  # (B, N, d)
+        for i, slot in enumerate(self.slots, start=1):
+            x = x + q * slot(asked[..., i])
+        return x
 
 
 @dataclass(frozen=True)
@@ -320,7 +334,7 @@ class _Recall:
         return RecallEmbedding(self.task, d_model)
 
 
-_TASKS = (ListOpsTask, PairRecallTask, _Recall)
+_TASKS = (ListOpsTask, MultiKeyRecallTask, _Recall)
 
 
 def _task(task, name: str):
@@ -328,7 +342,7 @@ def _task(task, name: str):
         return _Recall(task)
     if isinstance(task, ListOps):
         return ListOpsTask(task)
-    what = "a ListOpsTask (or ListOps), a PairRecallTask or a RecallTask"
+    what = "a ListOpsTask (or ListOps), a MultiKeyRecallTask or a RecallTask"
     return check_instance(task, "task", _TASKS, name=name, what=what)
 
 
@@ -508,6 +522,10 @@ class Run:
     def step_ms(self) -> float:
         return 1e3 * self.wall_s[-1] / max(self.steps[-1], 1)
 
+    def steps_to(self, accuracy: float) -> int | None:
+        """The first evaluated step at which the held-out accuracy reached ``accuracy`` (None if never)."""
+        return next((s for s, a in zip(self.steps, self.accuracy, strict=True) if a >= accuracy), None)
+
     def to_dict(self) -> dict:
         """JSON-ready, without the model."""
         return {
@@ -519,6 +537,7 @@ class Run:
             "loss": self.loss,
             "wall_s": self.wall_s,
             "final_accuracy": self.final_accuracy,
+            "final_loss": self.loss[-1],
             "majority": self.majority,
             "train_seconds": self.seconds,
         }
@@ -561,7 +580,7 @@ def train(
 
     Args:
         variant: a name of :data:`VARIANTS` or a :class:`Variant`.
-        task: a :class:`ListOpsTask` (or a :class:`~attnbook.lab.listops.ListOps`), a :class:`PairRecallTask`
+        task: a :class:`ListOpsTask` (or a :class:`~attnbook.lab.listops.ListOps`), a :class:`MultiKeyRecallTask`
             or chapter 6's :class:`~attnbook.lab.headtohead.RecallTask`; default: :func:`listops_sizes`.
         setup: a :class:`Setup`; default: :func:`listops_sizes`'s when ``task`` is None, else ``Setup()``.
         seed: seeds the initialisation and the data.
@@ -753,17 +772,19 @@ class HeadStats:
     """How much each head's output varies across the queries of a sequence, in one block.
 
     Attributes:
-        spread: per head, the standard deviation across queries of the head's output divided by that of
-            its values (mean over channels and sequences): 0 when every query gets the same vector (a trivial
-            head, a uniform average), about 1 when the outputs vary as much as the values.
+        spread: per head, how much of the head's output varies across the queries of a sequence:
+            ``sqrt(sum_d Var_i o_id / sum_d mean_i o_id^2)`` (mean over sequences), 0 when every query gets the
+            same vector (a trivial head: a uniform average), 1 when the outputs vary around a mean of zero.
+            Scale-free, so that mechanisms whose outputs differ in size compare.
         rank: per head, the effective rank (exp of the entropy of the normalised singular values, Roy &
             Vetterli 2007) of the head's outputs across queries, centred: at most min(D, N - 1).
-        value_rank: the same for the values, the most a head's output could have.
+        value_spread, value_rank: the same for the head's values, what an output that copied them would have.
         head_dim: D.
     """
 
     spread: list[float]
     rank: list[float]
+    value_spread: list[float]
     value_rank: list[float]
     head_dim: int
 
@@ -779,9 +800,24 @@ class HeadStats:
         return {**asdict(self), "mean_spread": self.mean_spread, "mean_rank": self.mean_rank}
 
 
+def _relative_spread(x: torch.Tensor) -> torch.Tensor:
+    """sqrt(sum_d Var_n x_nd / sum_d mean_n x_nd^2) of x (..., N, D) -> (...): the share of x's size that varies
+    across the N rows, 0 (every row the same) to 1 (rows of mean zero). Scale-free, so that heads whose outputs
+    have different sizes (Mobile-Attention's grow like N / H) compare."""
+    x = x.double()
+    var = x.var(-2, unbiased=False).sum(-1)  # (...)
+    second = x.pow(2).mean(-2).sum(-1)  # (...)
+    return (var / second.clamp_min(torch.finfo(x.dtype).tiny)).sqrt()
+
+
 def _effective_rank(x: torch.Tensor) -> torch.Tensor:
-    """exp(entropy of the normalised singular values) of x (..., N, D) centred over N -> (...)."""
+    """exp(entropy of the normalised singular values) of x (..., N, D) centred over N -> (...).
+
+    Singular values below 1e-9 of x's own size (rounding left by centring rows that are equal) count as 0,
+    so rows that are all the same have rank 0 rather than a rank made of rounding errors."""
     s = torch.linalg.svdvals(x - x.mean(-2, keepdim=True))  # (..., min(N, D))
+    size = torch.linalg.matrix_norm(x).unsqueeze(-1)  # (..., 1)
+    s = torch.where(s > 1e-9 * size, s, torch.zeros_like(s))
     total = s.sum(-1, keepdim=True)
     p = s / total.clamp_min(torch.finfo(s.dtype).tiny)
     entropy = -(p * p.clamp_min(torch.finfo(s.dtype).tiny).log()).sum(-1)
@@ -819,11 +855,11 @@ def head_stats(model: Classifier, tokens: torch.Tensor, *, block: int = 0) -> He
     H = attn.n_heads
     v = captured["v"].view(B, N, H, -1).transpose(1, 2)  # (B, H, N, D)
     out = captured["heads"].to(v.dtype).view(B, N, H, -1).transpose(1, 2)  # (B, H, N, D)
-    tiny = torch.finfo(v.dtype).tiny
-    spread = (out.std(-2).mean(-1) / v.std(-2).mean(-1).clamp_min(tiny)).mean(0)  # (H,)
+    spread = _relative_spread(out).mean(0)  # (H,)
+    value_spread = _relative_spread(v).mean(0)  # (H,)
     rank = _effective_rank(out.double()).mean(0)  # (H,)
     value_rank = _effective_rank(v.double()).mean(0)  # (H,)
-    return HeadStats(spread.tolist(), rank.tolist(), value_rank.tolist(), v.shape[-1])
+    return HeadStats(spread.tolist(), rank.tolist(), value_spread.tolist(), value_rank.tolist(), v.shape[-1])
 
 
 @dataclass
@@ -973,15 +1009,33 @@ class MoHStudy:
         """(fraction of heads active, accuracy summary) for each MoH split, in the order of ``splits``."""
         return [(self.fraction(sp), self.comparison.summary(moh_variant(*sp).name)) for sp in self.splits]
 
+    def steps_to(self, variant: str, accuracy: float = 0.9) -> list[int | None]:
+        """For every seed of ``variant``, the first evaluated step with held-out accuracy >= ``accuracy``."""
+        return [r.steps_to(accuracy) for r in self.comparison.runs[variant]]
+
+    def final_loss(self, variant: str) -> list[float]:
+        """For every seed of ``variant``, the final held-out cross-entropy (finer than a saturated accuracy)."""
+        return [r.loss[-1] for r in self.comparison.runs[variant]]
+
     def to_dict(self) -> dict:
+        def row(variant: str, fraction: float) -> dict:
+            return {
+                "variant": variant,
+                "fraction": fraction,
+                "accuracy": _summary_dict(self.comparison.summary(variant)),
+                "final_loss": self.final_loss(variant),
+                "steps_to_0.9": self.steps_to(variant, 0.9),
+            }
+
+        curve = [{"shared_head": sp[0], "routed_head": sp[1], **row(moh_variant(*sp).name, self.fraction(sp))}
+                 for sp in self.splits]  # fmt: skip
+        softmax = row("softmax", 1.0) if "softmax" in self.comparison.runs else None
         return {
             "task": self.task,
             "setup": asdict(self.setup),
             "splits": [list(sp) for sp in self.splits],
-            "curve": [
-                {"shared_head": sp[0], "routed_head": sp[1], "fraction": f, "accuracy": _summary_dict(s)}
-                for sp, (f, s) in zip(self.splits, self.curve(), strict=True)
-            ],
+            "curve": curve,
+            "softmax": softmax,
             "comparison": self.comparison.to_dict(),
         }
 
@@ -1154,18 +1208,18 @@ LISTOPS_SMALL = Setup(d_model=32, n_heads=4, n_layers=2, batch=32, steps=150, lr
                       eval_size=256)  # fmt: skip
 LISTOPS_TASK_RECORDED = ListOpsTask(ListOps(max_depth=3, max_args=4, min_length=16, max_length=48))
 LISTOPS_RECORDED = Setup(d_model=64, n_heads=4, n_layers=2, batch=32, steps=1200, lr=2e-3, warmup=100,
-                         eval_every=100, eval_size=1000)  # fmt: skip
+                         eval_every=150, eval_size=2000)  # fmt: skip
 
 HEADS_TASK = RecallTask(n_pairs=8, n_keys=16, n_values=8)
 HEADS_SMALL = Setup(d_model=32, n_heads=4, n_layers=1, batch=64, steps=150, lr=1e-2, warmup=10, eval_every=25,
                     eval_size=256)  # fmt: skip
-HEADS_RECORDED = Setup(d_model=32, n_heads=4, n_layers=1, batch=64, steps=600, lr=5e-3, warmup=30,
+HEADS_RECORDED = Setup(d_model=32, n_heads=4, n_layers=1, batch=64, steps=1000, lr=5e-3, warmup=30,
                        eval_every=50, eval_size=1000)  # fmt: skip
 
-MOH_TASK = PairRecallTask(n_pairs=6, n_keys=12, n_values=8)
-MOH_SMALL = Setup(d_model=64, n_heads=8, n_layers=1, batch=64, steps=150, lr=1e-2, warmup=10, eval_every=25,
+MOH_TASK = MultiKeyRecallTask(n_pairs=6, n_keys=12, n_values=3, n_queried=3)
+MOH_SMALL = Setup(d_model=64, n_heads=8, n_layers=1, batch=64, steps=200, lr=5e-3, warmup=10, eval_every=25,
                   eval_size=256)  # fmt: skip
-MOH_RECORDED = Setup(d_model=64, n_heads=8, n_layers=1, batch=64, steps=600, lr=5e-3, warmup=30, eval_every=50,
+MOH_RECORDED = Setup(d_model=64, n_heads=8, n_layers=1, batch=64, steps=800, lr=5e-3, warmup=30, eval_every=25,
                      eval_size=1000)  # fmt: skip
 
 
@@ -1179,6 +1233,6 @@ def heads_sizes() -> tuple[RecallTask, Setup]:
     return HEADS_TASK, config.pick(small=HEADS_SMALL, full=HEADS_RECORDED)
 
 
-def moh_sizes() -> tuple[PairRecallTask, Setup]:
+def moh_sizes() -> tuple[MultiKeyRecallTask, Setup]:
     """(task, setup) of the MoH study (:func:`attnbook.config.pick`)."""
     return MOH_TASK, config.pick(small=MOH_SMALL, full=MOH_RECORDED)
