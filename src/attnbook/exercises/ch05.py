@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -50,12 +51,21 @@ def _mean_gate_from_the_layer() -> float:
 @exercise("5.1")
 def check_mean_gate(answer) -> Result:
     """Exercise 5.1: the mean gate (a_1 h_s + a_2 h_r) / (h_s + h_r) for h_s = 3, h_r = 1, a_1 = 1.2."""
+    s, k, a_1 = mean_gate_setting["shared_head"], mean_gate_setting["routed_head"], mean_gate_setting["a_1"]
+    a_2 = 2 - a_1
     return check_value(
         "5.1 mean gate",
         answer,
         _mean_gate_from_the_layer(),
         rtol=1e-6,
         hint="a_1 + a_2 = 2; the shared gates sum to a_1 h_s and the routed ones to a_2 h_r.",
+        mistakes=[
+            (1.0, "1 is the mean gate when h_s = h_r; here h_s = 3 and h_r = 1."),
+            (a_1, f"{a_1:g} is a_1, the weight of the shared heads; the mean runs over all h_s + h_r active gates."),
+            ((a_2 * s + a_1 * k) / (s + k), "a_1 and a_2 are swapped: a_1 weighs the shared heads, a_2 the routed."),
+            (a_1 * s + a_2 * k, "that is the sum of the active gates; divide by the h_s + h_r active heads."),
+            ((a_1 * s + a_2 * k) / 2, "divide by the h_s + h_r active heads, not by the 2 stages."),
+        ],
     )
 
 
@@ -109,15 +119,41 @@ def _zeros_not_minus_inf(logits, k):
     return F.softmax(torch.where(mask, logits, 0), dim=-1) * k
 
 
+def _raw_kept(logits, k):
+    p, mask = _kept(logits, k)
+    return torch.where(mask, p, 0)
+
+
+def _eps_in_sum(logits, k):
+    p, mask = _kept(logits, k)
+    kept = torch.where(mask, p, 0)
+    return k * kept / (kept.sum(-1, keepdim=True) + 1e-6)
+
+
+def _eps_in_sum_late(logits, k):
+    p, mask = _kept(logits, k)
+    kept = torch.where(mask, p, 0)
+    return k * (kept / (kept.sum(-1, keepdim=True) + 1e-8))
+
+
+FIXED_SIZE = "these inputs are larger than the others: does something depend on a fixed size (N, E)?"
+
+
 def _gate_cases() -> list[Case]:
     g = torch.Generator().manual_seed(5)
-    cases = [
-        Case((torch.randn(2, 5, 6, generator=g, dtype=torch.float64), 2), label="logits (2, 5, 6), h_r = 2"),
-        Case((3 * torch.randn(1, 4, 8, generator=g, dtype=torch.float64), 3), label="logits (1, 4, 8), h_r = 3"),
-        Case((torch.randn(3, 1, 4, generator=g, dtype=torch.float64), 1), label="one token per sequence, h_r = 1"),
-        Case((torch.randn(1, 3, 5, generator=g, dtype=torch.float64), 5), label="h_r = E = 5 (every head chosen)"),
+
+    def logits(*shape, scale=1.0, dtype=torch.float64):
+        return (scale * torch.randn(*shape, generator=g, dtype=torch.float64)).to(dtype)
+
+    return [
+        Case((logits(2, 5, 6), 2), label="logits (2, 5, 6), h_r = 2"),
+        Case((logits(1, 4, 8, scale=3.0), 3), label="logits (1, 4, 8), h_r = 3"),
+        Case((logits(3, 1, 4), 1), label="one token per sequence, h_r = 1"),
+        Case((logits(1, 3, 5), 5), label="h_r = E = 5 (every head chosen)"),
+        Case((logits(2, 64, 8, scale=2.0), 2), label="logits (2, 64, 8), h_r = 2", note=FIXED_SIZE),
+        Case((logits(1, 70, 16), 4), label="logits (1, 70, 16), h_r = 4", note=FIXED_SIZE),
+        Case((logits(1, 5, 6, dtype=torch.float32), 2), label="float32 logits (1, 5, 6), h_r = 2"),
     ]
-    return cases
 
 
 @exercise("5.2")
@@ -128,9 +164,24 @@ def check_top_k_gates(fn) -> Result:
         _gate_cases(),
         expected=_router_gates,
         name="top_k_gates",
-        success="top_k_gates matches the layer's router on all 4 inputs.",
+        success="top_k_gates matches the layer's router on all 7 inputs (up to 70 tokens, 16 heads, float32).",
         diagnoses=[
             Diagnosis("the kept probabilities are not renormalised (divide by their sum)", _not_renormalised),
+            Diagnosis(
+                "the kept probabilities are neither renormalised nor multiplied by h_r: divide them by their sum, "
+                "then multiply by h_r",
+                _raw_kept,
+            ),
+            Diagnosis(
+                "an eps is added to the renormalising sum: the kept probabilities are positive, so their sum "
+                "never is 0 and needs no eps; with it the gates sum to a little less than h_r",
+                _eps_in_sum,
+            ),
+            Diagnosis(
+                "an eps is added to the renormalising sum: the kept probabilities are positive, so their sum "
+                "never is 0 and needs no eps; with it the gates sum to a little less than h_r",
+                _eps_in_sum_late,
+            ),
             Diagnosis("the factor h_r is missing: the gates sum to 1 instead of h_r", _no_factor_k),
             Diagnosis("the softmax runs over the tokens (dim=-2) instead of the heads (dim=-1)", _softmax_over_tokens),
             Diagnosis("every head keeps its gate: the top-h_r choice is missing", _no_top_k),
@@ -189,16 +240,37 @@ def _factor_e_squared(probs, k):
     return E * E * (f * probs.flatten(0, -2).mean(0)).sum()
 
 
+def _load_over_k(probs, k):
+    E = probs.shape[-1]
+    f = _load(probs, k).flatten(0, -2).mean(0) / k
+    return E * (f * probs.flatten(0, -2).mean(0)).sum()
+
+
+def _first_sequence_only(probs, k):
+    return _package_loss(probs[:1], k)
+
+
+def _importance_of_gates(probs, k):
+    E = probs.shape[-1]
+    chosen = _load(probs, k)
+    gates = probs * chosen
+    gates = k * gates / gates.sum(-1, keepdim=True)
+    return E * (chosen.flatten(0, -2).mean(0) * gates.flatten(0, -2).mean(0)).sum()
+
+
 def _loss_cases() -> list[Case]:
     g = torch.Generator().manual_seed(7)
 
-    def probs(*shape, scale=1.0):
-        return F.softmax(scale * torch.randn(*shape, generator=g, dtype=torch.float64), dim=-1)
+    def probs(*shape, scale=1.0, dtype=torch.float64):
+        return F.softmax(scale * torch.randn(*shape, generator=g, dtype=torch.float64), dim=-1).to(dtype)
 
     return [
         Case((probs(2, 6, 5), 2), label="probabilities (2, 6, 5), h_r = 2"),
         Case((probs(1, 9, 4, scale=3.0), 1), label="sharp probabilities (1, 9, 4), h_r = 1"),
         Case((probs(3, 4, 6), 3), label="probabilities (3, 4, 6), h_r = 3"),
+        Case((probs(2, 64, 8, scale=2.0), 2), label="probabilities (2, 64, 8), h_r = 2", note=FIXED_SIZE),
+        Case((probs(3, 70, 6), 3), label="probabilities (3, 70, 6), h_r = 3", note=FIXED_SIZE),
+        Case((probs(2, 5, 4, dtype=torch.float32), 2), label="float32 probabilities (2, 5, 4), h_r = 2"),
     ]
 
 
@@ -210,8 +282,14 @@ def check_load_balancing_loss(fn) -> Result:
         _loss_cases(),
         expected=_package_loss,
         name="load_balancing_loss",
-        success="load_balancing_loss matches the layer's loss on all 3 inputs.",
+        success="load_balancing_loss matches the layer's loss on all 6 inputs (up to 3 x 70 tokens, float32).",
         diagnoses=[
+            Diagnosis("the load f_e is divided by h_r: it is the fraction of tokens, which sums to h_r", _load_over_k),
+            Diagnosis("only the first sequence is used: f_e and P_e average over all B N tokens", _first_sequence_only),
+            Diagnosis(
+                "the importance P_e averages the renormalised gates; it is the mean of the router's probabilities",
+                _importance_of_gates,
+            ),
             Diagnosis("the load counts tokens instead of taking their fraction (divide by B N)", _counts_not_fractions),
             Diagnosis("the factor E is missing (the loss should be h_r at balance)", _no_factor_e),
             Diagnosis(
@@ -229,22 +307,32 @@ def check_load_balancing_loss(fn) -> Result:
 SKEWED = {"offset": 4.0, "seed": 0, "steps": 60, "lr": 0.01}  # the experiment of exercise 5.4
 
 
-def _heads_used_after_training() -> int:
+@functools.lru_cache(maxsize=1)
+def _heads_used_after_training() -> tuple[int, int, int]:
+    """(heads used after training, heads used before, routed heads E) for the experiment of exercise 5.4."""
     from ..viz import moh as moh_viz
 
     state = moh_viz.compute_routing(offset=SKEWED["offset"], seed=SKEWED["seed"])
     run = moh_viz.train_router(state, steps=SKEWED["steps"], lr=SKEWED["lr"])
-    return int((run.state.load > 0).sum())
+    return int((run.state.load > 0).sum()), int((state.load > 0).sum()), int(state.load.numel())
 
 
 @exercise("5.4")
 def check_heads_used(answer) -> Result:
-    """Exercise 5.4: routed heads chosen by at least one token after training the router on skewed tokens."""
+    """Exercise 5.4: routed heads chosen by at least one token after training the router on skewed tokens.
+
+    The experiment is deterministic (seeded), so the count is exact; the checker reruns it.
+    """
+    after, before, routed = _heads_used_after_training()
     return check_value(
         "5.4 heads used",
         answer,
-        _heads_used_after_training(),
+        after,
         rtol=0.0,
         atol=0.0,
         hint="count the routed heads whose load (the share of tokens choosing them) is above 0.",
+        mistakes=[
+            (before, f"{before} is the count before training; train the router first (train_router(...).state)."),
+            (routed, f"{routed} is every routed head; count those whose load after training is above 0."),
+        ],
     )
