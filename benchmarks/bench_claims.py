@@ -19,9 +19,11 @@ Each writes ``benchmarks/results/claims/<study>_<device>_<size>.json``: the conf
 (held-out accuracy and loss against steps, training seconds), the mean, lowest, highest and standard deviation
 over seeds, the environment and the load average before and after. The machine is shared: the script refuses
 to record while the 1-minute load average is above half the cores, unless ``--force`` (the recording then says
-so). Estimated cost at the recorded size on one thread of a 2-core machine (timed at 2-3 ms per ListOps batch
-to generate, 30-50 ms per ListOps step, 8-20 ms per recall step): listops about 20 minutes, heads about
-6 minutes, moh about 3 minutes, lookup under half a minute; about 30 minutes in all.
+so). Estimated cost at the recorded size on one thread of this 2-core machine, from 100-step timing runs of
+every configuration at a load average of about 2.7 (other users' tests; a quiet machine is quicker): listops
+about 18 minutes (21 runs of 1,200 steps, 30-45 ms a step, 2-3 ms of it making the batch), heads about
+6.5 minutes (18 runs of 1,000 steps, 11-30 ms a step), moh about 4.5 minutes (15 runs of 800 steps, 14-20 ms),
+lookup under a minute; about 30 minutes in all.
 """
 
 from __future__ import annotations

@@ -247,3 +247,43 @@ def test_bad_arguments_are_named():
         claims.train("flow", "listops", TINY)
     with pytest.raises(ValueError, match=r"^lookup_share_demo: names must be one of 'linear', 'flow', 'mobile'"):
         claims.lookup_share_demo(names=("softmax",))
+
+
+def _bench_claims():
+    import importlib.util
+    import pathlib
+
+    path = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "bench_claims.py"
+    spec = importlib.util.spec_from_file_location("bench_claims", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_recording_refuses_a_busy_machine_unless_forced(monkeypatch, capsys):
+    bench_claims = _bench_claims()
+    monkeypatch.setattr(bench_claims.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(bench_claims.os, "getloadavg", lambda: (1.5, 1.0, 0.5))
+    with pytest.raises(SystemExit, match=r"load average is 1.50, above half the cores \(1\).*pass --force"):
+        bench_claims.busy(force=False)
+    assert bench_claims.busy(force=True) == [1.5, 1.0, 0.5]
+    assert "recording anyway (--force)" in capsys.readouterr().err
+    monkeypatch.setattr(bench_claims.os, "getloadavg", lambda: (0.9, 1.0, 0.5))
+    assert bench_claims.busy(force=False) == [0.9, 1.0, 0.5]
+
+
+def test_the_recording_writes_seeds_configuration_results_and_the_load(monkeypatch, tmp_path):
+    bench_claims = _bench_claims()
+    monkeypatch.setattr(bench_claims.os, "getloadavg", lambda: (0.25, 0.5, 0.5))
+    argv = ["bench_claims.py", "--study", "lookup", "--size", "small", "--seeds", "0", "--out-dir", str(tmp_path)]
+    monkeypatch.setattr(bench_claims.sys, "argv", argv)
+    threads = torch.get_num_threads()
+    bench_claims.main()
+    torch.set_num_threads(threads)
+    record = json.loads((tmp_path / "lookup_cpu_small.json").read_text())
+    env = record["environment"]
+    assert env["load_average_before"] == env["load_average_after"] == [0.25, 0.5, 0.5] and env["forced"] is False
+    assert env["threads"] == 1 and env["torch"] == torch.__version__
+    assert record["seeds"] == [0] and record["size"] == "small" and record["wall_seconds"] > 0
+    assert [(d["n_tokens"], d["dim"]) for d in record["demos"]] == [(24, 16), (6, 8)]
+    assert all(d["steps"] == 100 for d in record["demos"])
