@@ -1,7 +1,15 @@
-"""Chapter 6's exercise checkers: the solutions pass, plausible mistakes are named, nothing crashes."""
+"""Chapter 6's exercise checkers: the solutions pass in every form, plausible mistakes are named, nothing
+crashes.
 
+The wrong answers marked "(issue 29)" were written from the exercise statements, as a student would, before
+reading the checkers."""
+
+import math
+
+import numpy as np
 import pytest
 import torch
+from exercises_support import ODD_ANSWERS, ODD_IDS, accepted, diagnosed, rejected, spy
 
 from attnbook import exercises
 from attnbook.exercises import ch06
@@ -84,3 +92,194 @@ def test_lookup_heads_counts_the_heads_of_a_model():
     count = int((h2h.lookup_share(model, tokens, task).mean(0) > 0.5).sum())
     assert exercises.check("6.4", count, model=model, tokens=tokens, task=task).passed
     assert not exercises.check("6.4", count + 1, model=model, tokens=tokens, task=task).passed
+
+
+# --- issue 29 -------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", [int, float, np.int64, np.float64, np.float32, torch.tensor, np.array])
+def test_crossover_in_every_number_type(kind):
+    accepted(exercises.check("6.1", kind(43)))
+
+
+@pytest.mark.parametrize(
+    "answer, says",
+    [(32.5, "for D_v = D"), (2 * 32 * 64 / 96, "normaliser's 2 N D is missing"), (32 * 129 / 64, "both products")],
+)
+def test_crossover_wrong_answers_are_named(answer, says):
+    rejected(exercises.check("6.1", answer), says)
+
+
+def flops_as_numpy(mechanism, B, H, N, D, Dv):
+    """Right too: a numpy.int64, and the mechanism's name tested another way."""
+    per_head = np.int64(2 * N * N * (D + Dv)) if mechanism.startswith("soft") else np.int64(4 * N * D * Dv + 2 * N * D)
+    return B * H * per_head
+
+
+def flops_as_float(mechanism, B, H, N, D, Dv):
+    return float(matmul_flops(mechanism, B, H, N, D, Dv))
+
+
+def flops_as_tensor(mechanism, B, H, N, D, Dv):
+    return torch.tensor(matmul_flops(mechanism, B, H, N, D, Dv))
+
+
+def flops_forgot_batch(mechanism, B, H, N, D, Dv):
+    return H * (2 * N * N * (D + Dv) if mechanism == "softmax" else 4 * N * D * Dv + 2 * N * D)
+
+
+def flops_forgot_heads(mechanism, B, H, N, D, Dv):
+    return B * (2 * N * N * (D + Dv) if mechanism == "softmax" else 4 * N * D * Dv + 2 * N * D)
+
+
+def flops_macs(mechanism, B, H, N, D, Dv):
+    return B * H * (N * N * (D + Dv) if mechanism == "softmax" else 2 * N * D * Dv + N * D)
+
+
+@pytest.mark.parametrize("answer", [flops_as_numpy, flops_as_float, flops_as_tensor], ids=["numpy", "float", "tensor"])
+def test_matmul_flops_right_answers_in_every_number_type(answer):
+    accepted(exercises.check("6.2", answer))
+
+
+@pytest.mark.parametrize(
+    "wrong, diagnosis",
+    [
+        (flops_forgot_batch, "the batch size B is missing"),  # (issue 29) was "a multiply-add counted as one FLOP"
+        (flops_forgot_heads, "the number of heads H is missing"),
+        (flops_macs, "multiply-add is counted as one FLOP"),
+    ],
+    ids=["no-B", "no-H", "macs"],
+)
+def test_matmul_flops_student_mistakes_are_named(wrong, diagnosis):
+    diagnosed(exercises.check("6.2", wrong), diagnosis)
+
+
+def test_matmul_flops_tries_n_64_and_more():
+    s = spy(matmul_flops)
+    accepted(exercises.check("6.2", s))
+    assert max(args[3] for args, _ in s.calls) >= 64
+
+
+OPS = {"softmax": 187, "linear": 258, "flow": 422, "moh": 237, "mobile": 1561}
+MS = {"softmax": 10.0, "linear": 11.0, "flow": 14.5, "moh": 11.2, "mobile": 30.0}
+
+
+def fit(ops, ms, dtype=torch.float64, include_mobile=False):
+    names = [m for m in ops if m != "mobile" or include_mobile]
+    x = torch.tensor([ops[m] for m in names], dtype=dtype)
+    y = torch.tensor([ms[m] for m in names], dtype=dtype)
+    b = ((x - x.mean()) * (y - y.mean())).sum() / ((x - x.mean()) ** 2).sum()
+    return y.mean() + b * (ops["mobile"] - x.mean()), b
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        float(fit(OPS, MS)[0]),
+        fit(OPS, MS)[0],  # a 0-d tensor
+        fit(OPS, MS, dtype=torch.float32)[0],  # torch's default dtype
+        np.polyval(np.polyfit([OPS[m] for m in OPS if m != "mobile"], [MS[m] for m in MS if m != "mobile"], 1), 1561),
+    ],
+    ids=["float", "tensor", "float32", "numpy-polyfit"],
+)
+def test_step_time_fit_right_answers_in_every_form(answer):
+    accepted(exercises.check("6.3", answer, ops=OPS, ms=MS))
+
+
+@pytest.mark.parametrize(
+    "answer, says",
+    [
+        (MS["mobile"], "mobile's measured time"),
+        (float(fit(OPS, MS, include_mobile=True)[0]), "the fit includes mobile"),
+        (sum(OPS[m] * MS[m] for m in OPS if m != "mobile") / sum(OPS[m] ** 2 for m in OPS if m != "mobile") * 1561,
+         "through the origin"),
+        (float(fit(OPS, MS)[1]), "the slope b"),
+        (float(fit(OPS, MS)[1]) * 1561, "the intercept a is missing"),
+        (float(fit(OPS, MS)[0]) * 1.01, "Hint"),
+    ],
+    ids=["measured", "with-mobile", "origin", "slope", "no-intercept", "one-percent-off"],
+)  # fmt: skip
+def test_step_time_fit_wrong_answers_are_named(answer, says):
+    rejected(exercises.check("6.3", answer, ops=OPS, ms=MS), says)
+
+
+def test_step_time_fit_summaries_instead_of_numbers_get_feedback():
+    summaries = {m: h2h.Summary(mean=0.9, low=0.8, high=1.0, std=0.1, step_ms=t, seeds=3) for m, t in MS.items()}
+    rejected(exercises.check("6.3", 20.0, ops=OPS, ms=summaries), "is a Summary, not a number", "step_ms")
+    rejected(exercises.check("6.3", 20.0, ops=OPS, ms=[1, 2]), "ms must be a dict")
+    rejected(exercises.check("6.3", 20.0, ops=OPS), "called with the wrong arguments")
+    rejected(exercises.check("6.3", 20.0, ops=OPS, ms={**MS, "flow": "fast"}), "expected a number")
+
+
+def test_step_time_fit_never_accepts_when_the_fit_is_undefined():
+    flat = {m: 300 for m in OPS} | {"mobile": 1561}  # every other mechanism runs as many operations
+    for answer in (float("nan"), 30.0, 0.0):
+        rejected(exercises.check("6.3", answer, ops=flat, ms=MS), "undefined for these inputs")
+
+
+@pytest.mark.parametrize("answer", ODD_ANSWERS, ids=ODD_IDS)
+def test_step_time_fit_answers_of_the_wrong_type_get_feedback(answer):
+    rejected(exercises.check("6.3", answer, ops=OPS, ms=MS))
+
+
+def tiny_model(heads=4):
+    task = h2h.RecallTask(n_pairs=3, n_keys=4, n_values=3)
+    model = h2h.TinyModel("softmax", vocab=task.vocab, length=task.length, n_out=task.n_values, d_model=8,
+                          n_heads=heads, n_layers=1)  # fmt: skip
+    return model, task.batch(64, torch.Generator().manual_seed(0))[0], task
+
+
+def with_shares(monkeypatch, shares):
+    """lookup_share replaced by fixed (sequences, heads) shares: the count is then known exactly."""
+    monkeypatch.setattr(h2h, "lookup_share", lambda model, tokens, task: shares)
+
+
+def test_lookup_heads_counts_with_a_tolerance_from_the_spread_across_sequences(monkeypatch):
+    g = torch.Generator().manual_seed(0)
+    base = torch.tensor([0.9, 0.2, 0.51, 0.7])  # the third head sits on the threshold
+    shares = (base + 0.1 * torch.randn(64, 4, generator=g)).clamp(0, 1)
+    with_shares(monkeypatch, shares)
+    model, tokens, task = tiny_model()
+    kw = dict(model=model, tokens=tokens, task=task)
+    for right in (2, 3, 2.0, np.int64(2), torch.tensor(3)):  # the third head may count either way
+        accepted(exercises.check("6.4", right, **kw))
+    rejected(exercises.check("6.4", 1, **kw), "the heads below one half")
+    rejected(exercises.check("6.4", 0, **kw), "Hint")
+    rejected(exercises.check("6.4", 4, **kw), "Hint")
+    rejected(exercises.check("6.4", 2.5, **kw), "not a count")
+    sharp = (base + 0.001 * torch.randn(64, 4, generator=g)).clamp(0, 1)
+    with_shares(monkeypatch, sharp)  # now the third head is clearly above
+    accepted(exercises.check("6.4", 3, **kw))
+    rejected(exercises.check("6.4", 2, **kw))
+    rejected(exercises.check("6.4", 1, **kw), "the heads below one half")
+
+
+def test_lookup_heads_a_curve_instead_of_its_model_gets_feedback():
+    model, tokens, task = tiny_model()
+    curve = h2h.Curve("softmax", model=model)
+    rejected(exercises.check("6.4", 2, model=curve, tokens=tokens, task=task), "is a Curve", ".model")
+    rejected(exercises.check("6.4", 2, model="softmax", tokens=tokens, task=task), "must be a trained TinyModel")
+    rejected(exercises.check("6.4", 2, model=model, tokens=tokens.tolist(), task=task), "tokens=")
+    rejected(exercises.check("6.4", 2, model=model, tokens=tokens, task=None), "task=")
+    rejected(exercises.check("6.4", 2), "called with the wrong arguments")
+
+
+@pytest.mark.parametrize("answer", ODD_ANSWERS, ids=ODD_IDS)
+def test_lookup_heads_answers_of_the_wrong_type_get_feedback(monkeypatch, answer):
+    with_shares(monkeypatch, torch.full((8, 4), 0.3))
+    model, tokens, task = tiny_model()
+    rejected(exercises.check("6.4", answer, model=model, tokens=tokens, task=task))
+
+
+@pytest.mark.parametrize("answer", ODD_ANSWERS, ids=ODD_IDS)
+def test_crossover_and_flops_answers_of_the_wrong_type_get_feedback(answer):
+    rejected(exercises.check("6.1", answer))
+    rejected(exercises.check("6.2", answer), "expected a function")
+    rejected(exercises.check("6.2", lambda *args: answer))
+
+
+def test_the_tolerance_of_the_fit_is_the_spread_of_float32_arithmetic():
+    exact = float(fit(OPS, MS)[0])
+    low = float(fit(OPS, MS, dtype=torch.float32)[0])
+    assert 0 < abs(low - exact) / exact < 1e-4  # float32 moves the prediction, a little
+    assert not math.isclose(exact, MS["mobile"], rel_tol=1e-3)  # the wrong answers are much further away

@@ -12,6 +12,8 @@
 
 from __future__ import annotations
 
+import math
+import statistics
 from collections.abc import Mapping
 
 import torch
@@ -19,7 +21,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from .. import reference
 from ..linear import linear_attention
-from ._core import Case, Diagnosis, Result, check_function, check_value, exercise
+from ._core import Case, Diagnosis, Result, as_number, check_function, check_value, exercise
 
 __all__ = ["check_crossover", "check_matmul_flops", "check_step_time_fit", "check_lookup_heads", "CROSSOVER"]
 
@@ -56,12 +58,19 @@ def _crossover(D: int, Dv: int) -> float:
 @exercise("6.1")
 def check_crossover(answer) -> Result:
     """Exercise 6.1: the crossover N* for D = 32, D_v = 64."""
+    D, Dv = CROSSOVER["D"], CROSSOVER["Dv"]
     return check_value(
         "6.1 crossover N*",
         answer,
-        _crossover(CROSSOVER["D"], CROSSOVER["Dv"]),
+        _crossover(D, Dv),
         rtol=1e-9,
         hint="softmax: 2 N^2 D + 2 N^2 D_v per head; linear: 4 N D D_v + 2 N D (the normaliser).",
+        mistakes=[
+            (D + 0.5, f"{D + 0.5:g} = D + 1/2 is the crossover for D_v = D; here D_v = {Dv}."),
+            (2 * D * Dv / (D + Dv), "the normaliser's 2 N D is missing from linear attention's count."),
+            (4 * D * Dv / (D + Dv), "softmax's count is 2 N^2 (D + D_v); the factor 2 is on both sides."),
+            (D * (2 * Dv + 1) / Dv, "softmax's count has both products, 2 N^2 D and 2 N^2 D_v."),
+        ],
     )
 
 
@@ -98,17 +107,30 @@ def _per_head(mechanism, B, H, N, D, Dv):
     return _right(mechanism, 1, 1, N, D, Dv)
 
 
+def _no_batch(mechanism, B, H, N, D, Dv):
+    return _right(mechanism, 1, H, N, D, Dv)
+
+
+def _no_heads(mechanism, B, H, N, D, Dv):
+    return _right(mechanism, B, 1, N, D, Dv)
+
+
 def _flop_cases() -> list[Case]:
-    # First the cases on which every diagnosed mistake gives a different number (D_v != D, B H = 3).
+    # No B = 2 (a forgotten B would look like a halved count), B != H, D_v != D where it matters, N up to 100.
     shapes = [
-        ("softmax", 1, 3, 10, 4, 6, "softmax, B = 1, H = 3, N = 10, D = 4, D_v = 6"),
-        ("linear", 1, 3, 10, 4, 6, "linear, B = 1, H = 3, N = 10, D = 4, D_v = 6"),
-        ("softmax", 1, 1, 3, 2, 2, "softmax, the worked example (N = 3, D = 2)"),
-        ("linear", 1, 1, 3, 2, 2, "linear, the worked example (N = 3, D = 2)"),
-        ("softmax", 2, 4, 16, 8, 8, "softmax, B = 2, H = 4, N = 16, D = 8"),
-        ("linear", 2, 4, 16, 8, 8, "linear, B = 2, H = 4, N = 16, D = 8"),
+        ("softmax", 1, 3, 10, 4, 6),
+        ("linear", 1, 3, 10, 4, 6),
+        ("softmax", 1, 1, 3, 2, 2),
+        ("linear", 1, 1, 3, 2, 2),
+        ("softmax", 3, 2, 64, 8, 5),
+        ("linear", 3, 2, 64, 8, 5),
+        ("softmax", 5, 4, 100, 6, 8),
+        ("linear", 5, 4, 100, 16, 4),
     ]
-    return [Case((m, B, H, N, D, Dv), label=label) for m, B, H, N, D, Dv, label in shapes]
+    return [
+        Case((m, B, H, N, D, Dv), label=f"{m}, B = {B}, H = {H}, N = {N}, D = {D}, D_v = {Dv}")
+        for m, B, H, N, D, Dv in shapes
+    ]
 
 
 def _expected_flops(mechanism, B, H, N, D, Dv):
@@ -123,7 +145,7 @@ def check_matmul_flops(fn) -> Result:
         _flop_cases(),
         expected=_expected_flops,
         name="matmul_flops",
-        success="matmul_flops matches torch's FLOP counter on all 6 shapes.",
+        success="matmul_flops matches torch's FLOP counter on all 8 shapes (N up to 100).",
         rtol=0.0,
         atol=0.0,
         diagnoses=[
@@ -132,6 +154,8 @@ def check_matmul_flops(fn) -> Result:
             Diagnosis("linear attention's normaliser phi(Q) z (2 N D per head) is missing", _no_normaliser),
             Diagnosis("D is used where the value width D_v belongs", _d_for_dv),
             Diagnosis("the count is for one head of one sequence: multiply by B H", _per_head),
+            Diagnosis("the batch size B is missing: every sequence runs the same products", _no_batch),
+            Diagnosis("the number of heads H is missing: every head runs the same products", _no_heads),
         ],
     )
 
@@ -139,45 +163,139 @@ def check_matmul_flops(fn) -> Result:
 # ----------------------------------------------------------------------------------------------- 6.3
 
 
-def _fit(ops: Mapping[str, float], ms: Mapping[str, float], leave_out: str) -> float:
+def _fit(ops: Mapping[str, float], ms: Mapping[str, float], leave_out: str, *, dtype=torch.float64) -> float:
     """Least-squares ms = a + b ops over every mechanism but ``leave_out``; the prediction for it."""
     names = [n for n in ops if n != leave_out]
-    x = torch.tensor([float(ops[n]) for n in names], dtype=torch.float64)
-    y = torch.tensor([float(ms[n]) for n in names], dtype=torch.float64)
+    x = torch.tensor([float(ops[n]) for n in names], dtype=dtype)
+    y = torch.tensor([float(ms[n]) for n in names], dtype=dtype)
     b = ((x - x.mean()) * (y - y.mean())).sum() / ((x - x.mean()) ** 2).sum()
     a = y.mean() - b * x.mean()
     return float(a + b * float(ops[leave_out]))
 
 
+def _fit_lstsq(ops, ms, names, at: float, *, dtype) -> float:
+    x = torch.tensor([float(ops[n]) for n in names], dtype=dtype)
+    y = torch.tensor([float(ms[n]) for n in names], dtype=dtype)
+    a, b = torch.linalg.lstsq(torch.stack([torch.ones_like(x), x], dim=1), y[:, None]).solution[:, 0]
+    return float(a + b * at)
+
+
+def _numbers(table, name: str) -> tuple[dict[str, float] | None, str | None]:
+    """``table`` as {mechanism: float}, or None and what is wrong with it (a Summary where a number belongs)."""
+    if not isinstance(table, Mapping):
+        return None, f"{name} must be a dict of numbers, one per mechanism, got {type(table).__name__}"
+    out = {}
+    for key, value in table.items():
+        number = as_number(value)
+        if number is None:
+            if hasattr(value, "step_ms"):
+                return None, (
+                    f"{name}[{key!r}] is a {type(value).__name__}, not a number: pass its step_ms "
+                    "(race.summary(m).step_ms), as the exercise's cell does"
+                )
+            return None, f"{name}[{key!r}] is a {type(value).__name__}, expected a number"
+        out[str(key)] = float(number)
+    return out, None
+
+
 @exercise("6.3")
 def check_step_time_fit(answer, *, ops: Mapping[str, float], ms: Mapping[str, float]) -> Result:
-    """Exercise 6.3: the step time of Mobile-Attention predicted from the others' (ops, ms) by a line."""
-    if "mobile" not in ops or set(ops) != set(ms) or len(ops) < 3:
+    """Exercise 6.3: the step time of Mobile-Attention predicted from the others' (ops, ms) by a line.
+
+    The prediction is a fixed function of the numbers in ``ops`` and ``ms``; its tolerance is the spread
+    that arithmetic itself gives it, measured here: the fit computed in float32 (two ways) against float64,
+    so that a fit in torch's default float32 is right and the wrong fits, which differ by much more, are not.
+    """
+    name = "6.3 predicted mobile ms/step"
+    ops_, problem = _numbers(ops, "ops")
+    ms_, problem = (None, problem) if problem else _numbers(ms, "ms")
+    if problem:
+        return Result(False, f"6.3: {problem}.")
+    if "mobile" not in ops_ or set(ops_) != set(ms_) or len(ops_) < 3:
         return Result(False, "6.3: ops and ms must name the same mechanisms, mobile and at least two others")
+    others = [n for n in ops_ if n != "mobile"]
+    expected = _fit(ops_, ms_, "mobile")
+    if not math.isfinite(expected):
+        return check_value(name, answer, expected)  # "undefined for these inputs": all the others' ops are equal
+    low = [
+        _fit(ops_, ms_, "mobile", dtype=torch.float32),
+        _fit_lstsq(ops_, ms_, others, ops_["mobile"], dtype=torch.float32),
+    ]
+    spread = max(abs(x - expected) for x in low) / max(abs(expected), 1e-12)
+    fit_all = _fit_lstsq(ops_, ms_, list(ops_), ops_["mobile"], dtype=torch.float64)
+    x = torch.tensor([ops_[n] for n in others], dtype=torch.float64)
+    y = torch.tensor([ms_[n] for n in others], dtype=torch.float64)
+    through_origin = float((x * y).sum() / (x * x).sum()) * ops_["mobile"]
+    b = float(((x - x.mean()) * (y - y.mean())).sum() / ((x - x.mean()) ** 2).sum())
     return check_value(
-        "6.3 predicted mobile ms/step",
+        name,
         answer,
-        _fit(ops, ms, "mobile"),
-        rtol=1e-6,
+        expected,
+        rtol=max(1e-9, 10 * spread),
         hint="fit ms = a + b * ops by least squares on every mechanism except mobile, then evaluate it at "
         "mobile's operator count.",
+        mistakes=[
+            (ms_["mobile"], "that is mobile's measured time; the exercise asks what the fit predicts for it."),
+            (fit_all, "the fit includes mobile itself; fit the other mechanisms only, then predict mobile."),
+            (through_origin, "the line goes through the origin; fit an intercept a too (ms = a + b ops)."),
+            (b, "that is the slope b; predict a + b * ops['mobile']."),
+            (b * ops_["mobile"], "the intercept a is missing from the prediction a + b * ops['mobile']."),
+            (statistics.fmean(ms_[n] for n in others), "that is the others' mean time; use the line's slope too."),
+        ],
     )
 
 
 # ----------------------------------------------------------------------------------------------- 6.4
 
 
-@exercise("6.4")
-def check_lookup_heads(answer, *, model, tokens, task, threshold: float = 0.5) -> Result:
-    """Exercise 6.4: heads of ``model`` whose mean lookup share on ``tokens`` is above ``threshold``."""
+def _lookup_counts(model, tokens, task, threshold: float) -> tuple[int, int, int]:
+    """(heads surely above the threshold, heads within 3 standard errors of it, heads) from the mean share
+    over the probe sequences and its standard error across them."""
     from ..lab.headtohead import lookup_share
 
-    share = lookup_share(model, tokens, task).mean(0)  # (H,)
-    return check_value(
-        "6.4 heads that do the lookup",
-        answer,
-        int((share > threshold).sum()),
-        rtol=0.0,
-        atol=0.0,
-        hint="lookup_share(model, tokens, task) is (B, H); average over the sequences, then count.",
+    share = lookup_share(model, tokens, task).double()  # (B, H)
+    mean = share.mean(0)  # (H,)
+    se = share.std(0) / math.sqrt(share.shape[0]) if share.shape[0] > 1 else torch.zeros_like(mean)
+    borderline = (mean - threshold).abs() <= 3 * se
+    return int(((mean > threshold) & ~borderline).sum()), int(borderline.sum()), int(mean.numel())
+
+
+@exercise("6.4")
+def check_lookup_heads(answer, *, model, tokens, task, threshold: float = 0.5) -> Result:
+    """Exercise 6.4: heads of ``model`` whose mean lookup share on ``tokens`` is above ``threshold``.
+
+    The tolerance is measured: a head whose mean share lies within 3 standard errors (across the probe
+    sequences) of the threshold may be counted either way.
+    """
+    from ..lab.headtohead import RecallTask, TinyModel
+
+    name = "6.4 heads that do the lookup"
+    if not isinstance(model, TinyModel):
+        if isinstance(getattr(model, "model", None), TinyModel):
+            return Result(
+                False, f"6.4: model= is a {type(model).__name__}, not a model: pass its trained model, "
+                "race.curves[name][seed].model, as the exercise's cell does."
+            )  # fmt: skip
+        return Result(
+            False,
+            f"6.4: model= must be a trained TinyModel (race.curves[name][seed].model), got a {type(model).__name__}.",
+        )
+    if not isinstance(tokens, torch.Tensor) or tokens.dim() != 2:
+        return Result(False, "6.4: tokens= must be the (sequences, N) probe batch of the task (task.batch(...)[0]).")
+    if not isinstance(task, RecallTask):
+        return Result(False, f"6.4: task= must be the race's RecallTask, got a {type(task).__name__}.")
+    sure, borderline, heads = _lookup_counts(model, tokens, task, threshold)
+    value = as_number(answer)
+    if value is not None and math.isfinite(value) and value != round(value):
+        return Result(False, f"{name}: {value:g} is not a count; count the heads whose mean share is above one half.")
+    if value is not None and sure <= value <= sure + borderline:
+        return Result(True, f"{name}: {value:g} is right.")
+    if value is None:
+        return check_value(name, answer, sure)  # "no answer yet" / "expected a number, got ..."
+    if value == heads - sure - borderline and not sure <= heads - sure - borderline <= sure + borderline:
+        return Result(False, f"{name}: {value:g} is not right: that counts the heads below one half.")
+    return Result(
+        False,
+        f"{name}: {value:g} is not right. Hint: lookup_share(model, tokens, task) is (sequences, heads); average "
+        "over the sequences, then count the heads above one half.",
     )
