@@ -145,9 +145,20 @@ def test_a_configuration_no_expression_can_meet_is_refused():
 
 def test_malformed_expressions_are_reported_not_evaluated():
     ids = [listops.VOCAB.index(w) for w in "[MAX 1 2".split()]
-    with pytest.raises(ValueError, match="every operator must be closed"):
+    with pytest.raises(
+        ValueError, match=r"^listops.evaluate: tokens must close every operator with '\]', got '\[MAX 1 2'$"
+    ):
         listops.evaluate(ids)
-    with pytest.raises(ValueError, match="must close an operator with arguments"):
+    with pytest.raises(
+        ValueError, match=r"tokens must close with every '\]' an operator that has arguments, got '\[MAX \]'"
+    ):
         listops.evaluate([listops.MAX_ID, listops.CLOSE])
-    with pytest.raises(ValueError, match="must be in 0..9, got values in 0..10"):
+    with pytest.raises(ValueError, match=r"tokens must hold one expression \(nothing after its last '\]'\)"):
+        listops.evaluate([listops.MIN_ID, 1, 2, listops.CLOSE, 3])
+    with pytest.raises(ValueError, match=r"tokens must have every digit inside an operator, got '4 5'"):
+        listops.evaluate([4, 5])
+    assert listops.evaluate([7]) == 7  # a lone digit is its own value
+    with pytest.raises(ValueError, match=r"^label_distribution: labels must hold at least 1 label, got 0 labels$"):
+        listops.label_distribution(torch.tensor([], dtype=torch.long))
+    with pytest.raises(ValueError, match=r"^label_distribution: every label must be an int in 0..9, got 10$"):
         listops.label_distribution([0, 10])

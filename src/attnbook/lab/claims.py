@@ -51,6 +51,7 @@ from .._checks import (
     check_divisible,
     check_instance,
     check_int,
+    check_max_size,
     check_module,
     check_number,
     check_sequence,
@@ -472,10 +473,7 @@ class Classifier(nn.Module):
     def embed_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
         """Token plus position embeddings, (B, N) -> (B, N, d_model)."""
         check_tensor(tokens, "tokens", name="Classifier", dims=2, layout="(B, N)", floating=False)
-        if tokens.shape[1] > self.position.shape[0]:
-            raise ValueError(
-                f"Classifier: tokens must have N <= {self.position.shape[0]} (length), got shape {tuple(tokens.shape)}"
-            )
+        check_max_size(tokens, "tokens", 1, self.position.shape[0], name="Classifier", label="N", why=" (length)")
         return self.embed(tokens) + self.position[: tokens.shape[1]]  # (B, N, d)
 
     def forward(self, tokens: torch.Tensor, padding: torch.Tensor | None = None) -> torch.Tensor:
@@ -733,7 +731,8 @@ def compare(
         variants: names of :data:`VARIANTS` or :class:`Variant` s (default :data:`LISTOPS_VARIANTS`).
         seeds: a number of seeds (``0 .. seeds - 1``) or the seeds themselves.
         skip_unavailable: leave out (and list in :attr:`Comparison.skipped`) variants the installed package
-            cannot build, such as Flow-Attention's ablations before their arguments exist; False raises.
+            cannot build, such as Flow-Attention's ablations before their arguments exist; False builds every
+            variant first, so that the module's own ``TypeError`` names the argument it does not take.
         keep_models: keep every trained model.
 
     Returns:
@@ -749,12 +748,12 @@ def compare(
         check_sequence(variants, "variants", name=name, minimum=1, item="variant")
     chosen = [_variant(v, name) for v in (LISTOPS_VARIANTS if variants is None else variants)]
     skip_unavailable = check_bool(skip_unavailable, "skip_unavailable", name=name)
-    skipped = [v.name for v in chosen if not available(v, setup.d_model, setup.n_heads)]
-    if skipped and not skip_unavailable:
-        raise ValueError(
-            f"{name}: variants must be buildable by the installed package, got {skipped!r} whose module "
-            f"arguments it does not accept"
-        )
+    skipped = []
+    for v in chosen:
+        if not skip_unavailable:
+            v.build(setup.d_model, setup.n_heads)  # now: the module's TypeError names the argument it lacks
+        elif not available(v, setup.d_model, setup.n_heads):
+            skipped.append(v.name)
     chosen = [v for v in chosen if v.name not in skipped]
     runs: dict[str, list[Run]] = {v.name: [] for v in chosen}
     for seed in _seeds(seeds, name):

@@ -43,7 +43,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .._checks import check_generator, check_int, check_number, check_sequence, check_tensor
+from .._checks import check_count, check_found, check_instance, check_int, check_number, check_sequence, check_tensor
 
 __all__ = [
     "VOCAB",
@@ -186,21 +186,24 @@ class ListOps:
         """
         name = "ListOps.sample"
         n = check_int(n, "n", name=name, minimum=1)
-        if check_generator(generator, name=name) is None:
-            raise TypeError(f"{name}: generator must be a torch.Generator, got None")
+        check_instance(generator, "generator", torch.Generator, name=name, what="a torch.Generator")
         rng = random.Random(int(torch.randint(2**62, (1,), generator=generator)))
         expressions, labels = [], []
         for _ in range(n):
+            found = []
             for _ in range(_MAX_TRIES):
                 tree = self._tree(rng, 1, self.max_length)
                 if tree is not None and len(tree[0]) >= self.min_length:
+                    found.append(tree)
                     break
-            else:
-                raise ValueError(
-                    f"{name}: the configuration must produce expressions of length {self.min_length}.."
-                    f"{self.max_length} (raise leaf_probability's complement, max_args or max_depth), got none "
-                    f"in {_MAX_TRIES} draws with {self}"
-                )
+            check_found(
+                found,
+                "the configuration",
+                name=name,
+                expected=f"produce expressions of {self.min_length} to {self.max_length} tokens (lower "
+                "leaf_probability, or raise max_args or max_depth)",
+                got=f"none in {_MAX_TRIES} draws with {self}",
+            )
             expressions.append(tree[0])
             labels.append(tree[1])
         return expressions, labels
@@ -243,6 +246,11 @@ def _ids(tokens, name: str) -> list[int]:
     return ids
 
 
+def _require(ok: bool, ids: list[int], expected: str) -> None:
+    """A malformed expression: ``ValueError`` through the validation module, quoting the expression."""
+    check_found([ids] if ok else [], "tokens", name="listops.evaluate", expected=expected, got=repr(to_text(ids)))
+
+
 def evaluate(tokens: Sequence[int] | torch.Tensor) -> int:
     """The value of one expression (token ids, PAD ignored); ``ValueError`` if it is not well formed."""
     name = "listops.evaluate"
@@ -250,13 +258,11 @@ def evaluate(tokens: Sequence[int] | torch.Tensor) -> int:
     stack: list[tuple[int, list[int]]] = []
     result = None
     for t in ids:
-        if result is not None:
-            raise ValueError(f"{name}: tokens must hold one expression, got tokens after its end")
+        _require(result is None, ids, "hold one expression (nothing after its last ']')")
         if MAX_ID <= t <= SM_ID:
             stack.append((t, []))
         elif t == CLOSE:
-            if not stack or not stack[-1][1]:
-                raise ValueError(f"{name}: every ']' must close an operator with arguments, got {to_text(ids)!r}")
+            _require(bool(stack and stack[-1][1]), ids, "close with every ']' an operator that has arguments")
             op, args = stack.pop()
             value = _apply(op, args)
             if stack:
@@ -264,13 +270,11 @@ def evaluate(tokens: Sequence[int] | torch.Tensor) -> int:
             else:
                 result = value
         else:  # a digit
-            if not stack:
-                if len(ids) == 1:
-                    return t
-                raise ValueError(f"{name}: a digit must be inside an operator, got {to_text(ids)!r}")
+            if not stack and len(ids) == 1:
+                return t
+            _require(bool(stack), ids, "have every digit inside an operator")
             stack[-1][1].append(t)
-    if result is None:
-        raise ValueError(f"{name}: every operator must be closed by ']', got {to_text(ids)!r}")
+    _require(result is not None, ids, "close every operator with ']'")
     return result
 
 
@@ -303,10 +307,8 @@ def label_distribution(labels: torch.Tensor | Sequence[int]) -> torch.Tensor:
         check_sequence(labels, "labels", name=name, minimum=1, item="label")
         labels = torch.tensor(list(labels), dtype=torch.long)
     check_tensor(labels, "labels", name=name, dims=1, layout="(B,)", floating=False)
-    if labels.numel() == 0:
-        raise ValueError(f"{name}: labels must hold at least one label, got an empty tensor")
-    low, high = int(labels.min()), int(labels.max())
-    if low < 0 or high >= N_CLASSES:
-        raise ValueError(f"{name}: labels must be in 0..{N_CLASSES - 1}, got values in {low}..{high}")
+    check_count(labels, "labels", name=name, minimum=1, item="label")
+    check_int(int(labels.min()), "every label", name=name, minimum=0, maximum=N_CLASSES - 1)
+    check_int(int(labels.max()), "every label", name=name, minimum=0, maximum=N_CLASSES - 1)
     counts = torch.bincount(labels.cpu(), minlength=N_CLASSES).to(torch.float64)
     return counts / counts.sum()
