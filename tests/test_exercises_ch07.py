@@ -1,10 +1,16 @@
-"""Chapter 7's exercise checkers accept the solutions, name the plausible mistakes, report exceptions."""
+"""Chapter 7's exercise checkers accept the solutions in every form, name the plausible mistakes, report
+exceptions.
+
+The wrong answers marked "(issue 29)" were written from the exercise statements, as a student would, before
+reading the checkers."""
 
 import math
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from exercises_support import ODD_ANSWERS, ODD_IDS, accepted, diagnosed, longest, rejected, spy
 
 from attnbook import exercises
 from attnbook.exercises import ch07
@@ -27,7 +33,8 @@ def test_7_1_accepts_the_first_t_where_the_cache_is_larger_and_rejects_neighbour
     for wrong in (8, 8.5, 16, None, "9"):
         r = exercises.check("7.1", wrong)
         assert not r.passed, wrong
-    assert "Hint" in exercises.check("7.1", 8).message
+    assert "the last t at which the cache is not larger" in exercises.check("7.1", 8).message
+    assert "Hint" in exercises.check("7.1", 10).message
     assert ch07.check_cache_crossover(33, D=64).passed and ch07.cache_crossover(2) == 2
 
 
@@ -189,3 +196,170 @@ def test_7_4_reports_an_answer_that_raises():
     assert not r.passed and ("raised" in r.message or "shape" in r.message)
     r = ch07.check_next_byte_distribution(lambda lg, T, k: 1 / 0)
     assert not r.passed and "raised ZeroDivisionError" in r.message
+
+
+# --- issue 29 -------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", [int, float, np.int64, np.float64, torch.tensor, np.array])
+def test_7_1_in_every_number_type(kind):
+    accepted(exercises.check("7.1", kind(9)))
+
+
+@pytest.mark.parametrize("answer, says", [(8.5, "the first whole t"), (17, "2 t D numbers, not t D")])
+def test_7_1_wrong_answers_are_named(answer, says):
+    rejected(exercises.check("7.1", answer), says)
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        lambda lg, tk: F.cross_entropy(lg[:, :-1].flatten(0, 1), tk[:, 1:].flatten()) / math.log(2),
+        lambda lg, tk: float(solution_bits_per_byte(lg, tk)),  # a Python float
+        lambda lg, tk: solution_bits_per_byte(lg, tk).numpy(),  # a 0-d numpy array
+        lambda lg, tk: np.float64(solution_bits_per_byte(lg, tk).item()),
+        lambda lg, tk: -torch.log2(lg[:, :-1].softmax(-1)).gather(-1, tk[:, 1:, None]).mean(),
+    ],
+    ids=["cross-entropy", "float", "0-d-array", "numpy-float", "log2-softmax"],
+)
+def test_7_2_right_answers_in_every_form(answer):
+    accepted(exercises.check("7.2", answer))
+
+
+@pytest.mark.parametrize(
+    "wrong, says",
+    [
+        (lambda lg, tk: -torch.log_softmax(lg[:, :-1], -1).gather(-1, tk[:, 1:, None]).sum() / math.log(2), "summed"),
+        (lambda lg, tk: F.cross_entropy(lg[:, 1:].flatten(0, 1), tk[:, :-1].flatten()) / math.log(2), "wrong way"),
+        (lambda lg, tk: torch.log_softmax(lg[:, :-1], -1).gather(-1, tk[:, 1:, None]).mean() / math.log(2), "sign"),
+    ],
+    ids=["sum", "shift-back", "sign"],
+)
+def test_7_2_more_mistakes_are_named(wrong, says):
+    diagnosed(exercises.check("7.2", wrong), says)
+
+
+def test_7_2_tries_64_bytes_and_more():
+    s = spy(solution_bits_per_byte)
+    accepted(exercises.check("7.2", s))
+    assert longest(s.calls, dim=1, arg=1) >= 64
+
+
+def cached_step_lists(q_t, k_t, v_t, keys, values):
+    out, keys, values = solution_cached_step(q_t, k_t, v_t, keys, values)
+    return [out, keys, values]
+
+
+def cached_step_einsum(q_t, k_t, v_t, keys, values):
+    keys = torch.cat([keys, k_t.unsqueeze(2)], dim=2)
+    values = torch.cat([values, v_t.unsqueeze(2)], dim=2)
+    w = torch.einsum("bhd,bhtd->bht", q_t, keys).div(q_t.shape[-1] ** 0.5).softmax(-1)
+    return torch.einsum("bht,bhtd->bhd", w, values), keys, values
+
+
+def cached_step_old_cache(q_t, k_t, v_t, keys, values):
+    out, _, _ = solution_cached_step(q_t, k_t, v_t, keys, values)
+    return out, keys, values
+
+
+def cached_step_scales_in_place(q_t, k_t, v_t, keys, values):
+    q_t /= q_t.shape[-1] ** 0.5
+    keys, values = torch.cat([keys, k_t[:, :, None]], 2), torch.cat([values, v_t[:, :, None]], 2)
+    w = (keys @ q_t[..., None]).softmax(2)
+    return (w * values).sum(2), keys, values
+
+
+@pytest.mark.parametrize("answer", [cached_step_lists, cached_step_einsum], ids=["lists", "einsum"])
+def test_7_3_right_answers_in_other_forms(answer):
+    accepted(exercises.check("7.3", answer))
+
+
+def test_7_3_more_mistakes_writes_and_sizes():
+    diagnosed(exercises.check("7.3", cached_step_old_cache), "does not hold the new token")
+    rejected(exercises.check("7.3", cached_step_scales_in_place), "wrote into its argument `q_t`")
+    s = spy(solution_cached_step)
+    accepted(exercises.check("7.3", s))
+    assert longest(s.calls, dim=2, arg=3) >= 63  # 64 tokens with the new one
+
+
+def distribution_top_k_first(logits, temperature, top_k):
+    """Right too: top-k on the logits first (dividing by T > 0 keeps the order), then the temperature."""
+    if top_k is not None:
+        kth = logits.topk(top_k, dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, -math.inf)
+    return (logits / temperature).softmax(-1)
+
+
+def distribution_by_powers(logits, temperature, top_k):
+    """Right too: p^(1/T), renormalised, is softmax(logits / T)."""
+    p = distribution_top_k_first(logits, 1.0, top_k) ** (1 / temperature)
+    return p / p.sum(-1, keepdim=True)
+
+
+def distribution_temperature_only_with_top_k(logits, temperature, top_k):
+    if top_k is None:
+        return logits.softmax(-1)
+    return solution_distribution(logits, temperature, top_k)
+
+
+def distribution_divides_probabilities(logits, temperature, top_k):
+    p = solution_distribution(logits, 1.0, top_k) / temperature
+    return p / p.sum(-1, keepdim=True)
+
+
+def distribution_k_minus_one(logits, temperature, top_k):
+    scaled = logits / temperature
+    if top_k is not None:
+        kth = scaled.topk(top_k, dim=-1).values[:, -1:]
+        scaled = scaled.masked_fill(scaled <= kth, -math.inf)
+    return scaled.softmax(-1)
+
+
+def distribution_in_place(logits, temperature, top_k):
+    logits /= temperature
+    return solution_distribution(logits, 1.0, top_k)
+
+
+@pytest.mark.parametrize("answer", [distribution_top_k_first, distribution_by_powers], ids=["top-k-first", "powers"])
+def test_7_4_right_answers_in_other_forms(answer):
+    accepted(exercises.check("7.4", answer))
+
+
+@pytest.mark.parametrize(
+    "wrong, says",
+    [
+        (distribution_temperature_only_with_top_k, "applied only with top-k"),  # (issue 29) passed: only T = 1
+        (distribution_divides_probabilities, "the temperature has no effect"),
+        (distribution_k_minus_one, "only k - 1 bytes are kept"),
+        (lambda lg, T, k: solution_distribution(lg, T, None if k is None else min(k + 1, 256)), "k + 1"),
+        (lambda lg, T, k: solution_distribution(lg * T * T, T, k), "multiplied by the temperature"),
+    ],
+    ids=["T-only-with-top-k", "divides-probabilities", "k-minus-1", "k-plus-1", "times-T"],
+)
+def test_7_4_more_mistakes_are_named(wrong, says):
+    diagnosed(exercises.check("7.4", wrong), says)
+
+
+def test_7_4_tries_temperatures_other_than_1_without_top_k():
+    s = spy(solution_distribution)
+    accepted(exercises.check("7.4", s))
+    assert {T for (lg, T, k), _ in s.calls if k is None} - {1.0}
+    assert max(lg.shape[0] for (lg, T, k), _ in s.calls) >= 64
+
+
+def test_7_4_rejects_writes_and_names_dtypes():
+    rejected(exercises.check("7.4", distribution_in_place), "wrote into its argument `logits`")
+    r = exercises.check("7.4", lambda lg, T, k: solution_distribution(lg.double(), T, k))
+    rejected(r, "has dtype float64, expected float32")
+
+
+@pytest.mark.parametrize("exercise_id", ["7.2", "7.3", "7.4"])
+@pytest.mark.parametrize("answer", ODD_ANSWERS, ids=ODD_IDS)
+def test_function_answers_of_the_wrong_type_get_feedback(exercise_id, answer):
+    rejected(exercises.check(exercise_id, answer), "expected a function")
+    rejected(exercises.check(exercise_id, lambda *args: answer))
+
+
+@pytest.mark.parametrize("answer", ODD_ANSWERS, ids=ODD_IDS)
+def test_7_1_answers_of_the_wrong_type_get_feedback(answer):
+    rejected(exercises.check("7.1", answer))

@@ -46,6 +46,11 @@ def check_cache_crossover(answer, D: int = 16) -> Result:
         answer,
         cache_crossover(D),
         hint="compare 2 t D numbers (keys and values) with D * D + D (S and z) and solve for t",
+        mistakes=[
+            ((D + 1) / 2, f"the cache is larger for t > {(D + 1) / 2:g}; the question asks for the first whole t."),
+            (D + 1, "the cache holds keys and values, 2 t D numbers, not t D."),
+            (math.floor((D + 1) / 2), "that is the last t at which the cache is not larger; the next one is."),
+        ],
     )
 
 
@@ -80,17 +85,36 @@ def _bpb_of_mean_probability(logits, tokens):
     return float(-torch.log2(p.mean()))
 
 
+def _bpb_summed(logits, tokens):
+    return reference_bits_per_byte(logits, tokens) * tokens[:, 1:].numel()
+
+
+def _bpb_shifted_back(logits, tokens):
+    logp = F.log_softmax(logits[:, 1:].double(), dim=-1)
+    return float(-logp.gather(-1, tokens[:, :-1].unsqueeze(-1)).mean() / math.log(2))
+
+
+def _bpb_negative(logits, tokens):
+    return -reference_bits_per_byte(logits, tokens)
+
+
 def _bpb_cases() -> list[Case]:
     g = torch.Generator().manual_seed(7)
     tokens = torch.randint(256, (2, 9), generator=g)
     logits = torch.randn(2, 9, 256, generator=g, dtype=torch.float64) * 2
     peaked = torch.full((1, 5, 256), -4.0, dtype=torch.float64)
-    text = torch.tensor([list(b"abcab")])
-    peaked[0, torch.arange(4), text[0, 1:]] = 4.0  # a confident model that is right
+    abcab = torch.tensor([list(b"abcab")])
+    peaked[0, torch.arange(4), abcab[0, 1:]] = 4.0  # a confident model that is right
+    long_tokens = torch.randint(256, (2, 64), generator=g)
+    long_logits = torch.randn(2, 64, 256, generator=g, dtype=torch.float64) * 3
+    text = torch.tensor([list(b"def f(x):\n    return x\n" * 4)])  # (1, 100)
+    wrong = torch.randn(1, text.shape[1], 256, generator=g, dtype=torch.float64)  # an unsure model
     return [
         Case((logits, tokens), label="random logits for 2 sequences of 9 bytes"),
-        Case((peaked, text), label='a confident, right model on "abcab"'),
+        Case((peaked, abcab), label='a confident, right model on "abcab"'),
         Case((torch.zeros(1, 2, 256, dtype=torch.float64), torch.tensor([[65, 66]])), label="the uniform guess"),
+        Case((long_logits, long_tokens), label="random logits for 2 sequences of 64 bytes"),
+        Case((wrong, text), label="an unsure model on 100 bytes of code"),
     ]
 
 
@@ -117,6 +141,13 @@ def check_bits_per_byte(fn) -> Result:
                 "the probabilities are averaged before taking the log; average the log-probabilities instead",
                 _bpb_of_mean_probability,
             ),
+            Diagnosis("the bits are summed over the predicted bytes; the mean is asked for", _bpb_summed),
+            Diagnosis(
+                "the shift goes the wrong way: logits[:, t] predicts tokens[:, t + 1], so compare logits[:, :-1] "
+                "with tokens[:, 1:]",
+                _bpb_shifted_back,
+            ),
+            Diagnosis("the sign is missing: the cost of a byte is -log2 p, which is positive", _bpb_negative),
         ],
     )
 
@@ -186,6 +217,8 @@ def _cached_cases() -> list[Case]:
         case(2, 3, 5, 4, "a token after 5 cached ones (B=2, H=3, D=4)"),
         case(1, 2, 0, 8, "the first token (an empty cache)"),
         case(1, 1, 11, 2, "a token after 11 cached ones (D=2)"),
+        case(1, 2, 63, 8, "the 64th token (63 cached, D=8)"),
+        case(2, 1, 70, 3, "a token after 70 cached ones (B=2, D=3)"),
     ]
 
 
@@ -215,6 +248,12 @@ def check_cached_step(fn) -> Result:
                 "the softmax is taken over the (single) query instead of over the keys, so every weight is 1",
                 _step_query_axis_softmax,
             ),
+            Diagnosis(
+                "the returned cache does not hold the new token: return the keys and values with k_t and v_t appended",
+                lambda q_t, k_t, v_t, keys, values: CachedStep(
+                    reference_cached_step(q_t, k_t, v_t, keys, values).out, keys, values
+                ),
+            ),
         ],
     )
 
@@ -223,7 +262,10 @@ def check_cached_step(fn) -> Result:
 
 
 def reference_next_byte_distribution(logits: torch.Tensor, temperature: float, top_k: int | None) -> torch.Tensor:
-    """softmax(logits / temperature) over the top_k largest logits of each row (all if None), zero elsewhere."""
+    """softmax(logits / temperature) over the top_k largest logits of each row (all if None), zero elsewhere.
+
+    ``temperature`` > 0 (``generate`` treats temperature 0 separately: the largest logit, greedy).
+    """
     scaled = logits / temperature  # (B, 256)
     if top_k is not None:
         kth = scaled.topk(top_k, dim=-1).values[:, -1:]  # (B, 1)
@@ -251,14 +293,40 @@ def _k_smallest(logits, temperature, top_k):
     return scaled.softmax(dim=-1)
 
 
+def _temperature_ignored_without_top_k(logits, temperature, top_k):
+    return reference_next_byte_distribution(logits, 1.0 if top_k is None else temperature, top_k)
+
+
+def _temperature_ignored(logits, temperature, top_k):
+    return reference_next_byte_distribution(logits, 1.0, top_k)
+
+
+def _k_minus_one(logits, temperature, top_k):
+    scaled = logits / temperature
+    if top_k is not None:
+        kth = scaled.topk(top_k, dim=-1).values[:, -1:]
+        scaled = scaled.masked_fill(scaled <= kth, float("-inf"))
+    return scaled.softmax(dim=-1)
+
+
+def _k_plus_one(logits, temperature, top_k):
+    return reference_next_byte_distribution(logits, temperature, None if top_k is None else min(top_k + 1, 256))
+
+
 def _distribution_cases() -> list[Case]:
     g = torch.Generator().manual_seed(74)
     logits = torch.randn(3, 256, generator=g, dtype=torch.float64) * 3
+    more = torch.randn(64, 256, generator=g, dtype=torch.float64) * 2
     return [
         Case((logits, 0.7, 5), label="temperature 0.7, top-5"),
         Case((logits, 1.0, None), label="temperature 1, no top-k"),
         Case((logits, 2.0, 40), label="temperature 2, top-40"),
         Case((logits[:1], 0.5, 1), label="top-1 (greedy)"),
+        Case((logits, 0.5, None), label="temperature 0.5, no top-k"),
+        Case((more, 1.5, None), label="64 rows, temperature 1.5, no top-k"),
+        Case((more, 1.3, 64), label="64 rows, temperature 1.3, top-64"),
+        Case((logits, 0.9, 256), label="temperature 0.9, top-256 (every byte)"),
+        Case((logits.float(), 0.8, 10), label="float32 logits, temperature 0.8, top-10"),
     ]
 
 
@@ -278,5 +346,19 @@ def check_next_byte_distribution(fn) -> Result:
                 _not_renormalised,
             ),
             Diagnosis("the k smallest logits are kept instead of the k largest", _k_smallest),
+            Diagnosis(
+                "the temperature is applied only with top-k: without top-k the logits must be divided by it too",
+                _temperature_ignored_without_top_k,
+            ),
+            Diagnosis(
+                "the temperature has no effect: divide the logits by it before the softmax (dividing the "
+                "probabilities cancels when they are renormalised)",
+                _temperature_ignored,
+            ),
+            Diagnosis(
+                "only k - 1 bytes are kept: the k-th largest logit itself stays (mask the scores < kth, not <= kth)",
+                _k_minus_one,
+            ),
+            Diagnosis("k + 1 bytes are kept instead of k", _k_plus_one),
         ],
     )
