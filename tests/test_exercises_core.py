@@ -301,3 +301,62 @@ def test_registered_checkers_never_raise():
         from attnbook.exercises import _core
 
         _core._REGISTRY.pop("0.1")
+
+
+# --- every checker, every named mistake ------------------------------------------------------------------------
+
+
+def _diagnosed_checkers():
+    """(exercise id, checker, the diagnoses it passes to check_function), read by running each function checker
+    once on a stub (check_function is recorded, not run)."""
+    from attnbook.exercises import ch01, ch02, ch03, ch04, ch05, ch06, ch07, registered
+
+    found = []
+    for module in (ch01, ch02, ch03, ch04, ch05, ch06, ch07):
+        for exercise_id, checker in registered().items():
+            if checker.__wrapped__.__module__ != module.__name__:
+                continue
+            seen = []
+
+            def record(fn, cases, *, diagnoses=(), **kwargs):
+                seen.append(list(diagnoses))
+                return Result(False, "recorded")
+
+            original = module.check_function
+            module.check_function = record
+            try:
+                checker(lambda *args: None)
+            finally:
+                module.check_function = original
+            if seen and seen[0] and exercise_id != "2.2":  # 2.2's mistakes are kernels of two inputs, not maps
+                found.append((exercise_id, seen[0]))
+    return found
+
+
+DIAGNOSED = _diagnosed_checkers()
+
+
+@pytest.mark.parametrize(
+    "exercise_id, d",
+    [(i, d) for i, ds in DIAGNOSED for d in ds],
+    ids=[f"{i}-{j}" for i, ds in DIAGNOSED for j in range(len(ds))],
+)
+def test_every_named_mistake_is_recognised_when_it_is_the_answer(exercise_id, d):
+    r = check(exercise_id, d.wrong)
+    assert not r.passed and "\nIt looks like " in r.message, r.message
+    assert r.message.split("\nIt looks like ")[1].rstrip(".") == d.message.rstrip("."), r.message
+
+
+def test_every_chapter_has_its_diagnosed_checkers_listed():
+    assert {i for i, _ in DIAGNOSED} >= {"1.1", "1.2", "1.3", "1.4", "2.1", "2.3", "2.4", "3.2", "3.3", "4.2"}
+    assert {i for i, _ in DIAGNOSED} >= {"5.2", "5.3", "6.2", "7.2", "7.3", "7.4"}
+
+
+@pytest.mark.parametrize("answer", [None, "x", {"a": 1}, [1, 2], object(), torch.zeros(2), float("nan"), True])
+def test_no_registered_checker_raises_on_an_odd_answer(answer):
+    from attnbook.exercises import registered
+
+    for exercise_id, checker in registered().items():
+        for call in (lambda: checker(answer), lambda: check(exercise_id, answer, ops={}, ms={})):
+            r = call()
+            assert isinstance(r, Result) and not r.passed, (exercise_id, r)
