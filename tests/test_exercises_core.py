@@ -314,7 +314,7 @@ def _diagnosed_checkers():
     found = []
     for module in (ch01, ch02, ch03, ch04, ch05, ch06, ch07):
         for exercise_id, checker in registered().items():
-            if checker.__wrapped__.__module__ != module.__name__:
+            if getattr(checker, "__wrapped__", checker).__module__ != module.__name__:
                 continue
             seen = []
 
@@ -326,6 +326,8 @@ def _diagnosed_checkers():
             module.check_function = record
             try:
                 checker(lambda *args: None)
+            except TypeError:  # a checker of numbers that needs more arguments: no diagnoses to record
+                pass
             finally:
                 module.check_function = original
             if seen and seen[0] and exercise_id != "2.2":  # 2.2's mistakes are kernels of two inputs, not maps
