@@ -2,14 +2,24 @@
 
 Every chapter ends with exercises; those where the student writes code come with a checker here. A checker
 
-* calls the student's function on several inputs (random ones and edge cases), each on fresh copies, so a
-  function that writes into its arguments cannot spoil the next case;
+* calls the student's function on several inputs: random ones, edge cases (N = 1, an empty row, an empty
+  cache), inputs of N >= 64, and the inputs that tell the common wrong answers apart (a large score on a
+  hidden key, a temperature other than 1, B other than 2, ...), each on fresh copies;
 * compares each answer with the package or its float64 reference, and on the first mismatch answers in one or
-  two lines: a wrong type or shape and the expected one, the first position that differs and by how much, or
-  -- where the mistake is common and recognisable -- a diagnosis ("eps is added inside the sum", "the state
-  is updated after the readout"), found by comparing the answer with known wrong variants;
-* never raises because of the student's code: an exception in it is reported with its message, a stub that
-  returns None or raises ``NotImplementedError`` is reported as not done yet.
+  two lines: a wrong type, shape or dtype and the expected one, the first position that differs and by how
+  much, or -- where the mistake is common and recognisable -- a diagnosis ("eps is added inside the sum",
+  "the state is updated after the readout"), named only when the answer equals that known wrong variant on
+  at least two inputs that the variant gets wrong;
+* rejects a function that writes into its inputs, naming the argument (``state.S``): in the student's own
+  model the same code would change the caller's tensors;
+* accepts every form of a right answer: any real number type (numpy scalars, 0-d tensors and arrays), a list
+  for a tuple, a Python number for a 0-d tensor, a numpy array for a tensor;
+* never accepts when the expected value itself is undefined (NaN, degenerate data), and never raises: an
+  exception in the student's code is reported with its message, a stub that returns None or raises
+  ``NotImplementedError`` is reported as not done yet, and an answer of a type the checker did not foresee
+  gets feedback too;
+* for a measured quantity (an explore exercise), takes its tolerance from a spread it measures itself: across
+  the seeds of the experiment, across the probe sequences, or the rounding of float32 arithmetic.
 
 It returns a :class:`Result`, which shows itself as that line in a notebook. ``Result.require()`` raises
 ``AssertionError`` with the same message, which is how the book's own solutions are checked in CI.
@@ -24,7 +34,8 @@ Writing a checker::
         return check_function(fn, cases, expected=reference_step, name="linear_step",
                               diagnoses=[Diagnosis("the state is updated after the readout", wrong_step)])
 
-and in a chapter: ``attnbook.exercises.check("2.1", my_step)`` or the checker function itself.
+and in a chapter: ``attnbook.exercises.check("2.1", my_step)`` or the checker function itself. The policies
+live in :mod:`attnbook.exercises._core`, once for every checker.
 """
 
 from __future__ import annotations
@@ -33,9 +44,11 @@ from ._core import (
     Case,
     Diagnosis,
     Result,
+    as_number,
     check,
     check_function,
     check_value,
+    compare,
     exercise,
     first_difference,
     registered,
@@ -45,9 +58,11 @@ __all__ = [
     "Case",
     "Diagnosis",
     "Result",
+    "as_number",
     "check",
     "check_function",
     "check_value",
+    "compare",
     "exercise",
     "first_difference",
     "registered",
