@@ -134,7 +134,7 @@ def main() -> None:
         t = timed(
             {
                 "before": fwd(old.linear_attention, q, k, v, causal=True),
-                "after": fwd(new.linear_attention, q, k, v, causal=True),
+                "after": fwd(new.linear_attention, q, k, v, is_causal=True),
             },
             max(5, R // 3),
             T,
@@ -149,7 +149,7 @@ def main() -> None:
         t = timed(
             {
                 "before": fwd_bwd(old.linear_attention, q, k, v, up, causal=True),
-                "after": fwd_bwd(new.linear_attention, q, k, v, up, causal=True),
+                "after": fwd_bwd(new.linear_attention, q, k, v, up, is_causal=True),
             },
             max(5, R // 3),
             threads,
@@ -271,7 +271,7 @@ def main() -> None:
         t = timed(
             {
                 "before": fwd(old.flow_attention, q, k, v, causal=True),
-                "after": fwd(new.flow_attention, q, k, v, causal=True),
+                "after": fwd(new.flow_attention, q, k, v, is_causal=True),
             },
             max(5, R // 3),
             T,

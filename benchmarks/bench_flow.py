@@ -113,7 +113,7 @@ def _reset_peak_rss() -> None:
 def memory_child(kind: str, B: int, H: int, N: int, D: int, chunk_size: int) -> None:
     """Run in a fresh interpreter: print the peak RSS growth of one forward call, in bytes, as JSON."""
     fns = {
-        "flow_causal": lambda q, k, v: attnbook.flow_attention(q, k, v, causal=True, chunk_size=chunk_size),
+        "flow_causal": lambda q, k, v: attnbook.flow_attention(q, k, v, is_causal=True, chunk_size=chunk_size),
         "flow": lambda q, k, v: attnbook.flow_attention(q, k, v),
         "mobile": lambda q, k, v: attnbook.mobile_attention(q, k, v),
         "linear": lambda q, k, v: attnbook.linear_attention(q, k, v),
@@ -282,17 +282,17 @@ def main() -> None:
         q, k, v = (torch.randn(B, H, N, D) for _ in range(3))
         fns = {
             "flow_attention causal (chunked)": lambda: attnbook.flow_attention(
-                q, k, v, causal=True, chunk_size=args.chunk_size
+                q, k, v, is_causal=True, chunk_size=args.chunk_size
             ),
             "linear_attention causal": lambda: attnbook.linear_attention(
-                q, k, v, causal=True, chunk_size=args.chunk_size
+                q, k, v, is_causal=True, chunk_size=args.chunk_size
             ),
             "dense masked form": lambda: dense_masked_causal_flow(q, k, v),
         }
         with torch.inference_mode():
             small = [x[:1, :2, :300] for x in (q, k, v)]
             torch.testing.assert_close(
-                dense_masked_causal_flow(*small), attnbook.flow_attention(*small, causal=True), rtol=1e-4, atol=1e-5
+                dense_masked_causal_flow(*small), attnbook.flow_attention(*small, is_causal=True), rtol=1e-4, atol=1e-5
             )
             t = compare(fns, repeats=args.causal_repeats, warmup=args.warmup)
         ours = _ms(t, "flow_attention causal (chunked)")
@@ -306,7 +306,7 @@ def main() -> None:
         if Np:
             qp, kp, vp = (x[..., :Np, :].contiguous() for x in (q, k, v))
             fns = {
-                "flow_attention causal (chunked)": lambda: attnbook.flow_attention(qp, kp, vp, causal=True),
+                "flow_attention causal (chunked)": lambda: attnbook.flow_attention(qp, kp, vp, is_causal=True),
                 "published_causal (port)": lambda: published_causal_flow_attention(qp, kp, vp),
             }
             with torch.inference_mode():

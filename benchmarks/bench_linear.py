@@ -93,7 +93,7 @@ def bench_causal(a):
     B, H, N, D, Dv = a.B, a.H, a.n_causal, a.D, a.D
     q, k, v = make_inputs(B, H, N, D, Dv)
     with torch.no_grad():
-        fns = {"linear_attention_causal": lambda: attnbook.linear_attention(q, k, v, causal=True)}
+        fns = {"linear_attention_causal": lambda: attnbook.linear_attention(q, k, v, is_causal=True)}
         if not a.skip_quadratic:
             fns["masked_n_by_n"] = lambda: masked_quadratic(q, k, v)
         # the N x N form takes tens of seconds on two cores: one warm-up-free pair of alternating runs
@@ -101,7 +101,7 @@ def bench_causal(a):
         res = {name: ms(x) for name, x in t.items()}
         if not a.skip_quadratic:
             res["speedup_vs_masked_n_by_n"] = round(t["masked_n_by_n"].median / t["linear_attention_causal"].median, 1)
-            out = attnbook.linear_attention(q, k, v, causal=True)
+            out = attnbook.linear_attention(q, k, v, is_causal=True)
             torch.testing.assert_close(
                 out[:1, :1], masked_quadratic(q[:1, :1], k[:1, :1], v[:1, :1]), rtol=1e-3, atol=1e-4
             )
@@ -109,7 +109,7 @@ def bench_causal(a):
     up = torch.randn(B, H, N, Dv)
 
     def forward_backward():
-        attnbook.linear_attention(qg, kg, vg, causal=True).backward(up)
+        attnbook.linear_attention(qg, kg, vg, is_causal=True).backward(up)
 
     tb = compare({"causal_forward_backward": forward_backward}, repeats=a.causal_repeats, warmup=1)
     res["causal_forward_backward"] = ms(tb["causal_forward_backward"])
@@ -131,7 +131,7 @@ def memory_child(a):
     grad = a.memory_child == "forward_backward"
     # warm up torch's lazily built machinery on a tiny problem so it is not counted
     small = make_inputs(1, 1, 128, D, Dv, requires_grad=grad)
-    o = attnbook.linear_attention(*small, causal=True)
+    o = attnbook.linear_attention(*small, is_causal=True)
     if grad:
         o.sum().backward()
     q, k, v = make_inputs(B, H, N, D, Dv, requires_grad=grad)
@@ -141,11 +141,11 @@ def memory_child(a):
     # fork + exec, so a child of a big process would report the parent's peak.)
     base_kib = _status_kib("VmRSS")
     if grad:
-        out = attnbook.linear_attention(q, k, v, causal=True)
+        out = attnbook.linear_attention(q, k, v, is_causal=True)
         out.backward(up)
     else:
         with torch.no_grad():
-            out = attnbook.linear_attention(q, k, v, causal=True)
+            out = attnbook.linear_attention(q, k, v, is_causal=True)
     peak_kib = _status_kib("VmHWM")
     io_bytes = sum(x.numel() * x.element_size() for x in (q, k, v, out))
     print(
@@ -266,7 +266,7 @@ def bench_peer(a):
 def _peer_case(peer, B, H, N, D, repeats):
     q, k, v = make_inputs(B, H, N, D, D, requires_grad=True)
     up = torch.randn(B, H, N, D)
-    fns = {"ours": lambda q, k, v: attnbook.linear_attention(q, k, v, causal=True), "peer": peer}
+    fns = {"ours": lambda q, k, v: attnbook.linear_attention(q, k, v, is_causal=True), "peer": peer}
     with torch.no_grad():
         torch.testing.assert_close(fns["ours"](q, k, v), peer(q, k, v), rtol=1e-3, atol=1e-4)
         tf = compare({name: functools.partial(f, q, k, v) for name, f in fns.items()}, repeats=repeats)

@@ -53,8 +53,9 @@ def test_every_tile_layout_gives_the_reference_outputs_and_gradients(monkeypatch
         pad = torch.rand(B, N, generator=torch.Generator().manual_seed(1)) > 0.3
         pad[:, 0] = True
     phi = feature_map(fmap, D)
-    kwargs = {"causal": True, "feature_map": phi, "key_padding_mask": pad, "chunk_size": 3}
-    expected = functools.partial(reference.linear_attention, causal=True, feature_map=phi, key_padding_mask=pad)
+    padding = None if pad is None else ~pad  # pad marks the real tokens; key_padding_mask the padded ones
+    kwargs = {"is_causal": True, "feature_map": phi, "key_padding_mask": padding, "chunk_size": 3}
+    expected = functools.partial(reference.linear_attention, is_causal=True, feature_map=phi, key_padding_mask=padding)
     assert_matches_reference(
         lambda q, k, v: attnbook.linear_attention(q, k, v, **kwargs), expected, [q, k, v], dtype=torch.float64
     )
@@ -72,13 +73,13 @@ def test_the_running_sum_as_one_cumsum_gives_the_same_outputs_and_gradients(monk
     monkeypatch.setattr(_causal, "CPU_TILE", layout)
     monkeypatch.setattr(_prefix, "by_additions", lambda device: False)
     q, k, v = qkv(2, 3, N, N, 4, 5, dtype=torch.float64)
-    fast = functools.partial(attnbook.linear_attention, causal=True, chunk_size=3)
+    fast = functools.partial(attnbook.linear_attention, is_causal=True, chunk_size=3)
     assert_matches_reference(
-        fast, functools.partial(reference.linear_attention, causal=True), [q, k, v], dtype=torch.float64
+        fast, functools.partial(reference.linear_attention, is_causal=True), [q, k, v], dtype=torch.float64
     )
     with torch.no_grad():
         out = fast(q, k, v)
-    torch.testing.assert_close(out, reference.linear_attention(q, k, v, causal=True), **tol(torch.float64))
+    torch.testing.assert_close(out, reference.linear_attention(q, k, v, is_causal=True), **tol(torch.float64))
 
 
 @pytest.mark.parametrize("mask", [False, True], ids=["no_mask", "padded"])
@@ -92,7 +93,10 @@ def test_second_derivatives_are_exact(monkeypatch, fmap, mask):
     phi = feature_map(fmap, 3)
 
     def attend(q, k, v):
-        return attnbook.linear_attention(q, k, v, causal=True, feature_map=phi, key_padding_mask=pad, chunk_size=2)
+        padding = None if pad is None else ~pad
+        return attnbook.linear_attention(
+            q, k, v, is_causal=True, feature_map=phi, key_padding_mask=padding, chunk_size=2
+        )
 
     assert torch.autograd.gradcheck(attend, (q, k, v))
     assert torch.autograd.gradgradcheck(attend, (q, k, v))
@@ -101,9 +105,9 @@ def test_second_derivatives_are_exact(monkeypatch, fmap, mask):
 def test_only_the_requested_gradients_are_returned():
     q, k, v = qkv(1, 2, 9, 9, 3, 2, dtype=torch.float64)
     v.requires_grad_()
-    out = attnbook.linear_attention(q, k, v, causal=True, chunk_size=4)
+    out = attnbook.linear_attention(q, k, v, is_causal=True, chunk_size=4)
     (dv,) = torch.autograd.grad(out, (v,), torch.ones_like(out))
-    expected = reference.linear_attention(q, k, v, causal=True)
+    expected = reference.linear_attention(q, k, v, is_causal=True)
     torch.testing.assert_close(dv, torch.autograd.grad(expected, (v,), torch.ones_like(out))[0], **tol(torch.float64))
 
 
@@ -112,8 +116,8 @@ def test_non_contiguous_inputs_and_upstream_gradients():
     B, L, H, D = 2, 40, 3, 4
     x = torch.randn(B, L, H, 3 * D, dtype=torch.float64, requires_grad=True)
     q, k, v = (t.transpose(1, 2) for t in x.split(D, dim=-1))  # (B, H, L, D), non-contiguous
-    out = attnbook.linear_attention(q, k, v, causal=True, chunk_size=8)
-    expected = reference.linear_attention(q, k, v, causal=True)
+    out = attnbook.linear_attention(q, k, v, is_causal=True, chunk_size=8)
+    expected = reference.linear_attention(q, k, v, is_causal=True)
     torch.testing.assert_close(out, expected, **tol(torch.float64))
     upstream = torch.randn(B, L, H, D, dtype=torch.float64).transpose(1, 2)
     (g,) = torch.autograd.grad(out, x, upstream)
@@ -127,5 +131,5 @@ def test_inputs_that_are_column_slices_without_autograd():
     x = torch.randn(1, 1, 50, 12, dtype=torch.float64)
     q, k, v = x.split(4, dim=-1)  # (1, 1, 50, 4) each, rows 12 numbers apart
     with torch.no_grad():
-        out = attnbook.linear_attention(q, k, v, causal=True, chunk_size=8)
-    torch.testing.assert_close(out, reference.linear_attention(q, k, v, causal=True), **tol(torch.float64))
+        out = attnbook.linear_attention(q, k, v, is_causal=True, chunk_size=8)
+    torch.testing.assert_close(out, reference.linear_attention(q, k, v, is_causal=True), **tol(torch.float64))

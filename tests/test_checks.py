@@ -85,7 +85,7 @@ def _error(value) -> type:
 
 # Booleans: a string "False" must not be taken as True, nor 1 as a flag.
 for fn_name, fn in FUNCTIONS.items():
-    flags = ["causal"] if fn_name != "mobile_attention" else []
+    flags = ["is_causal"]
     flags += ["return_flows"] if fn_name in ("flow_attention", "mobile_attention") else []
     for flag in flags:
         for bad_id, bad in BAD_BOOLS.items():
@@ -152,7 +152,7 @@ for fn_name in ("linear_attention", "flow_attention"):
     for bad_id, bad in BAD_COUNTS.items():
         case(
             f"{fn_name}-chunk_size-{bad_id}",
-            lambda fn=FUNCTIONS[fn_name], bad=bad: fn(*_qkv(), causal=True, chunk_size=bad),
+            lambda fn=FUNCTIONS[fn_name], bad=bad: fn(*_qkv(), is_causal=True, chunk_size=bad),
             TypeError if not isinstance(bad, int) or isinstance(bad, bool) else ValueError,
             rf"{fn_name}: chunk_size must be an int",
         )
@@ -264,17 +264,17 @@ for field in ("key_sum", "query_sum", "key_over_outgoing", "query_over_incoming"
         TypeError,
         rf"state.{field} must be a floating-point tensor",
     )
-for bad_id, bad, error in (
-    ("negative", -1, ValueError),
-    ("float", 1.5, TypeError),
-    ("bool", True, TypeError),
-    ("None", None, TypeError),
+for bad_id, bad, error, message in (
+    ("int", 1, TypeError, r"state.t must be a torch.Tensor"),
+    ("float-tensor", torch.ones(2), ValueError, r"state.t must be an int64 tensor of token counts of shape \(2,\)"),
+    ("wrong-shape", torch.ones(3, dtype=torch.int64), ValueError, r"state.t must be an int64 tensor"),
+    ("None", None, TypeError, r"state.t must be a torch.Tensor"),
 ):
     case(
         f"flow_attention_step-state.t-{bad_id}",
         lambda bad=bad: _flow_step(_flow_state()._replace(t=bad))(),
         error,
-        r"state.t must be an int",
+        message,
     )
 
 # Non-tensors and tensors of the wrong kind, where the tables of test_mechanisms do not reach.
@@ -300,17 +300,80 @@ for fn_name, fn in FUNCTIONS.items():
 case("causal_dot_product-list", lambda: causal_dot_product([1.0], *_qkv()[1:]), TypeError, "q must be a torch.Tensor")
 case("causal_dot_product-lengths", lambda: causal_dot_product(*qkv(1, 1, 3, 4, 2, 2)), ValueError, r"N == M")
 case(
-    "softmax_attention-mask-float",
-    lambda: attnbook.softmax_attention(*_qkv(), mask=torch.ones(5, 5)),
+    "softmax_attention-attn_mask-int",
+    lambda: attnbook.softmax_attention(*_qkv(), attn_mask=torch.ones(5, 5, dtype=torch.long)),
     TypeError,
-    "bool tensor",
+    r"attn_mask must be a bool tensor \(True = may attend\) or a floating one \(added to the scores\)",
 )
 case(
-    "softmax_attention-mask-list",
-    lambda: attnbook.softmax_attention(*_qkv(), mask=[[True]]),
+    "softmax_attention-attn_mask-list",
+    lambda: attnbook.softmax_attention(*_qkv(), attn_mask=[[True]]),
     TypeError,
-    "mask must be a torch.Tensor",
+    "attn_mask must be a bool or floating-point torch.Tensor",
 )
+case(
+    "softmax_attention-attn_mask-shape",
+    lambda: attnbook.softmax_attention(*_qkv(), attn_mask=torch.ones(4, 5)),
+    ValueError,
+    r"attn_mask must broadcast to \(B, H, N, M\) = \(2, 3, 5, 5\), got a float32 tensor of shape \(4, 5\)",
+)
+case(
+    "softmax_attention-key_padding_mask-int",
+    lambda: attnbook.softmax_attention(*_qkv(), key_padding_mask=torch.ones(2, 5, dtype=torch.long)),
+    TypeError,
+    r"key_padding_mask must be a bool tensor \(True = padding\) or a floating one",
+)
+for fn_name in ("linear_attention", "flow_attention", "mobile_attention"):
+    case(
+        f"{fn_name}-attn_mask",
+        lambda fn=FUNCTIONS[fn_name]: fn(*_qkv(), attn_mask=torch.ones(5, 5, dtype=torch.bool)),
+        ValueError,
+        rf"{fn_name}: attn_mask must be None \(.* never forms the N x M weights.*key_padding_mask",
+    )
+    case(
+        f"{fn_name}-key_padding_mask-float",
+        lambda fn=FUNCTIONS[fn_name]: fn(*_qkv(), key_padding_mask=torch.zeros(2, 5)),
+        TypeError,
+        r"key_padding_mask must be a bool tensor \(True = padding, as in nn.MultiheadAttention\) \(this mechanism "
+        r"has no scores to add a float mask to\)",
+    )
+for fn_name in ("linear_attention", "flow_attention"):
+    case(
+        f"{fn_name}-output_final_state-non-causal",
+        lambda fn=FUNCTIONS[fn_name]: fn(*_qkv(), output_final_state=True),
+        ValueError,
+        rf"{fn_name}: a call with a state \(initial_state, output_final_state\) must be causal",
+    )
+case(
+    "flow_attention-query_padding_mask-causal",
+    lambda: attnbook.flow_attention(*_qkv(), is_causal=True, query_padding_mask=torch.zeros(2, 5, dtype=torch.bool)),
+    ValueError,
+    r"is_causal must be False \(query i and key i are one position",
+)
+case(
+    "mobile_attention-is_causal",
+    lambda: attnbook.mobile_attention(*_qkv(), is_causal=True),
+    ValueError,
+    r"mobile_attention: is_causal must be False \(Mobile-Attention has no causal form",
+)
+case(
+    "softmax_attention-causal-and-is_causal",
+    lambda: attnbook.softmax_attention(*_qkv(), is_causal=True, causal=False),
+    ValueError,
+    r"causal must be None with is_causal=True \(causal is its old name\)",
+)
+case(
+    "softmax_attention-dropout_p-negative",
+    lambda: attnbook.softmax_attention(*_qkv(), dropout_p=-0.1),
+    ValueError,
+    r"softmax_attention: dropout_p must be a finite number >= 0 and < 1, got -0.1",
+)
+for eps, message in (
+    (1e-300, r"eps must be 0 or at least float32's smallest normal number 1.175e-38"),
+    (1e30, r"eps must be at most 1 \(eps keeps a normaliser away from zero; a larger one swamps it\), got 1e\+30"),
+):
+    for fn_name in ("linear_attention", "flow_attention", "mobile_attention"):
+        case(f"{fn_name}-eps-{eps:g}", lambda fn=FUNCTIONS[fn_name], eps=eps: fn(*_qkv(), eps=eps), ValueError, message)
 case(
     "linear_attention-key_padding_mask-list",
     lambda: attnbook.linear_attention(*_qkv(), key_padding_mask=[[True] * 5] * 2),
@@ -338,10 +401,22 @@ case("PerformerFeatures-generator-int", lambda: PerformerFeatures(4, 4, generato
 case("PerformerFeatures.redraw-int", lambda: PerformerFeatures(4, 4, seed=0).redraw(0), TypeError, "generator must be")
 case("PerformerFeatures.forward-list", lambda: PerformerFeatures(4, 4, seed=0)([1.0] * 4), TypeError, "x must be")
 case(
-    "MoHAttention-norm_layer-None",
-    lambda: attnbook.MoHAttention(8, 4, shared_head=4, qk_norm=True, norm_layer=None),
+    "MoHAttention-norm_layer-module",
+    lambda: attnbook.MoHAttention(8, 4, shared_head=4, qk_norm=True, norm_layer=nn.LayerNorm(2)),
     TypeError,
     "norm_layer must be a normalisation class or factory",
+)
+case(
+    "MoHAttention-gated",
+    lambda: attnbook.MoHAttention(8, 4, shared_head=4, gated=True),
+    ValueError,
+    r"gated must be False \(timm's sigmoid output gate is not part of MoH",
+)
+case(
+    "MoHAttention-attn_head_dim",
+    lambda: attnbook.MoHAttention(8, 4, shared_head=4, head_dim=2, attn_head_dim=3),
+    ValueError,
+    r"attn_head_dim must equal head_dim \(attn_head_dim is timm's name for head_dim\)",
 )
 case(
     "MoHAttention-norm_layer-returns-int",
@@ -350,10 +425,50 @@ case(
     r"norm_layer\(head_dim\) must return an nn.Module",
 )
 case(
-    "MoHAttention.forward-attn_mask-float",
-    lambda: attnbook.MoHAttention(8, 4, shared_head=4)(torch.randn(1, 3, 8), attn_mask=torch.ones(3, 3)),
+    "MoHAttention.forward-attn_mask-int",
+    lambda: attnbook.MoHAttention(8, 4, shared_head=4)(torch.randn(1, 3, 8), attn_mask=torch.ones(3, 3).long()),
     TypeError,
     "attn_mask must be a bool tensor",
+)
+case(
+    "MoHAttention.forward-state-non-causal",
+    lambda: attnbook.MoHAttention(8, 4, shared_head=4)(torch.randn(1, 3, 8), output_final_state=True),
+    ValueError,
+    r"MoHAttention: a call with a state \(initial_state, output_final_state\) must be causal",
+)
+for cls_name, cls in FAMILY.items():
+    if cls_name != "MobileAttention":
+        case(
+            f"{cls_name}.forward-state-cross-attention",
+            lambda cls=cls: cls(8, 8, 8, 2, causal=True)(
+                torch.randn(1, 3, 8), torch.randn(1, 3, 8), output_final_state=True
+            ),
+            ValueError,
+            rf"{cls_name}: a call with a state .* must be self-attention, layer\(x\)",
+        )
+        case(
+            f"{cls_name}.step-x_t-shape",
+            lambda cls=cls: cls(8, 8, 8, 2, causal=True).step(torch.randn(1, 3, 8)),
+            ValueError,
+            rf"{cls_name}.step: x_t must have 2 dimensions \(B, d_input\)",
+        )
+case(
+    "MobileAttention.step",
+    lambda: attnbook.MobileAttention(8, 8, 8, 2).step(torch.randn(1, 8)),
+    ValueError,
+    r"MobileAttention.step: the layer must have a recurrent step \(Mobile-Attention has no causal form",
+)
+case(
+    "SoftmaxAttention.step-state",
+    lambda: attnbook.SoftmaxAttention(8, 8, 8, 2, causal=True).step(torch.randn(1, 8), torch.zeros(2)),
+    TypeError,
+    r"SoftmaxAttention.step: state must be a KVCache \(from a previous call or step\) or None",
+)
+case(
+    "LinearAttention.forward-initial_state",
+    lambda: attnbook.LinearAttention(8, 8, 8, 2, causal=True)(torch.randn(1, 3, 8), initial_state=(1, 2)),
+    TypeError,
+    r"linear_attention: initial_state must be a LinearState \(from a previous call or step\) or None",
 )
 for bad_id, bad in (("None", None), ("string", "model"), ("tensor", torch.ones(2)), ("list", [nn.Linear(2, 2)])):
     case(
@@ -407,7 +522,7 @@ case(
 )
 case(
     "reference.flow_attention-causal-lengths",
-    lambda: reference.flow_attention(*qkv(1, 1, 3, 4, 2, 2), causal=True),
+    lambda: reference.flow_attention(*qkv(1, 1, 3, 4, 2, 2), is_causal=True),
     ValueError,
     "N == M",
 )
@@ -554,9 +669,8 @@ def test_no_validation_outside_the_validation_module():
     abstract method, an internal invariant or a capability the object lacks (each named here with its reason)."""
     allowed = {
         "exercises/_core.py": 2,  # Result.require's AssertionError (its purpose); a checker registered twice
-        "_module.py": 1,  # NotImplementedError: the abstract attend()
+        "_module.py": 2,  # NotImplementedError: the abstract attend() and attend_step()
         "mechanisms.py": 1,  # Mechanism.__call__ on a token-input entry: the entry has no q, k, v function
-        "lm.py": 1,  # Block.attention_step: a registry entry with neither a step nor a KV cache (capability)
         "testing.py": 2,  # assert_matches_reference's baseline: re-raise of assert_close, its own AssertionError
     }
     root = Path(attnbook.__file__).parent

@@ -63,7 +63,7 @@ def qkv(N, B=B):
 @pytest.mark.parametrize("grad", GRAD)
 @pytest.mark.parametrize("name, causal", FUNCTIONS)
 def test_every_function_compiles_as_one_graph(name, causal, grad):
-    kwargs = {"causal": True} if causal else {}
+    kwargs = {"is_causal": True} if causal else {}
     if name in ("linear", "flow"):
         kwargs["chunk_size"] = CHUNK
     fn = MECHANISMS[name].function
@@ -111,6 +111,6 @@ def test_causal_linear_attention_has_no_graph_break_in_explain():
         torch._dynamo.reset()
         q, k, v = (x.requires_grad_(grad) for x in qkv(64))
         with torch.set_grad_enabled(grad):
-            explained = torch._dynamo.explain(lambda q, k, v: fn(q, k, v, causal=True, chunk_size=CHUNK))(q, k, v)
+            explained = torch._dynamo.explain(lambda q, k, v: fn(q, k, v, is_causal=True, chunk_size=CHUNK))(q, k, v)
         assert explained.graph_break_count == 0, [str(r.reason) for r in explained.break_reasons]
         assert explained.graph_count == 1

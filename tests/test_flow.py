@@ -42,8 +42,8 @@ def test_non_causal_matches_reference_outputs_and_gradients(shape, dtype, device
 @pytest.mark.parametrize("shape", SQUARE.values(), ids=SQUARE.keys())
 def test_causal_matches_reference_outputs_and_gradients(shape, chunk_size, dtype, device):
     assert_matches_reference(
-        lambda q, k, v: attnbook.flow_attention(q, k, v, causal=True, chunk_size=chunk_size),
-        lambda q, k, v: reference.flow_attention(q, k, v, causal=True),
+        lambda q, k, v: attnbook.flow_attention(q, k, v, is_causal=True, chunk_size=chunk_size),
+        lambda q, k, v: reference.flow_attention(q, k, v, is_causal=True),
         list(qkv(*shape, device=device)),
         dtype=dtype,
     )
@@ -53,8 +53,8 @@ def test_causal_matches_reference_outputs_and_gradients(shape, chunk_size, dtype
 @pytest.mark.parametrize("eps", [1e-6, 0.1], ids=["eps1e-6", "eps0.1"])
 def test_flow_statistics_match_reference(causal, eps):
     q, k, v = qkv(2, 3, 7, 7, 4, 5, dtype=torch.float64, scale=3.0)
-    out, stats = attnbook.flow_attention(q, k, v, causal=causal, eps=eps, return_flows=True)
-    ref_out, ref_stats = reference.flow_attention(q, k, v, causal=causal, eps=eps, return_flows=True)
+    out, stats = attnbook.flow_attention(q, k, v, is_causal=causal, eps=eps, return_flows=True)
+    ref_out, ref_stats = reference.flow_attention(q, k, v, is_causal=causal, eps=eps, return_flows=True)
     assert isinstance(stats, attnbook.FlowStats)
     torch.testing.assert_close(out, ref_out, **tol(torch.float64))
     for name in attnbook.FlowStats._fields:
@@ -146,8 +146,8 @@ def test_causal_output_ignores_the_future(n, cut, chunk, seed):
     q2[..., cut + 1 :, :] += 2.0
     k2[..., cut + 1 :, :] -= 3.0
     v2[..., cut + 1 :, :] *= 5.0
-    a, sa = attnbook.flow_attention(q, k, v, causal=True, chunk_size=chunk, return_flows=True)
-    b, sb = attnbook.flow_attention(q2, k2, v2, causal=True, chunk_size=chunk, return_flows=True)
+    a, sa = attnbook.flow_attention(q, k, v, is_causal=True, chunk_size=chunk, return_flows=True)
+    b, sb = attnbook.flow_attention(q2, k2, v2, is_causal=True, chunk_size=chunk, return_flows=True)
     torch.testing.assert_close(a[..., : cut + 1, :], b[..., : cut + 1, :])
     for x, y in zip(sa, sb, strict=True):
         torch.testing.assert_close(x[..., : cut + 1], y[..., : cut + 1])
@@ -157,10 +157,10 @@ def test_causal_output_ignores_the_future(n, cut, chunk, seed):
 @pytest.mark.parametrize("n", [1, 7, 63, 130])
 def test_chunk_size_does_not_change_the_result(n):
     q, k, v = qkv(2, 2, n, n, 4, 3)
-    base = attnbook.flow_attention(q, k, v, causal=True, chunk_size=n)
+    base = attnbook.flow_attention(q, k, v, is_causal=True, chunk_size=n)
     for c in (1, 3, 64, 1000):
         torch.testing.assert_close(
-            attnbook.flow_attention(q, k, v, causal=True, chunk_size=c), base, **tol(torch.float32)
+            attnbook.flow_attention(q, k, v, is_causal=True, chunk_size=c), base, **tol(torch.float32)
         )
 
 
@@ -168,14 +168,14 @@ def test_chunk_size_does_not_change_the_result(n):
 @pytest.mark.parametrize("n", [1, 7, 63])
 def test_recurrent_steps_equal_parallel_causal(n, dtype):
     q, k, v = qkv(2, 3, n, n, 4, 5, dtype=dtype)
-    parallel = attnbook.flow_attention(q, k, v, causal=True, chunk_size=5)
+    parallel = attnbook.flow_attention(q, k, v, is_causal=True, chunk_size=5)
     state, outs = None, []
     for i in range(n):
         out, state = attnbook.flow_attention_step(q[:, :, i], k[:, :, i], v[:, :, i], state)
         outs.append(out)
         assert out.dtype == dtype and out.shape == (2, 3, 5)
     torch.testing.assert_close(torch.stack(outs, dim=2), parallel, **tol(dtype))
-    assert isinstance(state, attnbook.FlowState) and state.t == n
+    assert isinstance(state, attnbook.FlowState) and state.t.tolist() == [n, n]
     qs, ks = torch.sigmoid(q.double()), torch.sigmoid(k.double())
     torch.testing.assert_close(state.key_sum.double(), ks.sum(2), **tol(dtype))
     torch.testing.assert_close(state.query_sum.double(), qs.sum(2), **tol(dtype))
@@ -189,10 +189,10 @@ def test_recurrent_gradients_match_reference():
     for i in range(9):
         o, state = attnbook.flow_attention_step(q[:, :, i], k[:, :, i], v[:, :, i], state)
         outs.append(o)
-    torch.testing.assert_close(torch.stack(outs, 2), reference.flow_attention(q, k, v, causal=True))
+    torch.testing.assert_close(torch.stack(outs, 2), reference.flow_attention(q, k, v, is_causal=True))
     w = torch.randn(1, 2, 9, 4, dtype=torch.float64)
     grads = torch.autograd.grad((torch.stack(outs, 2) * w).sum(), (q, k, v))
-    ref_grads = torch.autograd.grad((reference.flow_attention(q, k, v, causal=True) * w).sum(), (q, k, v))
+    ref_grads = torch.autograd.grad((reference.flow_attention(q, k, v, is_causal=True) * w).sum(), (q, k, v))
     for g, r in zip(grads, ref_grads, strict=True):
         torch.testing.assert_close(g, r)
 
@@ -207,7 +207,7 @@ def test_recurrent_half_precision_keeps_a_float32_state(dtype):
     assert outs[-1].dtype == dtype
     assert state.kv.dtype == torch.float32 and state.exp_mean.dtype == torch.float32
     torch.testing.assert_close(
-        torch.stack(outs, 2).double(), reference.flow_attention(q, k, v, causal=True), **tol(dtype)
+        torch.stack(outs, 2).double(), reference.flow_attention(q, k, v, is_causal=True), **tol(dtype)
     )
 
 
@@ -216,7 +216,7 @@ def test_causal_never_builds_a_quadratic_tensor():
     B, H, N, D = 1, 2, 1024, 4
     q, k, v = qkv(B, H, N, N, D, D)
     with torch.no_grad():
-        peak = peak_memory(lambda: attnbook.flow_attention(q, k, v, causal=True, chunk_size=32))
+        peak = peak_memory(lambda: attnbook.flow_attention(q, k, v, is_causal=True, chunk_size=32))
     one_nxn = B * H * N * N * 4
     assert peak < one_nxn / 20, (peak, one_nxn)
 
@@ -229,9 +229,9 @@ def test_causal_never_builds_a_quadratic_tensor():
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["float16", "bfloat16"])
 def test_half_precision_accumulates_in_float32(dtype, causal):
     q, k, v = qkv(2, 2, 33, 33, 8, 8)
-    out = attnbook.flow_attention(q.to(dtype), k.to(dtype), v.to(dtype), causal=causal)
+    out = attnbook.flow_attention(q.to(dtype), k.to(dtype), v.to(dtype), is_causal=causal)
     assert out.dtype == dtype
-    ref = reference.flow_attention(q.to(dtype), k.to(dtype), v.to(dtype), causal=causal)
+    ref = reference.flow_attention(q.to(dtype), k.to(dtype), v.to(dtype), is_causal=causal)
     torch.testing.assert_close(out.double(), ref, **tol(dtype))
 
 
@@ -240,10 +240,10 @@ def test_float16_long_sequence_stays_finite(causal):
     """I_i grows like N D / 4 (~1e5 here), beyond float16's 65504: the flows must live in float32."""
     N, D = 4096, 64
     q, k, v = (x.half() for x in qkv(1, 1, N, N, D, 8, scale=3.0))
-    out, stats = attnbook.flow_attention(q, k, v, causal=causal, return_flows=True)
+    out, stats = attnbook.flow_attention(q, k, v, is_causal=causal, return_flows=True)
     assert stats.incoming.dtype == torch.float32 and stats.incoming.max() > 65504 * (0 if causal else 1)
     assert torch.isfinite(out).all()
-    ref = attnbook.flow_attention(q.float(), k.float(), v.float(), causal=causal)
+    ref = attnbook.flow_attention(q.float(), k.float(), v.float(), is_causal=causal)
     torch.testing.assert_close(out.float(), ref, **tol(torch.float16))
 
 
@@ -268,9 +268,9 @@ def test_inference_path_by_row_groups_equals_the_autograd_path(n, m, dtype, monk
 def test_causal_inference_path_writes_blocks_like_the_autograd_path(dtype):
     q, k, v = (x.to(dtype) for x in qkv(2, 3, 75, 75, 4, 5))
     with torch.no_grad():
-        out, stats = attnbook.flow_attention(q, k, v, causal=True, chunk_size=16, return_flows=True)
+        out, stats = attnbook.flow_attention(q, k, v, is_causal=True, chunk_size=16, return_flows=True)
     leaves = [x.clone().requires_grad_() for x in (q, k, v)]
-    ref_out, ref_stats = attnbook.flow_attention(*leaves, causal=True, chunk_size=16, return_flows=True)
+    ref_out, ref_stats = attnbook.flow_attention(*leaves, is_causal=True, chunk_size=16, return_flows=True)
     assert out.dtype == dtype and not out.requires_grad
     torch.testing.assert_close(out, ref_out.detach(), rtol=0, atol=0)
     for x, y in zip(stats, ref_stats, strict=True):
@@ -281,7 +281,7 @@ def test_causal_inference_path_writes_blocks_like_the_autograd_path(dtype):
 def test_gradcheck_tiny(causal):
     q, k, v = (x.double().requires_grad_() for x in qkv(1, 2, 4, 4 if causal else 5, 3, 2))
     assert torch.autograd.gradcheck(
-        lambda q, k, v: attnbook.flow_attention(q, k, v, causal=causal, chunk_size=3), (q, k, v)
+        lambda q, k, v: attnbook.flow_attention(q, k, v, is_causal=causal, chunk_size=3), (q, k, v)
     )
 
 
@@ -314,12 +314,12 @@ def test_permuting_keys_and_values_together_changes_nothing_and_queries_are_equi
     "kwargs, shapes, message",
     [
         (
-            {"causal": True},
+            {"is_causal": True},
             ((1, 2, 4, 3), (1, 2, 5, 3), (1, 2, 5, 3)),
             r"N == M.*\(1, 2, 4, 3\).*\(1, 2, 5, 3\)",
         ),
         ({"eps": -1.0}, ((1, 1, 2, 2),) * 3, r"eps must be a finite number >= 0, got -1.0"),
-        ({"causal": True, "chunk_size": 0}, ((1, 1, 2, 2),) * 3, r"chunk_size must be an int >= 1, got 0"),
+        ({"is_causal": True, "chunk_size": 0}, ((1, 1, 2, 2),) * 3, r"chunk_size must be an int >= 1, got 0"),
     ],
     ids=["causal_lengths", "negative_eps", "chunk_size"],
 )

@@ -55,8 +55,8 @@ def test_causal_matches_reference_outputs_and_gradients(shape, fmap, chunk_size,
     if fmap == "relu" and dtype == torch.float32:
         literal = lambda q, k, v: _masked_relu_attention(q, k, v)  # noqa: E731
     assert_matches_reference(
-        lambda q, k, v: attnbook.linear_attention(q, k, v, causal=True, feature_map=phi, chunk_size=chunk_size),
-        lambda q, k, v: reference.linear_attention(q, k, v, causal=True, feature_map=phi),
+        lambda q, k, v: attnbook.linear_attention(q, k, v, is_causal=True, feature_map=phi, chunk_size=chunk_size),
+        lambda q, k, v: reference.linear_attention(q, k, v, is_causal=True, feature_map=phi),
         list(qkv(*shape, device=device)),
         dtype=dtype,
         baseline=literal,
@@ -72,13 +72,13 @@ def _masked_relu_attention(q, k, v, eps=1e-6):
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_key_padding_mask_matches_reference_outputs_and_gradients(causal):
     B, H, N, D, Dv = 3, 2, 9, 4, 5
-    pad = torch.ones(B, N, dtype=torch.bool)
-    pad[1, 6:] = False
-    pad[2, ::2] = False
+    real = torch.ones(B, N, dtype=torch.bool)
+    real[1, 6:] = False
+    real[2, ::2] = False
     for dtype in (torch.float32, torch.float64):
         assert_matches_reference(
-            lambda q, k, v: attnbook.linear_attention(q, k, v, causal=causal, key_padding_mask=pad, chunk_size=4),
-            lambda q, k, v: reference.linear_attention(q, k, v, causal=causal, key_padding_mask=pad),
+            lambda q, k, v: attnbook.linear_attention(q, k, v, is_causal=causal, key_padding_mask=~real, chunk_size=4),
+            lambda q, k, v: reference.linear_attention(q, k, v, is_causal=causal, key_padding_mask=~real),
             list(qkv(B, H, N, N, D, Dv)),
             dtype=dtype,
         )
@@ -96,17 +96,19 @@ def test_without_autograd_groups_of_rows_give_the_same_numbers(monkeypatch, caus
     monkeypatch.setattr(attnbook.feature_maps, "ELU_PIECE", piece)
     phi = feature_map(fmap, 4)
     B, H, N, D, Dv = 2, 3, 9, 4, 5
-    pad = torch.rand(B, N) > 0.3
+    real = torch.rand(B, N) > 0.3
     for dtype in (torch.float64, torch.float32, torch.bfloat16):
         q, k, v = qkv(B, H, N, N, D, Dv, dtype=dtype)
         with torch.no_grad():
-            out = attnbook.linear_attention(q, k, v, causal=causal, feature_map=phi, key_padding_mask=pad, chunk_size=4)
+            out = attnbook.linear_attention(
+                q, k, v, is_causal=causal, feature_map=phi, key_padding_mask=~real, chunk_size=4
+            )
         assert out.dtype == dtype and out.shape == (B, H, N, Dv)
         with_grad = attnbook.linear_attention(
-            q.requires_grad_(), k, v, causal=causal, feature_map=phi, key_padding_mask=pad, chunk_size=4
+            q.requires_grad_(), k, v, is_causal=causal, feature_map=phi, key_padding_mask=~real, chunk_size=4
         )
         torch.testing.assert_close(out, with_grad.detach(), **tol(dtype))
-        expected = reference.linear_attention(q, k, v, causal=causal, feature_map=phi, key_padding_mask=pad)
+        expected = reference.linear_attention(q, k, v, is_causal=causal, feature_map=phi, key_padding_mask=~real)
         torch.testing.assert_close(out.double(), expected, **tol(dtype))
 
 
@@ -127,10 +129,10 @@ def test_chunked_equals_one_chunk_equals_recurrent_equals_loop(N, fmap):
     """The causal result does not depend on the chunk size (dividing N or not) and equals the RNN form."""
     phi = feature_map(fmap, 6)
     q, k, v = qkv(2, 3, N, N, 6, 5, dtype=torch.float64)
-    one_chunk = attnbook.linear_attention(q, k, v, causal=True, feature_map=phi, chunk_size=N)
+    one_chunk = attnbook.linear_attention(q, k, v, is_causal=True, feature_map=phi, chunk_size=N)
     for c in (1, 5, 16, 64, 1000):
         torch.testing.assert_close(
-            attnbook.linear_attention(q, k, v, causal=True, feature_map=phi, chunk_size=c),
+            attnbook.linear_attention(q, k, v, is_causal=True, feature_map=phi, chunk_size=c),
             one_chunk,
             **tol(torch.float64),
             msg=lambda m, c=c: f"chunk_size={c}: {m}",
@@ -142,7 +144,7 @@ def test_chunked_equals_one_chunk_equals_recurrent_equals_loop(N, fmap):
     torch.testing.assert_close(torch.stack(outs, dim=2), one_chunk, **tol(torch.float64))
     torch.testing.assert_close(
         reference.linear_attention_loop(q, k, v, feature_map=phi),
-        reference.linear_attention(q, k, v, causal=True, feature_map=phi),
+        reference.linear_attention(q, k, v, is_causal=True, feature_map=phi),
         **tol(torch.float64),
     )
     torch.testing.assert_close(
@@ -178,18 +180,18 @@ def test_recurrent_step_gradients_match_the_loop_reference():
 
 def test_gradcheck_tiny():
     q, k, v = (x.double().requires_grad_() for x in qkv(1, 2, 5, 5, 3, 2))
-    pad = torch.tensor([[True, True, False, True, False]])
+    real = torch.tensor([[True, True, False, True, False]])
     phi = PerformerFeatures(4, 3, seed=0)
     assert torch.autograd.gradcheck(lambda q, k, v: attnbook.linear_attention(q, k, v), (q, k, v))
     assert torch.autograd.gradcheck(
-        lambda q, k, v: attnbook.linear_attention(q, k, v, key_padding_mask=pad, feature_map=phi), (q, k, v)
+        lambda q, k, v: attnbook.linear_attention(q, k, v, key_padding_mask=~real, feature_map=phi), (q, k, v)
     )
     assert torch.autograd.gradcheck(
-        lambda q, k, v: attnbook.linear_attention(q, k, v, causal=True, chunk_size=2), (q, k, v)
+        lambda q, k, v: attnbook.linear_attention(q, k, v, is_causal=True, chunk_size=2), (q, k, v)
     )
     assert torch.autograd.gradcheck(
         lambda q, k, v: attnbook.linear_attention(
-            q, k, v, causal=True, feature_map=phi, key_padding_mask=pad, chunk_size=3
+            q, k, v, is_causal=True, feature_map=phi, key_padding_mask=~real, chunk_size=3
         ),
         (q, k, v),
     )
@@ -203,21 +205,21 @@ def test_padded_keys_set_to_1e9_change_nothing(causal, fmap):
     phi = feature_map(fmap, 4)
     B, H, N, D = 2, 3, 10, 4
     q, k, v = qkv(B, H, N, N, D, D)
-    pad = torch.ones(B, N, dtype=torch.bool)
-    pad[0, 7:] = False
-    pad[1, 2] = False
-    out = attnbook.linear_attention(q, k, v, causal=causal, feature_map=phi, key_padding_mask=pad, chunk_size=3)
+    real = torch.ones(B, N, dtype=torch.bool)
+    real[0, 7:] = False
+    real[1, 2] = False
+    out = attnbook.linear_attention(q, k, v, is_causal=causal, feature_map=phi, key_padding_mask=~real, chunk_size=3)
     k2, v2 = k.clone(), v.clone()
-    k2[~pad[:, None, :, None].expand_as(k)] = 1e9
-    v2[~pad[:, None, :, None].expand_as(v)] = -1e9
+    k2[~real[:, None, :, None].expand_as(k)] = 1e9
+    v2[~real[:, None, :, None].expand_as(v)] = -1e9
     k2.requires_grad_()
     v2.requires_grad_()
-    out2 = attnbook.linear_attention(q, k2, v2, causal=causal, feature_map=phi, key_padding_mask=pad, chunk_size=3)
+    out2 = attnbook.linear_attention(q, k2, v2, is_causal=causal, feature_map=phi, key_padding_mask=~real, chunk_size=3)
     torch.testing.assert_close(out2, out, **tol(torch.float32))
     out2.backward(torch.randn_like(out2))
     for g in (k2.grad, v2.grad):
         assert torch.isfinite(g).all()
-        assert (g.transpose(1, 2)[~pad] == 0).all(), "padded keys and values must get zero gradient"
+        assert (g.transpose(1, 2)[~real] == 0).all(), "padded keys and values must get zero gradient"
     # ... and masking equals dropping the padded keys (non-causal: batch 0 has 7 real keys)
     if not causal:
         torch.testing.assert_close(
@@ -233,14 +235,14 @@ def test_half_inputs_accumulate_in_float32_without_overflow(causal, dtype):
     q, k = torch.randn(B, H, N, D) * 3, torch.randn(B, H, N, D) * 3
     v = torch.randn(B, H, N, D) * 100
     q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
-    out = attnbook.linear_attention(q, k, v, causal=causal, chunk_size=100)
+    out = attnbook.linear_attention(q, k, v, is_causal=causal, chunk_size=100)
     assert out.dtype == dtype
     assert torch.isfinite(out).all()
-    expected = attnbook.linear_attention(q.float(), k.float(), v.float(), causal=causal)
+    expected = attnbook.linear_attention(q.float(), k.float(), v.float(), is_causal=causal)
     # the output's own rounding dominates: compare relative to the values' scale (100)
     torch.testing.assert_close(out.float() / 100, expected / 100, **tol(dtype))
     qs, ks, vs = (x.detach().clone().requires_grad_() for x in (q, k, v))
-    attnbook.linear_attention(qs, ks, vs, causal=causal).sum().backward()
+    attnbook.linear_attention(qs, ks, vs, is_causal=causal).sum().backward()
     for g in (qs.grad, ks.grad, vs.grad):
         assert g.dtype == dtype and torch.isfinite(g).all()
 
@@ -253,13 +255,13 @@ def test_causal_memory_is_a_few_copies_of_the_inputs_not_n_by_n(grad):
     io_bytes = 4 * q.numel() * q.element_size()  # q, k, v and the output
     if not grad:
         with torch.no_grad():
-            peak = peak_memory(lambda: attnbook.linear_attention(q, k, v, causal=True), existing=(q, k, v))
+            peak = peak_memory(lambda: attnbook.linear_attention(q, k, v, is_causal=True), existing=(q, k, v))
         assert peak < 2 * io_bytes < N * N * 4, f"peak {peak} bytes for q, k, v, out of {io_bytes} bytes"
     else:
         q.requires_grad_()
 
         def forward_backward():
-            out = attnbook.linear_attention(q, k, v, causal=True)
+            out = attnbook.linear_attention(q, k, v, is_causal=True)
             out.backward(torch.ones_like(out))
 
         peak = peak_memory(forward_backward, existing=(q, k, v))
@@ -273,7 +275,7 @@ def test_causal_inference_memory_is_at_most_twice_the_output(B, H, N):
     (B, H, N, R) features, key prefix sums or per-chunk states of the whole batch (before: 5x)."""
     q, k, v = qkv(B, H, N, N, 64, 64)
     with torch.no_grad():
-        peak = peak_memory(lambda: attnbook.linear_attention(q, k, v, causal=True), existing=(q, k, v))
+        peak = peak_memory(lambda: attnbook.linear_attention(q, k, v, is_causal=True), existing=(q, k, v))
     out_bytes = v.numel() * v.element_size()
     assert peak <= 2 * out_bytes, f"peak {peak / 2**20:.1f} MiB for an output of {out_bytes / 2**20:.1f} MiB"
 
@@ -287,8 +289,8 @@ def test_causal_output_ignores_the_future(n, cut, chunk, seed):
     k2, v2 = k.clone(), v.clone()
     k2[..., cut + 1 :, :] += 5.0
     v2[..., cut + 1 :, :] -= 3.0
-    a = attnbook.linear_attention(q, k, v, causal=True, chunk_size=chunk)
-    b = attnbook.linear_attention(q, k2, v2, causal=True, chunk_size=chunk)
+    a = attnbook.linear_attention(q, k, v, is_causal=True, chunk_size=chunk)
+    b = attnbook.linear_attention(q, k2, v2, is_causal=True, chunk_size=chunk)
     torch.testing.assert_close(a[..., : cut + 1, :], b[..., : cut + 1, :])
     assert not torch.allclose(a[..., cut + 1 :, :], b[..., cut + 1 :, :])  # the future does matter later on
 
@@ -336,9 +338,9 @@ def test_a_learnable_feature_map_gets_gradients(causal):
 
     phi = Scaled()
     q, k, v = qkv(1, 2, 6, 6, 3, 4, dtype=torch.float64)
-    out = attnbook.linear_attention(q, k, v, causal=causal, feature_map=phi, chunk_size=4)
+    out = attnbook.linear_attention(q, k, v, is_causal=causal, feature_map=phi, chunk_size=4)
     (grad,) = torch.autograd.grad(out.sum(), phi.scale)
-    ref = reference.linear_attention(q, k, v, causal=causal, feature_map=phi)
+    ref = reference.linear_attention(q, k, v, is_causal=causal, feature_map=phi)
     (ref_grad,) = torch.autograd.grad(ref.sum(), phi.scale)
     torch.testing.assert_close(grad, ref_grad)
     assert grad != 0
@@ -354,7 +356,7 @@ def test_relu_row_without_features_is_zero_not_nan():
 def test_bad_arguments_raise_value_error():
     q, k, v = qkv(2, 3, 4, 5, 2, 2)
     with pytest.raises(ValueError, match=r"N == M.*q \(2, 3, 4, 2\), k \(2, 3, 5, 2\)"):
-        attnbook.linear_attention(q, k, v, causal=True)
+        attnbook.linear_attention(q, k, v, is_causal=True)
     with pytest.raises(ValueError, match="feature_map must be 'elu', 'relu', .*got 'softmax'"):
         attnbook.linear_attention(q, k, v, feature_map="softmax")
     with pytest.raises(TypeError, match="linear_attention: feature_map must be 'elu', 'relu'"):
@@ -374,7 +376,7 @@ def test_bad_arguments_raise_value_error():
     with pytest.raises(TypeError, match="key_padding_mask must be a bool tensor"):
         attnbook.linear_attention(q, k, v, key_padding_mask=torch.ones(2, 5))
     with pytest.raises(ValueError, match="chunk_size must be an int >= 1"):
-        attnbook.linear_attention(q, k[:, :, :4], v[:, :, :4], causal=True, chunk_size=0)
+        attnbook.linear_attention(q, k[:, :, :4], v[:, :, :4], is_causal=True, chunk_size=0)
     with pytest.raises(ValueError, match="eps must be a finite number >= 0"):
         attnbook.linear_attention(q, k, v, eps=-1.0)
     with pytest.raises(ValueError, match="share a dtype"):
@@ -432,8 +434,8 @@ class TestModule:
         m = attnbook.LinearAttention(6, 8, 5, 2, feature_map=phi, causal=causal).double().eval()
         x = torch.randn(3, 7, 6, dtype=torch.float64)
         y = torch.randn(3, 7, 6, dtype=torch.float64)
-        pad = torch.ones(3, 7, dtype=torch.bool)
-        pad[1, 5:] = False
+        real = torch.ones(3, 7, dtype=torch.bool)
+        real[1, 5:] = False
         heads = []
         for h in range(2):
             sl = slice(4 * h, 4 * h + 4)
@@ -442,11 +444,11 @@ class TestModule:
             v = m.value_projection(y)[..., sl]
             heads.append(
                 reference.linear_attention(
-                    q[:, None], k[:, None], v[:, None], causal=causal, feature_map=phi, key_padding_mask=pad
+                    q[:, None], k[:, None], v[:, None], is_causal=causal, feature_map=phi, key_padding_mask=~real
                 )[:, 0]
             )
         expected = m.out_projection(torch.cat(heads, dim=-1))
-        torch.testing.assert_close(m(x, y, y, key_padding_mask=pad), expected)
+        torch.testing.assert_close(m(x, y, y, key_padding_mask=~real), expected)
 
     def test_cross_attention_lengths(self):
         m = attnbook.LinearAttention(6, 8, 5, 2)

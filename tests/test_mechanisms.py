@@ -24,7 +24,7 @@ def params(forms):
 
 def call(name: str, causal: bool, q, k, v, **kwargs):
     """The registry's function, causal only when asked (Mobile has no causal keyword)."""
-    return MECHANISMS[name](q, k, v, **({"causal": True} if causal else {}), **kwargs)
+    return MECHANISMS[name](q, k, v, **({"is_causal": True} if causal else {}), **kwargs)
 
 
 def test_registry_names_are_keys_and_chapters_are_in_order():
@@ -98,7 +98,7 @@ def test_every_qkv_function_matches_its_reference_outputs_and_gradients(name, ca
     N = 9
     M = N if (causal or m.same_length) else 11
     inputs = [torch.randn(2, 3, n, 4) for n in (N, M, M)]
-    kwargs = {"causal": True} if causal else {}
+    kwargs = {"is_causal": True} if causal else {}
     assert_matches_reference(
         lambda q, k, v: m.function(q, k, v, **kwargs),
         lambda q, k, v: m.reference(q, k, v, **kwargs),
@@ -151,7 +151,7 @@ def test_every_qkv_function_runs_under_autocast_in_the_autocast_dtype(name, caus
     with torch.autocast("cpu", dtype=dtype), torch.set_grad_enabled(grad):
         out = call(name, causal, q, k, v)
     assert out.dtype == dtype, "under autocast a function returns the autocast dtype, as torch's SDPA does"
-    expected = m.reference(q, k, v, **({"causal": True} if causal else {}))
+    expected = m.reference(q, k, v, **({"is_causal": True} if causal else {}))
     torch.testing.assert_close(out.double(), expected, **tol(dtype))
     if grad:
         upstream = torch.randn_like(expected)
@@ -181,8 +181,8 @@ def test_every_step_function_runs_under_autocast_with_a_float32_state(name, dtyp
             out_t, state = step(q[:, :, t], k[:, :, t], v[:, :, t], state)
             assert out_t.dtype == dtype
             outs.append(out_t)
-    assert all(x.dtype == torch.float32 for x in state if isinstance(x, torch.Tensor))
-    parallel = MECHANISMS[name](q, k, v, causal=True)
+    assert all(x.dtype == torch.float32 for x in state if isinstance(x, torch.Tensor) and x.is_floating_point())
+    parallel = MECHANISMS[name](q, k, v, is_causal=True)
     torch.testing.assert_close(torch.stack(outs, 2).float(), parallel, **tol(dtype))
     torch.stack(outs, 2).float().sum().backward()
     assert all(torch.isfinite(x.grad).all() for x in (q, k, v))
@@ -307,19 +307,19 @@ def _poison(x, real, value):
 
 # entry point -> fn(q, k, v, real) with q (B, H, N, D), k, v (B, H, M, .) and real (B, M)
 MASKED_FUNCTIONS = {
-    "softmax_attention-mask": lambda q, k, v, real: MECHANISMS["softmax"](q, k, v, mask=real[:, None, None, :]),
+    "softmax_attention-mask": lambda q, k, v, real: MECHANISMS["softmax"](q, k, v, attn_mask=real[:, None, None, :]),
     "softmax_attention-mask-causal": lambda q, k, v, real: MECHANISMS["softmax"](
-        q, k, v, mask=real[:, None, None, :], causal=True
+        q, k, v, attn_mask=real[:, None, None, :], is_causal=True
     ),
     "softmax_attention-per-head-mask": lambda q, k, v, real: MECHANISMS["softmax"](
         q,
         k,
         v,
-        mask=torch.stack([real, real.roll(1, -1)], 1)[:, :, None, :],  # (B, H, 1, M)
+        attn_mask=torch.stack([real, real.roll(1, -1)], 1)[:, :, None, :],  # (B, H, 1, M)
     ),
-    "linear_attention-key_padding_mask": lambda q, k, v, real: MECHANISMS["linear"](q, k, v, key_padding_mask=real),
+    "linear_attention-key_padding_mask": lambda q, k, v, real: MECHANISMS["linear"](q, k, v, key_padding_mask=~real),
     "linear_attention-key_padding_mask-causal": lambda q, k, v, real: MECHANISMS["linear"](
-        q, k, v, key_padding_mask=real, causal=True
+        q, k, v, key_padding_mask=~real, is_causal=True
     ),
 }
 
@@ -354,7 +354,7 @@ def test_garbage_in_padded_tokens_does_not_reach_a_layers_other_outputs(name, po
     real = _padding()
     x = torch.randn(3, 7, 8)  # queries
     y = torch.randn(3, 7, 8)  # keys and values, padded where real is False
-    mask = {"mask": real[:, None, None, :]} if name == "softmax" else {"key_padding_mask": real}
+    mask = {"attn_mask": real[:, None, None, :]} if name == "softmax" else {"key_padding_mask": ~real}
     clean = layer(x, y, y, **mask)
     y[~real] = poison
     torch.testing.assert_close(layer(x, y, y, **mask), clean)

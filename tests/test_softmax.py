@@ -27,8 +27,8 @@ SHAPES = {  # (B, H, N, M, D, Dv)
 def test_matches_reference_outputs_and_gradients(shape, causal, dtype, device):
     inputs = list(qkv(*shape, device=device))
     assert_matches_reference(
-        lambda q, k, v: attnbook.softmax_attention(q, k, v, causal=causal),
-        lambda q, k, v: reference.softmax_attention(q, k, v, causal=causal),
+        lambda q, k, v: attnbook.softmax_attention(q, k, v, is_causal=causal),
+        lambda q, k, v: reference.softmax_attention(q, k, v, is_causal=causal),
         inputs,
         dtype=dtype,
     )
@@ -44,8 +44,8 @@ def test_mask_with_fully_masked_rows_matches_reference(causal, dtype, device):
     mask[0, 0, 2] = False  # a query with nothing to attend to
     mask[1, 0, :, 0] = False  # under causal masking, row 0 of batch 1 is now empty too
     assert_matches_reference(
-        lambda q, k, v: attnbook.softmax_attention(q, k, v, causal=causal, mask=mask),
-        lambda q, k, v: reference.softmax_attention(q, k, v, causal=causal, mask=mask),
+        lambda q, k, v: attnbook.softmax_attention(q, k, v, is_causal=causal, attn_mask=mask),
+        lambda q, k, v: reference.softmax_attention(q, k, v, is_causal=causal, attn_mask=mask),
         inputs,
         dtype=dtype,
     )
@@ -55,7 +55,7 @@ def test_fully_masked_rows_are_zero_with_zero_gradient_never_nan():
     q, k, v = (x.requires_grad_() for x in qkv(1, 2, 4, 5, 3, 3))
     mask = torch.ones(1, 2, 4, 5, dtype=torch.bool)
     mask[0, 1, 3] = False
-    out = attnbook.softmax_attention(q, k, v, mask=mask)
+    out = attnbook.softmax_attention(q, k, v, attn_mask=mask)
     assert torch.equal(out[0, 1, 3], torch.zeros(3))
     out.sum().backward()
     for g in (q.grad, k.grad, v.grad):
@@ -70,7 +70,7 @@ def test_equals_torch_sdpa(shape, causal):
     mask = torch.rand(shape[0], shape[1], shape[2], shape[3]) > 0.3
     mask[..., 0] = True  # SDPA itself returns NaN on empty rows; compare where it is defined
     for m in (None, mask):
-        ours = attnbook.softmax_attention(q, k, v, causal=causal, mask=m)
+        ours = attnbook.softmax_attention(q, k, v, is_causal=causal, attn_mask=m)
         if m is None:
             theirs = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
         else:
@@ -97,8 +97,8 @@ def test_custom_scale():
 def test_gradcheck_tiny():
     q, k, v = (x.double().requires_grad_() for x in qkv(1, 2, 3, 4, 2, 3))
     mask = torch.tensor([[True, False, True, True], [False, False, False, False], [True, True, False, True]])
-    assert torch.autograd.gradcheck(lambda q, k, v: attnbook.softmax_attention(q, k, v, mask=mask), (q, k, v))
-    assert torch.autograd.gradcheck(lambda q, k, v: attnbook.softmax_attention(q, k, v, causal=True), (q, k, v))
+    assert torch.autograd.gradcheck(lambda q, k, v: attnbook.softmax_attention(q, k, v, attn_mask=mask), (q, k, v))
+    assert torch.autograd.gradcheck(lambda q, k, v: attnbook.softmax_attention(q, k, v, is_causal=True), (q, k, v))
 
 
 @settings(max_examples=25, deadline=None)
@@ -123,8 +123,8 @@ def test_causal_output_ignores_the_future(n, cut, seed):
     k2, v2 = k.clone(), v.clone()
     k2[..., cut + 1 :, :] += 5.0
     v2[..., cut + 1 :, :] -= 3.0
-    a = attnbook.softmax_attention(q, k, v, causal=True)
-    b = attnbook.softmax_attention(q, k2, v2, causal=True)
+    a = attnbook.softmax_attention(q, k, v, is_causal=True)
+    b = attnbook.softmax_attention(q, k2, v2, is_causal=True)
     torch.testing.assert_close(a[..., : cut + 1, :], b[..., : cut + 1, :])
 
 
@@ -139,9 +139,9 @@ def test_permuting_keys_and_values_together_changes_nothing():
 def test_bad_masks_raise_value_error():
     q, k, v = qkv(2, 3, 4, 5, 2, 2)
     with pytest.raises(ValueError, match=r"mask must broadcast to \(B, H, N, M\) = \(2, 3, 4, 5\), got .*\(4, 4\)"):
-        attnbook.softmax_attention(q, k, v, mask=torch.ones(4, 4, dtype=torch.bool))
-    with pytest.raises(TypeError, match="mask must be a bool tensor"):
-        attnbook.softmax_attention(q, k, v, mask=torch.ones(4, 5))
+        attnbook.softmax_attention(q, k, v, attn_mask=torch.ones(4, 4, dtype=torch.bool))
+    with pytest.raises(TypeError, match="attn_mask must be a bool tensor .* or a floating one"):
+        attnbook.softmax_attention(q, k, v, attn_mask=torch.ones(4, 5, dtype=torch.long))
     with pytest.raises(ValueError, match="share a dtype"):
         attnbook.softmax_attention(q.double(), k, v)
     with pytest.raises(ValueError, match="scale must be a finite number > 0"):
@@ -174,7 +174,7 @@ class TestModule:
             q = m.query_projection(x)[..., sl]
             k = m.key_projection(y)[..., sl]
             v = m.value_projection(y)[..., sl]
-            heads.append(reference.softmax_attention(q[:, None], k[:, None], v[:, None], causal=causal)[:, 0])
+            heads.append(reference.softmax_attention(q[:, None], k[:, None], v[:, None], is_causal=causal)[:, 0])
         expected = m.out_projection(torch.cat(heads, dim=-1))
         torch.testing.assert_close(m(x, y, y), expected)
 
@@ -183,11 +183,11 @@ class TestModule:
         x, y = torch.randn(2, 3, 6), torch.randn(2, 9, 6)
         pad = torch.ones(2, 1, 1, 9, dtype=torch.bool)
         pad[1, ..., 6:] = False
-        out = m(x, y, y, mask=pad)
+        out = m(x, y, y, attn_mask=pad)
         assert out.shape == (2, 3, 5)
         y2 = y.clone()
         y2[1, 6:] = 1e4  # padded tokens must not matter whatever their values
-        torch.testing.assert_close(m(x, y2, y2, mask=pad), out)
+        torch.testing.assert_close(m(x, y2, y2, attn_mask=pad), out)
 
     def test_dropout_after_output_projection(self):
         m = attnbook.SoftmaxAttention(4, 4, 4, 1, drop_out=0.5).train()
@@ -224,7 +224,7 @@ def test_masked_rule_for_keys_some_queries_see():
     mask[3] = False  # query 3 sees nothing
     v[..., 4, 0] = float("nan")
     q[..., 3, :] = float("nan")
-    out = attnbook.softmax_attention(q, k, v, mask=mask)
+    out = attnbook.softmax_attention(q, k, v, attn_mask=mask)
     assert out[0, 0, 2, 0].isnan()  # query 2 sees the NaN value
     assert torch.equal(out[0, 0, 3], torch.zeros(2))  # query 3 sees nothing: zeros, its NaN is irrelevant
     assert torch.isfinite(out[0, 0, :3, 1]).all()  # the NaN is in value channel 0 only
@@ -247,4 +247,4 @@ def test_masked_rule_for_keys_some_queries_see():
 def test_scales_that_would_give_nan_are_refused(scale, error):
     q, k, v = qkv(1, 1, 3, 3, 2, 2)
     with pytest.raises(error, match="softmax_attention: scale must be"):
-        attnbook.softmax_attention(q, k, v, scale=scale, causal=True)
+        attnbook.softmax_attention(q, k, v, scale=scale, is_causal=True)

@@ -33,7 +33,7 @@ def _close_figures():
 def package_output(q, k, v, *, causal, heads_compete):
     if heads_compete:
         return attnbook.mobile_attention(q, k, v, return_flows=True)
-    return attnbook.flow_attention(q, k, v, causal=causal, return_flows=True)
+    return attnbook.flow_attention(q, k, v, is_causal=causal, return_flows=True)
 
 
 # ---------------------------------------------------------------------------------------------- toy input
@@ -129,7 +129,7 @@ def test_edges_times_v_is_the_package_output_and_the_reference(mode):
     if mode["heads_compete"]:
         ref = reference.mobile_attention(q, k, v)
     else:
-        ref = reference.flow_attention(q, k, v, causal=mode["causal"])
+        ref = reference.flow_attention(q, k, v, is_causal=mode["causal"])
     torch.testing.assert_close(s.output, ref[0], **F64)
 
 

@@ -18,18 +18,23 @@ Rules that hold for every entry point:
 * **Dtypes.** q, k, v (and a layer's inputs and parameters) share one floating dtype. Under ``torch.autocast``
   every floating dtype but float64 counts as the autocast dtype, as for torch's own operators.
 * **Numbers** are finite and, where they reach a float32 computation, representable in float32.
+* **Masks** follow torch: ``attn_mask`` as in ``scaled_dot_product_attention`` (bool True = may attend, or a
+  float added to the scores), ``key_padding_mask`` as in ``nn.MultiheadAttention`` ((B, M), True = padding).
+* **Tracing.** Every check lets ``torch.compile`` and ``torch.export`` trace through it at any shape: a message
+  is built only when its check fails (building a string from a symbolic size is what a tracer cannot do).
 """
 
 from __future__ import annotations
 
 import math
 import numbers
+import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import torch
 from torch import nn
 
-from ._runtime import accumulation_dtype, autocast_dtype, result_dtype
+from ._runtime import accumulation_dtype, autocast_dtype, result_dtype, tracing
 
 __all__ = [
     "shape_str",
@@ -68,10 +73,17 @@ __all__ = [
     "check_step_inputs",
     "check_state",
     "check_bool_mask",
+    "check_attn_mask",
     "check_key_padding_mask",
+    "check_no_attn_mask",
+    "check_is_causal",
+    "check_state_call",
+    "check_kv_cache",
+    "check_same_value",
     "check_divisible",
     "check_layer_inputs",
     "check_tokens",
+    "check_step_token",
     "check_features",
     "check_feature_widths",
     "check_drawn_width",
@@ -156,7 +168,8 @@ def check_number(
     value = float(value)
     low_bad = minimum is not None and (value <= minimum if strict_minimum else value < minimum)
     high_bad = maximum is not None and (value >= maximum if strict_maximum else value > maximum)
-    if not math.isfinite(value) or low_bad or high_bad:
+    finite = -math.inf < value < math.inf  # math.isfinite, written so that a tracer can follow a symbolic float
+    if not finite or low_bad or high_bad:
         parts = []
         if minimum is not None:
             parts.append(f"{'>' if strict_minimum else '>='} {minimum:g}")
@@ -179,11 +192,25 @@ def check_probability(value, arg: str, *, name: str) -> float:
     return check_number(value, arg, name=name, minimum=0.0, maximum=1.0, strict_maximum=True)
 
 
+#: The largest eps accepted: eps keeps a normaliser away from zero, and a larger one swamps the normaliser (the
+#: weights of a row then sum to far less than one) or, added to every component of a flow vector, overflows.
+EPS_MAX = 1.0
+
+
 def check_eps(eps, *, name: str) -> float:
-    """The eps of a normaliser: a finite number >= 0 that float32 can hold (it is added in float32)."""
+    """The eps of a normaliser: 0, or a number from float32's smallest normal number (about 1.2e-38: eps is
+    added in at least float32, where a smaller one would be 0 or a denormal) to :data:`EPS_MAX`."""
     eps = check_number(eps, "eps", name=name, minimum=0.0)
-    if eps > _FLOAT32.max:
-        raise ValueError(f"{name}: eps must be at most float32's largest number {_FLOAT32.max:.4g}, got {eps!r}")
+    if eps > EPS_MAX:
+        raise ValueError(
+            f"{name}: eps must be at most {EPS_MAX:g} (eps keeps a normaliser away from zero; a larger one swamps "
+            f"it), got {eps!r}"
+        )
+    if 0.0 < eps < _FLOAT32.tiny:
+        raise ValueError(
+            f"{name}: eps must be 0 or at least float32's smallest normal number {_FLOAT32.tiny:.4g} (it is added "
+            f"in float32, where a smaller one rounds to 0 or to a denormal), got {eps!r}"
+        )
     return eps
 
 
@@ -471,21 +498,24 @@ def check_qkv(
     tensors = {"q": q, "k": k, "v": v}
     for label, x in tensors.items():
         check_tensor(x, label, name=name, dims=4, layout="(B, H, N, D)" if label == "q" else "(B, H, M, D)")
-    shapes = f"q {shape_str(q)}, k {shape_str(k)}, v {shape_str(v)}"
     B, H, N, D = q.shape
     _, _, M, _ = k.shape
     Dv = v.shape[-1]
+
+    def shapes() -> str:  # only when a check fails (module docstring: tracing)
+        return f"q {shape_str(q)}, k {shape_str(k)}, v {shape_str(v)}"
+
     if k.shape[0] != B or v.shape[0] != B:
-        raise ValueError(f"{name}: k and v must have the batch size B = {B} of q, got {shapes}")
+        raise ValueError(f"{name}: k and v must have the batch size B = {B} of q, got {shapes()}")
     if k.shape[1] != H or v.shape[1] != H:
-        raise ValueError(f"{name}: k and v must have the head count H = {H} of q, got {shapes}")
+        raise ValueError(f"{name}: k and v must have the head count H = {H} of q, got {shapes()}")
     if k.shape[3] != D:
-        raise ValueError(f"{name}: k must have the feature size D = {D} of q, got {shapes}")
+        raise ValueError(f"{name}: k must have the feature size D = {D} of q, got {shapes()}")
     if v.shape[2] != M:
-        raise ValueError(f"{name}: v must have the key length M = {M} of k, got {shapes}")
+        raise ValueError(f"{name}: v must have the key length M = {M} of k, got {shapes()}")
     check_sizes(tensors, {"q": ("B", "H", "N", "D"), "k": ("B", "H", "M", "D"), "v": ("B", "H", "M", "Dv")}, name=name)
     if same_length and N != M:
-        raise ValueError(f"{name}: k must have as many keys as q has queries (N == M){why}, got {shapes}")
+        raise ValueError(f"{name}: k must have as many keys as q has queries (N == M){why}, got {shapes()}")
     _dtypes_and_devices(tensors, name=name)
     return B, H, N, M, D, Dv
 
@@ -497,8 +527,8 @@ def check_step_inputs(
     tensors = {"q_t": q_t, "k_t": k_t, "v_t": v_t}
     for label, x in tensors.items():
         check_tensor(x, label, name=name, dims=3, layout="(B, H, Dv)" if label == "v_t" else "(B, H, D)")
-    shapes = f"q_t {shape_str(q_t)}, k_t {shape_str(k_t)}, v_t {shape_str(v_t)}"
     if q_t.shape != k_t.shape or v_t.shape[:2] != q_t.shape[:2]:
+        shapes = f"q_t {shape_str(q_t)}, k_t {shape_str(k_t)}, v_t {shape_str(v_t)}"
         raise ValueError(f"{name}: q_t, k_t must be (B, H, D) of one shape and v_t (B, H, Dv), got {shapes}")
     check_sizes(tensors, {"q_t": ("B", "H", "D"), "k_t": ("B", "H", "D"), "v_t": ("B", "H", "Dv")}, name=name)
     _dtypes_and_devices(tensors, name=name)
@@ -514,28 +544,55 @@ def check_state(
     name: str,
     dtype: torch.dtype,
     device: torch.device,
-    counts: Sequence[str] = (),
+    counts: Mapping[str, tuple[int, ...]] | None = None,
+    arg: str = "state",
 ):
     """A recurrent state: an instance of the NamedTuple ``cls`` (a plain tuple is refused), each tensor field
-    of the shape ``fields[field]``, in ``dtype`` on ``device``; each field in ``counts`` an int >= 0."""
+    of the shape ``fields[field]``, in ``dtype`` on ``device``; each field of ``counts`` (field -> shape) an int64
+    tensor of token counts, on ``device``. ``arg`` names the state in messages (``"initial_state"``)."""
     if not isinstance(state, cls):
-        raise TypeError(f"{name}: state must be a {cls.__name__} (from a previous step) or None, got {describe(state)}")
-    for field in counts:
-        check_int(getattr(state, field), f"state.{field}", name=name, minimum=0)
+        raise TypeError(
+            f"{name}: {arg} must be a {cls.__name__} (from a previous call or step) or None, got {describe(state)}"
+        )
+    for field, shape in (counts or {}).items():
+        x = getattr(state, field)
+        check_tensor(x, f"{arg}.{field}", name=name, floating=False)
+        if x.dtype != torch.int64 or tuple(x.shape) != tuple(shape):
+            raise ValueError(
+                f"{name}: {arg}.{field} must be an int64 tensor of token counts of shape {tuple(shape)} for these "
+                f"inputs, got {describe(x)}"
+            )
+        if x.device != device:
+            raise ValueError(f"{name}: {arg}.{field} must be on the inputs' device {device}, got {describe(x)}")
     for field, shape in fields.items():
         x = getattr(state, field)
-        check_tensor(x, f"state.{field}", name=name)
+        check_tensor(x, f"{arg}.{field}", name=name)
         if tuple(x.shape) != tuple(shape):
             raise ValueError(
-                f"{name}: state.{field} must have shape {tuple(shape)} for these inputs, got {describe(x)}"
+                f"{name}: {arg}.{field} must have shape {tuple(shape)} for these inputs, got {describe(x)}"
             )
         if x.dtype != dtype:
             raise ValueError(
-                f"{name}: state.{field} must be in the accumulation dtype {dtype} of these inputs, got {describe(x)}"
+                f"{name}: {arg}.{field} must be in the accumulation dtype {dtype} of these inputs, got {describe(x)}"
             )
         if x.device != device:
-            raise ValueError(f"{name}: state.{field} must be on the inputs' device {device}, got {describe(x)}")
+            raise ValueError(f"{name}: {arg}.{field} must be on the inputs' device {device}, got {describe(x)}")
     return state
+
+
+def _mask_4d(mask: torch.Tensor, target: tuple[int, int, int, int], *, name: str, arg: str) -> torch.Tensor:
+    """``mask`` broadcastable to ``target`` (B, H, N, M), as a 4-D view (each dimension 1 or full size)."""
+
+    def problem() -> ValueError:
+        return ValueError(f"{name}: {arg} must broadcast to (B, H, N, M) = {tuple(target)}, got {describe(mask)}")
+
+    if mask.dim() > 4:
+        raise problem()
+    shape = (1,) * (4 - mask.dim()) + tuple(mask.shape)
+    for size, full in zip(shape, target, strict=True):
+        if size != 1 and size != full:
+            raise problem()
+    return mask.reshape(shape)
 
 
 def check_bool_mask(mask, target: tuple[int, int, int, int], *, name: str, arg: str = "mask") -> torch.Tensor:
@@ -544,25 +601,112 @@ def check_bool_mask(mask, target: tuple[int, int, int, int], *, name: str, arg: 
     check_tensor(mask, arg, name=name, floating=False)
     if mask.dtype != torch.bool:
         raise TypeError(f"{name}: {arg} must be a bool tensor (True = may attend), got {describe(mask)}")
-    problem = f"{name}: {arg} must broadcast to (B, H, N, M) = {tuple(target)}, got {describe(mask)}"
-    if mask.dim() > 4:
-        raise ValueError(problem)
-    try:
-        if torch.broadcast_shapes(mask.shape, target) != tuple(target):
-            raise ValueError(problem)
-    except RuntimeError:
-        raise ValueError(problem) from None
-    return mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))
+    return _mask_4d(mask, target, name=name, arg=arg)
 
 
-def check_key_padding_mask(mask, B: int, M: int, *, name: str) -> torch.Tensor:
-    """Validate a (B, M) bool key padding mask, True = real token."""
+def check_attn_mask(mask, target: tuple[int, int, int, int], *, name: str, arg: str = "attn_mask") -> torch.Tensor:
+    """An ``attn_mask`` as ``scaled_dot_product_attention`` takes it: bool (True = may attend) or floating (added
+    to the scores; -inf forbids), broadcastable to ``target`` (B, H, N, M); returned as a 4-D view."""
+    if not isinstance(mask, torch.Tensor):
+        raise TypeError(f"{name}: {arg} must be a bool or floating-point torch.Tensor, got {describe(mask)}")
+    if mask.dtype != torch.bool and not mask.is_floating_point():
+        raise TypeError(
+            f"{name}: {arg} must be a bool tensor (True = may attend) or a floating one (added to the scores), "
+            f"got {describe(mask)}"
+        )
+    return _mask_4d(mask, target, name=name, arg=arg)
+
+
+def check_key_padding_mask(mask, B: int, M: int, *, name: str, floating: bool = False) -> torch.Tensor:
+    """A (B, M) ``key_padding_mask`` as ``nn.MultiheadAttention`` takes it: bool, True = padding (the key is
+    ignored); with ``floating`` also a float mask, added to the scores of those keys."""
+    kinds = (
+        "a bool tensor (True = padding) or a floating one (added to the scores)"
+        if floating
+        else ("a bool tensor (True = padding, as in nn.MultiheadAttention)")
+    )
     check_tensor(mask, "key_padding_mask", name=name, floating=False)
-    if mask.dtype != torch.bool:
-        raise TypeError(f"{name}: key_padding_mask must be a bool tensor (True = real token), got {describe(mask)}")
-    if tuple(mask.shape) != (B, M):
+    if mask.dtype != torch.bool and not (floating and mask.is_floating_point()):
+        why = "" if floating else " (this mechanism has no scores to add a float mask to)"
+        raise TypeError(f"{name}: key_padding_mask must be {kinds}{why}, got {describe(mask)}")
+    if mask.dim() != 2 or mask.shape[0] != B or mask.shape[1] != M:
         raise ValueError(f"{name}: key_padding_mask must have shape (B, M) = ({B}, {M}), got {describe(mask)}")
     return mask
+
+
+def check_no_attn_mask(mask, *, name: str, why: str) -> None:
+    """A mechanism that cannot honour an arbitrary ``attn_mask`` (``why`` says why and what to use instead)."""
+    if mask is not None:
+        raise ValueError(f"{name}: attn_mask must be None{why}, got {describe(mask)}")
+
+
+def check_is_causal(is_causal, causal=None, *, name: str) -> bool:
+    """``is_causal`` (torch's name), or the deprecated ``causal`` that attnbook 0.1 used for it."""
+    if causal is not None:
+        check_bool(causal, "causal", name=name)
+        if is_causal:
+            raise ValueError(f"{name}: causal must be None with is_causal=True (causal is its old name), got {causal}")
+        if not tracing():
+            warnings.warn(
+                f"{name}: causal= is deprecated since attnbook 0.2.0, use is_causal= (torch's name)",
+                FutureWarning,
+                stacklevel=3,
+            )
+        return causal
+    return check_bool(is_causal, "is_causal", name=name)
+
+
+def check_state_call(
+    causal: bool, initial_state, output_final_state: bool, *, name: str, self_attention: bool = True
+) -> None:
+    """A call with a recurrent state (``initial_state`` given or ``output_final_state``) must be causal (a state
+    sums up the tokens before a position) and, for a layer, self-attention (the state holds its own keys)."""
+    if initial_state is None and not output_final_state:
+        return
+    state = "None" if initial_state is None else describe(initial_state)
+    got = f"initial_state={state}, output_final_state={output_final_state}"
+    if not causal:
+        raise ValueError(
+            f"{name}: a call with a state (initial_state, output_final_state) must be causal (is_causal=True, or a "
+            f"layer built with causal=True: a state sums up the tokens before a position), got a non-causal call "
+            f"with {got}"
+        )
+    if not self_attention:
+        raise ValueError(
+            f"{name}: a call with a state (initial_state, output_final_state) must be self-attention, layer(x) (the "
+            f"state holds the layer's own past keys), got separate keys with {got}"
+        )
+
+
+def check_kv_cache(cache, cls: type, k: torch.Tensor, v: torch.Tensor, *, name: str, arg: str) -> None:
+    """A KV cache (an instance of ``cls``) whose keys and values continue k (B, H, n, D) and v (B, H, n, Dv)."""
+    if not isinstance(cache, cls):
+        raise TypeError(
+            f"{name}: {arg} must be a {cls.__name__} (from a previous call or step) or None, got {describe(cache)}"
+        )
+    if cache.t == 0:
+        return
+    B, H = k.shape[0], k.shape[1]
+    for label, held, new in (("keys", cache.keys, k), ("values", cache.values, v)):
+        if held.shape[0] != B or held.shape[1] != H or held.shape[-1] != new.shape[-1]:
+            width = "D" if label == "keys" else "Dv"
+            raise ValueError(
+                f"{name}: {arg}.{label} must have shape (B, H, t, {width}) = ({B}, {H}, t, {new.shape[-1]}) for "
+                f"these inputs, got {describe(held)}"
+            )
+        if held.dtype != new.dtype or held.device != new.device:
+            raise ValueError(
+                f"{name}: {arg}.{label} must have the dtype and device of the new {label} ({new.dtype} on "
+                f"{new.device}), got {describe(held)}"
+            )
+
+
+def check_same_value(first, second, first_arg: str, second_arg: str, *, name: str, why: str = "") -> None:
+    """Two names for one setting (``why`` says why both exist): when both are given they must agree."""
+    if first is not None and second is not None and first != second:
+        raise ValueError(
+            f"{name}: {second_arg} must equal {first_arg}{why}, got {first_arg}={first!r}, {second_arg}={second!r}"
+        )
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -600,6 +744,16 @@ def check_tokens(x, arg: str, *, name: str, width: int, like: torch.Tensor, widt
     return x
 
 
+def check_step_token(x, arg: str, *, name: str, width: int, like: torch.Tensor) -> torch.Tensor:
+    """One token of a layer's recurrent step: x (B, width) with the dtype and device of the parameter ``like``."""
+    check_tensor(x, arg, name=name, dims=2, layout="(B, d_input)")
+    if x.shape[-1] != width:
+        raise ValueError(f"{name}: {arg} must have the last dimension d_input = {width}, got {describe(x)}")
+    check_sizes({arg: x}, {arg: ("B", "d_input")}, name=name)
+    _check_layer_dtype(x, arg, like, name=name)
+    return x
+
+
 def check_token_ids(tokens, arg: str, *, name: str, vocab: int, layout: str = "(B, N)") -> torch.Tensor:
     """Integer token ids of a language model: a non-empty tensor with ``layout``'s dimensions, ids in 0..vocab-1.
 
@@ -612,6 +766,8 @@ def check_token_ids(tokens, arg: str, *, name: str, vocab: int, layout: str = "(
         raise TypeError(f"{name}: {arg} must be an integer tensor of token ids, got {describe(tokens)}")
     if tokens.dim() != dims or tokens.numel() == 0:
         raise ValueError(f"{name}: {arg} must be a non-empty {layout} tensor, got {describe(tokens)}")
+    if tracing():  # the range needs the values on the host: a compiled graph leaves it to the embedding
+        return tokens
     low, high = int(tokens.min()), int(tokens.max())
     if low < 0 or high >= vocab:
         raise ValueError(f"{name}: {arg} must hold token ids in 0..{vocab - 1}, got values in {low}..{high}")
@@ -626,20 +782,23 @@ def check_layer_inputs(
     tensors = {"queries": queries, "keys": keys, "values": values}
     for arg, x in tensors.items():
         check_tensor(x, arg, name=name, dims=3, layout="(B, L, d_input)" if arg == "queries" else "(B, S, d_input)")
-    shapes = ", ".join(f"{a} {shape_str(x)}" for a, x in tensors.items())
+
+    def shapes() -> str:  # only when a check fails (module docstring: tracing)
+        return ", ".join(f"{a} {shape_str(x)}" for a, x in tensors.items())
+
     for arg, x in tensors.items():
         if x.shape[-1] != d_input:
-            raise ValueError(f"{name}: {arg} must have the last dimension d_input = {d_input}, got {shapes}")
+            raise ValueError(f"{name}: {arg} must have the last dimension d_input = {d_input}, got {shapes()}")
     if not (queries.shape[0] == keys.shape[0] == values.shape[0]):
         raise ValueError(
-            f"{name}: keys and values must have the batch size B = {queries.shape[0]} of queries, got {shapes}"
+            f"{name}: keys and values must have the batch size B = {queries.shape[0]} of queries, got {shapes()}"
         )
     if keys.shape[1] != values.shape[1]:
-        raise ValueError(f"{name}: values must have the length S = {keys.shape[1]} of keys, got {shapes}")
+        raise ValueError(f"{name}: values must have the length S = {keys.shape[1]} of keys, got {shapes()}")
     labels = {"queries": ("B", "L", "d_input"), "keys": ("B", "S", "d_input"), "values": ("B", "S", "d_input")}
     check_sizes(tensors, labels, name=name)
     if same_length and queries.shape[1] != keys.shape[1]:
-        raise ValueError(f"{name}: keys must have the same length as queries (L == S){why}, got {shapes}")
+        raise ValueError(f"{name}: keys must have the same length as queries (L == S){why}, got {shapes()}")
     for arg, x in tensors.items():
         _check_layer_dtype(x, arg, like, name=name)
 
@@ -678,11 +837,13 @@ def check_feature_widths(fq: torch.Tensor, fk: torch.Tensor, *, name: str, label
         )
 
 
-def check_drawn_width(drawn: int, D: int, *, name: str, got: str) -> None:
-    """Random features drawn for width ``drawn`` are applied to vectors of width D."""
+def check_drawn_width(drawn: int, D: int, *, name: str, got: str | Callable[[], str]) -> None:
+    """Random features drawn for width ``drawn`` are applied to vectors of width D (``got`` words what was
+    received, or makes the words when the check fails)."""
     if drawn != D:
+        shown = got() if callable(got) else got
         raise ValueError(
-            f"{name}: the PerformerFeatures must be drawn for the width D of q and k, drawn for D={drawn}, got {got}"
+            f"{name}: the PerformerFeatures must be drawn for the width D of q and k, drawn for D={drawn}, got {shown}"
         )
 
 
@@ -754,12 +915,14 @@ def check_head_dim(head_dim, dim: int, num_heads: int, *, name: str) -> int:
     return check_int(head_dim, "head_dim", name=name, minimum=1)
 
 
-def check_norm_layer(norm_layer, width: int, *, name: str) -> nn.Module:
-    """``norm_layer(width)``: a normalisation class or factory (such as ``nn.LayerNorm``) built for ``width``."""
+def check_norm_layer(norm_layer, width: int, *, name: str, **factory) -> nn.Module:
+    """``norm_layer(width, **factory)``: a normalisation class or factory (such as ``nn.LayerNorm``) built for
+    ``width``; ``factory`` (``device``, ``dtype``) is passed on when any of it is set."""
     what = "a normalisation class or factory such as nn.LayerNorm, called as norm_layer(head_dim)"
     if isinstance(norm_layer, nn.Module) or not callable(norm_layer):
         raise TypeError(f"{name}: norm_layer must be {what}, got {describe(norm_layer)}")
-    layer = norm_layer(width)
+    given = {key: value for key, value in factory.items() if value is not None}
+    layer = norm_layer(width, **given)
     if not isinstance(layer, nn.Module):
         raise TypeError(f"{name}: norm_layer(head_dim) must return an nn.Module, got {describe(layer)}")
     return layer

@@ -3,7 +3,17 @@
 Every module of the family has the constructor ``(d_input, d_model, d_output, n_heads, drop_out, ...)`` and
 the parameters ``query_projection``, ``key_projection``, ``value_projection`` and ``out_projection``, as in the
 Flowformer / Mobile-Attention reference code, so the modules are drop-in replacements for one another and
-load the reference checkpoints unchanged. A subclass only says how the heads attend (:meth:`attend`).
+load the reference checkpoints unchanged. A subclass only says how the heads attend (:meth:`attend`) and, if
+it has a causal form, how one token attends to the state of the tokens before it (:meth:`attend_step`).
+
+The calls follow torch's layers: ``forward(queries, keys=None, values=None, *, attn_mask=None,
+key_padding_mask=None, is_causal=False)`` with torch's mask conventions (``attn_mask`` as in
+``scaled_dot_product_attention``, ``key_padding_mask`` (B, S) with True = padding as in
+``nn.MultiheadAttention``); a mechanism that cannot honour a mask raises a ``ValueError`` saying so. Causal
+self-attention carries a state as flash-linear-attention does: ``forward(x, initial_state=...,
+output_final_state=True)`` returns ``(y, final_state)``, so that a prompt is prefilled in one parallel call,
+and ``step(x_t, state)`` continues one token at a time. Constructors take ``device=`` and ``dtype=``, and
+:meth:`ProjectedAttention.reset_parameters` draws the parameters again, as for torch's layers.
 
 The defaults of ``drop_out`` differ on purpose: each is that of the mechanism's published layer, so that a
 published checkpoint, loaded with its default arguments, behaves as it did. Flow-Attention and
@@ -19,10 +29,21 @@ device of the parameters (under autocast any floating dtype but float64 is accep
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
-from ._checks import check_divisible, check_int, check_layer_inputs, check_probability
+from ._checks import (
+    check_bool,
+    check_divisible,
+    check_int,
+    check_is_causal,
+    check_layer_inputs,
+    check_probability,
+    check_state_call,
+    check_step_token,
+)
 from ._runtime import linear_in_range
 
 __all__ = ["ProjectedAttention"]
@@ -38,6 +59,7 @@ class ProjectedAttention(nn.Module):
         d_output: width of the output.
         n_heads: number of heads H.
         drop_out: dropout probability applied after the output projection.
+        device, dtype: of the parameters, as for torch's layers.
 
     Shape:
         queries (B, L, d_input), keys (B, S, d_input), values (B, S, d_input) -> (B, L, d_output);
@@ -48,8 +70,20 @@ class ProjectedAttention(nn.Module):
     same_length: bool = False
     #: Why, for the message when they differ.
     same_length_reason: str = ""
+    #: Every forward is causal (the constructor's ``causal``; ``is_causal=True`` makes one call causal).
+    causal: bool = False
 
-    def __init__(self, d_input: int, d_model: int, d_output: int, n_heads: int, drop_out: float = 0.0):
+    def __init__(
+        self,
+        d_input: int,
+        d_model: int,
+        d_output: int,
+        n_heads: int,
+        drop_out: float = 0.0,
+        *,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ):
         super().__init__()
         name = type(self).__name__
         d_input = check_int(d_input, "d_input", name=name, minimum=1)
@@ -59,11 +93,17 @@ class ProjectedAttention(nn.Module):
         check_divisible(d_model, n_heads, name=name, total_arg="d_model", parts_arg="n_heads")
         drop_out = check_probability(drop_out, "drop_out", name=name)
         self.d_input, self.d_model, self.d_output, self.n_heads = d_input, d_model, d_output, n_heads
-        self.query_projection = nn.Linear(d_input, d_model)
-        self.key_projection = nn.Linear(d_input, d_model)
-        self.value_projection = nn.Linear(d_input, d_model)
-        self.out_projection = nn.Linear(d_model, d_output)
+        factory: dict[str, Any] = {"device": device, "dtype": dtype}
+        self.query_projection = nn.Linear(d_input, d_model, **factory)
+        self.key_projection = nn.Linear(d_input, d_model, **factory)
+        self.value_projection = nn.Linear(d_input, d_model, **factory)
+        self.out_projection = nn.Linear(d_model, d_output, **factory)
         self.dropout = nn.Dropout(drop_out)
+
+    def reset_parameters(self) -> None:
+        """Draw the projections' weights and biases again (torch's default initialisation of ``nn.Linear``)."""
+        for layer in (self.query_projection, self.key_projection, self.value_projection, self.out_projection):
+            layer.reset_parameters()
 
     def extra_repr(self) -> str:
         return f"n_heads={self.n_heads}"
@@ -72,34 +112,120 @@ class ProjectedAttention(nn.Module):
         B, L, _ = x.shape
         return x.view(B, L, self.n_heads, -1).transpose(1, 2)  # (B, H, L, d_model / H)
 
+    def _out(self, x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """(B, H, L, D) heads -> (B, L, d_output): merge, project (without first rounding an accumulation-dtype
+        x to float16, where it may exceed 65504), dropout."""
+        B, H, L, D = x.shape
+        x = x.transpose(1, 2).reshape(B, L, H * D)  # (B, L, d_model)
+        return self.dropout(linear_in_range(self.out_projection, x, dtype))  # (B, L, d_output)
+
     def forward(
-        self, queries: torch.Tensor, keys: torch.Tensor | None = None, values: torch.Tensor | None = None, **kwargs
-    ) -> torch.Tensor:
+        self,
+        queries: torch.Tensor,
+        keys: torch.Tensor | None = None,
+        values: torch.Tensor | None = None,
+        *,
+        attn_mask: torch.Tensor | None = None,
+        key_padding_mask: torch.Tensor | None = None,
+        is_causal: bool = False,
+        initial_state: Any = None,
+        output_final_state: bool = False,
+    ) -> Any:
         """Attention of ``queries`` over ``keys`` / ``values``; ``layer(x)`` is self-attention (keys = values = x).
 
         ``values`` defaults to ``keys``, and ``keys`` to ``queries``.
+
+        Args:
+            queries, keys, values: (B, L, d_input), (B, S, d_input), (B, S, d_input).
+            attn_mask: as in ``scaled_dot_product_attention`` (bool True = may attend, or float added to the
+                scores), broadcastable to (B, H, L, S); only mechanisms that form scores take one.
+            key_padding_mask: (B, S) bool, True = padding, as in ``nn.MultiheadAttention``.
+            is_causal: make this call causal (position i attends to positions <= i); a layer built with
+                ``causal=True`` is causal in every call.
+            initial_state: causal self-attention only: the state of the tokens before ``queries`` (from an earlier
+                call with ``output_final_state=True`` or from :meth:`step`), or None to start afresh.
+            output_final_state: causal self-attention only: also return the state after the last token.
+
+        Returns:
+            (B, L, d_output), or ``(output, final_state)`` with ``output_final_state``.
         """
+        name = type(self).__name__
+        self_attention = keys is None
         keys = queries if keys is None else keys
         values = keys if values is None else values
         check_layer_inputs(
             queries,
             keys,
             values,
-            name=type(self).__name__,
+            name=name,
             d_input=self.d_input,
             like=self.query_projection.weight,
             same_length=self.same_length,
             why=self.same_length_reason,
         )
+        causal = check_is_causal(is_causal, name=name) or self.causal
+        output_final_state = check_bool(output_final_state, "output_final_state", name=name)
+        check_state_call(causal, initial_state, output_final_state, name=name, self_attention=self_attention)
         q = self._split(self.query_projection(queries))  # (B, H, L, D)
         k = self._split(self.key_projection(keys))  # (B, H, S, D)
         v = self._split(self.value_projection(values))  # (B, H, S, D)
-        x = self.attend(q, k, v, **kwargs)  # (B, H, L, D), in q's dtype or a wider (accumulation) one
-        B, H, L, D = x.shape
-        x = x.transpose(1, 2).reshape(B, L, H * D)  # (B, L, d_model)
-        # The attention output may exceed float16's range where the projected output does not.
-        return self.dropout(linear_in_range(self.out_projection, x, q.dtype))  # (B, L, d_output)
+        result = self.attend(
+            q,
+            k,
+            v,
+            attn_mask=attn_mask,
+            key_padding_mask=key_padding_mask,
+            self_attention=self_attention,
+            is_causal=causal,
+            initial_state=initial_state,
+            output_final_state=output_final_state,
+        )  # (B, H, L, D) in q's dtype or a wider (accumulation) one [, state]
+        if output_final_state:
+            x, state = result
+            return self._out(x, q.dtype), state
+        return self._out(result, q.dtype)
 
-    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kwargs) -> torch.Tensor:
-        """Per-head attention: q (B,H,L,D), k (B,H,S,D), v (B,H,S,D) -> (B,H,L,D)."""
+    def step(self, x_t: torch.Tensor, state: Any = None) -> tuple[torch.Tensor, Any]:
+        """One token of causal self-attention: x_t (B, d_input) after the tokens summed up in ``state``.
+
+        ``state`` is None before the first token, or what the previous :meth:`step` (or a forward with
+        ``output_final_state=True``) returned. Prefilling with ``forward(x, output_final_state=True)`` and then
+        stepping gives the outputs of one causal forward over the whole sequence.
+
+        Returns:
+            ``(y_t (B, d_output), new state)``.
+        """
+        name = f"{type(self).__name__}.step"
+        check_step_token(x_t, "x_t", name=name, width=self.d_input, like=self.query_projection.weight)
+        B = x_t.shape[0]
+        q = self.query_projection(x_t).view(B, self.n_heads, -1)  # (B, H, D)
+        k = self.key_projection(x_t).view(B, self.n_heads, -1)  # (B, H, D)
+        v = self.value_projection(x_t).view(B, self.n_heads, -1)  # (B, H, Dv)
+        out, state = self.attend_step(q, k, v, state)  # (B, H, Dv)
+        y = self.dropout(linear_in_range(self.out_projection, out.reshape(B, -1), q.dtype))  # (B, d_output)
+        return y, state
+
+    def attend(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        *,
+        attn_mask: torch.Tensor | None = None,
+        key_padding_mask: torch.Tensor | None = None,
+        self_attention: bool = True,
+        is_causal: bool | None = None,
+        initial_state: Any = None,
+        output_final_state: bool = False,
+    ) -> Any:
+        """Per-head attention: q (B,H,L,D), k (B,H,S,D), v (B,H,S,D) -> (B,H,L,D) [, final state].
+
+        ``is_causal=None`` takes the layer's own ``causal``; the other arguments as in :meth:`forward`, whose
+        checks have run (``self_attention``: the keys are the queries' own tokens)."""
+        raise NotImplementedError
+
+    def attend_step(
+        self, q_t: torch.Tensor, k_t: torch.Tensor, v_t: torch.Tensor, state: Any
+    ) -> tuple[torch.Tensor, Any]:
+        """One token: q_t, k_t (B, H, D), v_t (B, H, Dv) and the state before it -> (out (B, H, Dv), new state)."""
         raise NotImplementedError

@@ -35,11 +35,12 @@ prefix sums than k v^T, and compute the in-block masked product themselves.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from ._checks import check_chunk_size, check_qkv
-from ._runtime import accumulation_dtype, autocast_disabled
+from ._runtime import accumulation_dtype, autocast_disabled, chunk_count
 
-__all__ = ["causal_dot_product", "prefix_product", "normalised_attention"]
+__all__ = ["causal_dot_product", "prefix_product", "normalised_attention", "chunked_product"]
 
 # Temporaries of one block of products, in numbers (16 MiB in float32). Few, large blocks matter on a busy
 # CPU: every product is a parallel region whose threads may have to wait for a core (B=4, H=8, N=8192,
@@ -261,3 +262,33 @@ def causal_dot_product(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chunk_
     acc = accumulation_dtype(q.dtype)
     with autocast_disabled(q.device):
         return _product(q.to(acc), k.to(acc), v.to(acc), chunk_size, False)
+
+
+def chunked_product(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, C: int, state: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """sum_{j <= i} (q_i . k_j) v_j + q_i^T S_0 for q, k (..., N, R), v (..., N, Dv) and a carried state S_0
+    (..., R, Dv) (zero when None); returns (out (..., N, Dv), S_0 + sum_j k_j v_j^T (..., R, Dv)).
+
+    The graph form of the chunked algorithm: every chunk at once, in plain differentiable operations, no loop
+    over positions, no ``out=`` write and no branch on a size, so that ``torch.compile`` and ``torch.export``
+    trace one graph for every length (:func:`attnbook._runtime.chunk_count`). The sequence is padded with zeros
+    to whole chunks of C; inside a chunk the masked C x C product, between chunks an exclusive running sum of
+    the chunks' k^T v. Time O(N (C + R) Dv), memory O(N (C + R Dv / C)) beside the inputs.
+    """
+    *lead, N, R = q.shape
+    Dv = v.shape[-1]
+    n = chunk_count(N, C)
+    pad = n * C - N
+    qc, kc = (F.pad(x, (0, 0, 0, pad)).reshape(*lead, n, C, R) for x in (q, k))  # (..., n, C, R)
+    vc = F.pad(v, (0, 0, 0, pad)).reshape(*lead, n, C, Dv)  # (..., n, C, Dv)
+    kv = kc.transpose(-2, -1) @ vc  # (..., n, R, Dv): each chunk's own sum
+    before = torch.cat([torch.zeros_like(kv[..., :1, :, :]), kv[..., :-1, :, :]], dim=-3).cumsum(-3)
+    final = kv.sum(-3)  # (..., R, Dv)
+    if state is not None:
+        before = before + state.unsqueeze(-3)  # (..., n, R, Dv): the state before each chunk
+        final = final + state
+    tril = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
+    scores = (qc @ kc.transpose(-2, -1)).masked_fill(~tril, 0.0)  # (..., n, C, C)
+    out = scores @ vc + qc @ before  # (..., n, C, Dv)
+    return out.reshape(*lead, n * C, Dv)[..., :N, :], final

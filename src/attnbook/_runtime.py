@@ -15,6 +15,10 @@ Every mechanism follows the same rules, written once here:
   that input to float16 (where it may exceed 65504).
 * **Inference.** Without autograd (:func:`needs_autograd` is false) the mechanisms process independent rows of
   the batch in groups (:func:`rows_per_group`), writing into one preallocated output.
+* **Graphs.** Under ``torch.compile`` and ``torch.export`` (:func:`tracing`) every mechanism takes its *graph
+  path*: the same numbers, written without Python loops over sizes, ``out=`` writes or branches on a size, so
+  that one graph serves every batch size and length (:func:`chunk_count` gives a chunked algorithm its number
+  of chunks as a size the tracer can reason about).
 """
 
 from __future__ import annotations
@@ -35,6 +39,9 @@ __all__ = [
     "WORK_NUMBERS",
     "rows_per_group",
     "linear_in_range",
+    "tracing",
+    "exporting",
+    "chunk_count",
 ]
 
 
@@ -67,6 +74,38 @@ def autocast_disabled(device: torch.device):
     if autocast_dtype(device) is None:
         return contextlib.nullcontext()
     return torch.autocast(device.type, enabled=False)
+
+
+def tracing() -> bool:
+    """True while ``torch.compile`` or ``torch.export`` traces the code (the graph path is taken)."""
+    is_compiling = getattr(torch.compiler, "is_compiling", None)
+    if is_compiling is not None:
+        return bool(is_compiling())
+    return bool(torch._dynamo.is_compiling())  # torch < 2.3
+
+
+def exporting() -> bool:
+    """True while ``torch.export`` traces the code."""
+    is_exporting = getattr(torch.compiler, "is_exporting", None)
+    return bool(is_exporting is not None and is_exporting())
+
+
+def chunk_count(N, C: int):
+    """ceil(N / C), the chunks of a chunked algorithm over N positions, as a size every tracer handles.
+
+    Eagerly and under ``torch.compile`` a plain int (a symbolic one under dynamic shapes). Under ``torch.export``
+    the export's shape reasoning cannot prove facts about a floor division of a dynamic size (that it is not 1,
+    that padding to it is not a no-op), so an exported program would hold only for some lengths; there the
+    count is made a data-dependent size, about which ``torch._check`` states what is true for every N >= 1, and
+    the program is valid at every length.
+    """
+    if not exporting():
+        return (N + C - 1) // C
+    n = torch.scalar_tensor(N, dtype=torch.int64).add(C - 1).div(C, rounding_mode="floor").item()
+    torch._check(n >= 1)
+    torch._check(n * C >= N)
+    torch._check(n * C < N + C)
+    return n
 
 
 def needs_autograd(*xs) -> bool:

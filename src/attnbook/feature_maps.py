@@ -33,7 +33,7 @@ from ._checks import (
     check_seed,
     check_tensor,
 )
-from ._runtime import accumulation_dtype, autocast_disabled, result_dtype
+from ._runtime import accumulation_dtype, autocast_disabled, result_dtype, tracing
 
 __all__ = ["elu_feature_map", "relu_feature_map", "PerformerFeatures", "resolve_feature_map", "FEATURE_MAPS"]
 
@@ -47,9 +47,12 @@ def elu_feature_map(x: torch.Tensor) -> torch.Tensor:
     the expm1 inside ``F.elu``, and the result differs from ``F.elu(x) + 1`` by rounding only (elu(x) + 1
     itself rounds exp(x) - 1 + 1, which is 0 in float32 below x = -17 or so). NaN stays NaN, -inf gives 0,
     inf gives inf.
-    Differentiable any number of times: phi'(x) = min(phi(x), 1).
+    Differentiable any number of times: phi'(x) = min(phi(x), 1). Traced (``torch.compile``, ``torch.export``)
+    it is ``F.elu(x) + 1``, which a compiler fuses into one kernel with its derivative.
     """
     check_tensor(x, "x", name="elu_feature_map")
+    if tracing():
+        return F.elu(x) + 1.0
     if torch.is_grad_enabled() and x.requires_grad:
         return _EluPlusOne.apply(x)
     return elu_plus_one(x)
@@ -64,7 +67,7 @@ def elu_plus_one(x: torch.Tensor, out: torch.Tensor | None = None, tmp: torch.Te
     over pieces of :data:`ELU_PIECE` numbers, so that each pass reads what the one before it left in the
     cache, and exp(x) is computed as 2^(x log2 e) (:func:`_exp`)."""
     one, log2e = _constants(x)  # the median's third value, broadcast; log2(e)
-    n, compiling = x.numel(), _compiling()
+    n, compiling = x.numel(), tracing()
     write_out = out is not None and out.is_contiguous() and not compiling  # out= needs a contiguous tensor
     pieces = not compiling and x.device.type == "cpu" and n > ELU_PIECE and x.is_contiguous()
     if not (pieces and (out is None or write_out)):
@@ -119,18 +122,13 @@ def _constants(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(1, log2(e)) as 0-dim tensors of x's dtype and device. On the CPU they are made once per dtype: for a
     small x (one step of a recurrence) making them costs as much as the passes, and a Python number in an
     ``out=`` call costs a copy into a tensor each time."""
-    if x.device.type != "cpu" or _compiling():
+    if x.device.type != "cpu" or tracing():
         return x.new_ones(()), x.new_full((), _LOG2E)
     pair = _CONSTANTS.get(x.dtype)
     if pair is None:
         with torch.inference_mode(False):  # ordinary tensors, usable inside and outside inference mode
             pair = _CONSTANTS[x.dtype] = (torch.ones((), dtype=x.dtype), torch.full((), _LOG2E, dtype=x.dtype))
     return pair
-
-
-def _compiling() -> bool:
-    is_compiling = getattr(torch.compiler, "is_compiling", None)
-    return bool(is_compiling is not None and is_compiling())
 
 
 class _EluPlusOne(torch.autograd.Function):

@@ -26,6 +26,16 @@ Conventions. :class:`FlowStats` holds the flows themselves (``incoming`` is I_i)
 1 / I_i that the published code stores under the name ``sink_incoming``. Statistics are returned in the
 accumulation dtype (at least float32): I_i grows like N D and would overflow float16.
 
+Padding (``key_padding_mask``, ``query_padding_mask``: True = padding, as in ``nn.MultiheadAttention``): a
+padded source sends no flow and a padded sink receives none; every sum runs over the real positions and n, m
+(causal: t_i) count them, so the real positions get exactly the numbers of a run on the unpadded sequence.
+The two ablations of the paper's Table 6 are flags: ``competition=False`` sets c_j = 1, ``allocation=False``
+sets a_i = 1.
+
+Causal attention carries a :class:`FlowState` of prefix sums: ``initial_state=`` starts from one and
+``output_final_state=True`` returns the state after the last token (flash-linear-attention's convention), so a
+prompt is prefilled in one call and generation continues with :func:`flow_attention_step`.
+
 Cost: non-causal O(B H (N + M) D Dv) time, O(B H (N + M) (D + Dv)) memory, like linear attention --
 conservation adds O(N D) work. Causal: one pass over blocks of C = ``chunk_size`` tokens; each block
 advances a :class:`FlowState` of prefix sums (cumulative sums inside the block, a masked C x C product for
@@ -36,15 +46,35 @@ N x N and no N x D x Dv tensor is built (the published causal code builds (B, H,
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, Literal, NamedTuple, overload
 
 import torch
 
-from ._checks import check_bool, check_chunk_size, check_dtype, check_eps, check_qkv, check_state, check_step_inputs
+from . import _prefix
+from ._checks import (
+    check_bool,
+    check_choice,
+    check_chunk_size,
+    check_dtype,
+    check_eps,
+    check_is_causal,
+    check_key_padding_mask,
+    check_no_attn_mask,
+    check_qkv,
+    check_state,
+    check_state_call,
+    check_step_inputs,
+)
 from ._module import ProjectedAttention
-from ._runtime import accumulation_dtype, autocast_disabled, needs_autograd, result_dtype, rows_per_group
+from ._runtime import accumulation_dtype, autocast_disabled, needs_autograd, result_dtype, rows_per_group, tracing
 
 __all__ = ["FlowStats", "FlowState", "flow_attention", "flow_attention_step", "FlowAttention"]
+
+_CAUSAL_PAIRS = " (causal attention pairs query i with key i)"
+_NO_ATTN_MASK = (
+    " (Flow-Attention never forms the N x M weights, so an arbitrary mask cannot be applied to them: pass "
+    "key_padding_mask for padding and is_causal=True for the causal mask)"
+)
 
 
 class FlowStats(NamedTuple):
@@ -52,7 +82,8 @@ class FlowStats(NamedTuple):
 
     All are the flows themselves (``incoming`` is I_i, not 1 / I_i, which the published code stores as
     ``sink_incoming``), in the accumulation dtype (at least float32), and keep their autograd history.
-    :func:`attnbook.mobile_attention` returns the same fields with the flow sums taken over the heads.
+    :func:`attnbook.mobile_attention` returns the same fields with the flow sums taken over the heads. Every
+    field is 0 at a padded position.
 
     Attributes:
         incoming: I_i, flow into sink (query) i, (B, H, N).
@@ -61,8 +92,8 @@ class FlowStats(NamedTuple):
         conserved_outgoing: O^_j after the clamp to [-1, 1], outgoing flow when every sink takes one unit,
             (B, H, M).
         competition: c_j, softmax of O^ over the sources times M (causal: over the prefix, times t_j),
-            (B, H, M).
-        allocation: a_i = sigmoid(I^_i N / M) (causal: sigmoid(I^_i)), (B, H, N).
+            (B, H, M); 1 with ``competition=False``.
+        allocation: a_i = sigmoid(I^_i N / M) (causal: sigmoid(I^_i)), (B, H, N); 1 with ``allocation=False``.
         conserved_outgoing_raw: O^_j before the clamp, (B, H, M); ``(raw > 1).sum()`` counts clipped sources.
     """
 
@@ -76,12 +107,13 @@ class FlowStats(NamedTuple):
 
 
 class FlowState(NamedTuple):
-    """Prefix quantities of causal Flow-Attention after ``t`` tokens, for :func:`flow_attention_step`.
+    """Prefix quantities of causal Flow-Attention after ``t`` tokens, for :func:`flow_attention_step` and for
+    ``flow_attention(..., initial_state=...)``.
 
-    All tensors are in the accumulation dtype (at least float32).
+    All tensors but ``t`` are in the accumulation dtype (at least float32).
 
     Attributes:
-        t: number of tokens seen (a Python int >= 0).
+        t: (B,) int64, the number of (real, unpadded) tokens seen in each sequence of the batch.
         key_sum: sum_{j<=t} k~_j, (B, H, D).
         query_sum: sum_{i<=t} q~_i, (B, H, D).
         key_over_outgoing: sum_{j<=t} k~_j / O_j, (B, H, D).
@@ -94,7 +126,7 @@ class FlowState(NamedTuple):
         kv: sum_{j<=t} k~_j (c_j v_j)^T, (B, H, D, Dv).
     """
 
-    t: int
+    t: torch.Tensor
     key_sum: torch.Tensor
     query_sum: torch.Tensor
     key_over_outgoing: torch.Tensor
@@ -122,68 +154,128 @@ def _weighted_sum(w: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     return (w.unsqueeze(-2) @ x).squeeze(-2)  # (..., D)
 
 
-def _flow_full(qs, ks, v, eps, out=None):
+def _reciprocal(x: torch.Tensor, keep: torch.Tensor | None) -> torch.Tensor:
+    """1 / x, and 0 where ``keep`` (broadcastable bool, True = a real position) is False. A padded position's
+    flow may be 0 (eps = 0): its reciprocal is never formed, so neither the result nor the gradient sees inf."""
+    if keep is None:
+        return x.reciprocal()
+    return torch.where(keep, torch.where(keep, x, 1.0).reciprocal(), 0.0)
+
+
+def _zero_padded(stats: FlowStats, qkeep: torch.Tensor | None, kkeep: torch.Tensor | None) -> FlowStats:
+    """The statistics with every padded position's entries set to 0 (sinks by ``qkeep``, sources by
+    ``kkeep``, both (..., N) bool)."""
+    if qkeep is None and kkeep is None:
+        return stats
+    sinks = {"incoming", "conserved_incoming", "allocation"}
+    fields = {}
+    for field, x in stats._asdict().items():
+        keep = qkeep if field in sinks else kkeep
+        fields[field] = x if keep is None else torch.where(keep, x, 0.0)
+    return FlowStats(**fields)
+
+
+def _flow_full(qs, ks, v, eps, qkeep=None, kkeep=None, competition=True, allocation=True, out=None):
     """Non-causal Flow-Attention on sigmoid features in the accumulation dtype; returns (out, FlowStats).
 
-    Ordered to read the (N, D) features as few times as possible: (x + eps) . (y + eps) is x . (y + eps) +
-    eps sum(y + eps), so no x + eps is formed, and O and O^ come from one product with ks. Beside the two
-    (N, D) x (D, Dv) products of linear attention this is O(N D) work. Leading dimensions are free; with
-    ``out`` (no autograd) the result is written there.
+    ``qkeep`` (..., N) and ``kkeep`` (..., M) bool (True = real) mark padding, whose features and values must
+    already be 0. Ordered to read the (N, D) features as few times as possible: (x + eps) . (y + eps) is
+    x . (y + eps) + eps sum(y + eps), so no x + eps is formed, and O and O^ come from one product with ks.
+    Beside the two (N, D) x (D, Dv) products of linear attention this is O(N D) work. Leading dimensions are
+    free; with ``out`` (no autograd) the result is written there.
     """
     N, M = qs.shape[-2], ks.shape[-2]
+    n = N if qkeep is None else qkeep.sum(-1, keepdim=True).to(qs.dtype)  # real sinks, (..., 1)
+    m = M if kkeep is None else kkeep.sum(-1, keepdim=True).to(qs.dtype)  # real sources, (..., 1)
     key_total = ks.sum(-2) + eps  # (B, H, D): sum_j k~_j + eps
     query_total = qs.sum(-2) + eps  # (B, H, D): sum_i q~_i + eps
     incoming = _rows_dot(qs, key_total.unsqueeze(-2)).squeeze(-2) + eps * key_total.sum(-1, keepdim=True)
-    query_over_incoming = _weighted_sum(incoming.reciprocal(), qs) + eps  # (B, H, D)
+    r_in = _reciprocal(incoming, qkeep)  # (B, H, N)
+    query_over_incoming = _weighted_sum(r_in, qs) + eps  # (B, H, D)
     both = _rows_dot(ks, torch.stack([query_total, query_over_incoming], dim=-2))  # (B, H, 2, M)
     outgoing = both[..., 0, :] + eps * query_total.sum(-1, keepdim=True)  # (B, H, M)
     conserved_outgoing_raw = both[..., 1, :] + eps * query_over_incoming.sum(-1, keepdim=True)  # (B, H, M)
-    key_over_outgoing = _weighted_sum(outgoing.reciprocal(), ks) + eps  # (B, H, D)
+    key_over_outgoing = _weighted_sum(_reciprocal(outgoing, kkeep), ks) + eps  # (B, H, D)
     conserved_outgoing = conserved_outgoing_raw.clamp(-1.0, 1.0)  # for stability, as published
-    competition = torch.softmax(conserved_outgoing, dim=-1) * M  # (B, H, M)
-    kv = ks.transpose(-2, -1) @ (v * competition.unsqueeze(-1))  # (B, H, D, Dv)
+    if not competition:
+        c = torch.ones_like(conserved_outgoing)  # (B, H, M)
+    elif kkeep is None:
+        c = torch.softmax(conserved_outgoing, dim=-1) * M  # (B, H, M)
+    else:  # over the real sources; a row without any is 0 (softmax over nothing)
+        c = torch.softmax(conserved_outgoing.masked_fill(~kkeep, float("-inf")), dim=-1) * m
+    if kkeep is not None:
+        c = torch.where(kkeep, c, 0.0)
+    kv = ks.transpose(-2, -1) @ (v * c.unsqueeze(-1))  # (B, H, D, Dv)
     conserved_incoming = _rows_dot(qs, key_over_outgoing.unsqueeze(-2)).squeeze(-2) + eps * key_over_outgoing.sum(
         -1, keepdim=True
     )  # (B, H, N)
-    allocation = torch.sigmoid(conserved_incoming * (N / M))  # (B, H, N)
-    scale = (allocation / incoming).unsqueeze(-1)  # (B, H, N, 1)
+    if not allocation:
+        a = torch.ones_like(conserved_incoming)  # (B, H, N)
+    elif kkeep is None:
+        a = torch.sigmoid(conserved_incoming * (n / M))  # (B, H, N)
+    else:
+        a = torch.sigmoid(conserved_incoming * (n / m.clamp(min=1)))  # (B, H, N)
+    scale = (a * r_in).unsqueeze(-1)  # (B, H, N, 1): a_i / I_i (0 at a padded sink)
     if out is None:
         out = (qs @ kv) * scale  # (B, H, N, Dv)
     else:
         torch.matmul(qs, kv, out=out).mul_(scale)  # (B, H, N, Dv), in place: no autograd here
-    stats = FlowStats(
-        incoming, outgoing, conserved_incoming, conserved_outgoing, competition, allocation, conserved_outgoing_raw
-    )
-    return out, stats
+    stats = FlowStats(incoming, outgoing, conserved_incoming, conserved_outgoing, c, a, conserved_outgoing_raw)
+    return out, _zero_padded(stats, qkeep, kkeep)
 
 
 def _initial_state(x: torch.Tensor, B: int, H: int, D: int, Dv: int, acc: torch.dtype) -> FlowState:
     zeros = x.new_zeros(B, H, D, dtype=acc)
     kv = x.new_zeros(B, H, D, Dv, dtype=acc)
-    return FlowState(0, zeros, zeros, zeros, zeros, x.new_zeros(B, H, dtype=acc), kv)
+    t = x.new_zeros(B, dtype=torch.int64)
+    return FlowState(t, zeros, zeros, zeros, zeros, x.new_zeros(B, H, dtype=acc), kv)
 
 
-def _causal_block(state: FlowState, q, k, v, eps: float, tril: torch.Tensor):
+def _causal_block(
+    state: FlowState,
+    q,
+    k,
+    v,
+    eps: float,
+    tril: torch.Tensor | None,
+    keep: torch.Tensor | None = None,
+    competition: bool = True,
+    allocation: bool = True,
+    chunk: int | None = None,
+):
     """Advance causal Flow-Attention over the next c tokens, q, k (B, H, c, D), v (B, H, c, Dv).
 
     Every causal quantity of a token is a prefix sum, so a block needs only the state before it: inside the
     block the prefix sums are cumulative sums on top of the carried totals, and the output is the block's
     c x c masked product plus the carried k v^T state. c = 1 is the recurrent step; the parallel form runs
-    the blocks one after another. Returns (out (B, H, c, Dv) in the accumulation dtype, FlowStats of the
-    block, new state).
+    the blocks one after another; the graph form (``chunk`` given) is one block of the whole sequence whose
+    output product is chunked (:func:`attnbook._prefix.chunked_product`). ``keep`` (B, 1, c) bool marks the
+    real positions (True) among padding. Returns (out (B, H, c, Dv) in the accumulation dtype, FlowStats of
+    the block, new state).
     """
     acc = state.kv.dtype
     c = q.shape[-2]
     qs = torch.sigmoid(q.to(acc))  # (B, H, c, D)
     ks = torch.sigmoid(k.to(acc))  # (B, H, c, D)
     va = v.to(acc)  # (B, H, c, Dv)
-    t = torch.arange(state.t + 1, state.t + c + 1, device=qs.device, dtype=acc)  # (c,) = i + 1
+    if keep is None:
+        steps = torch.arange(1, c + 1, device=qs.device, dtype=acc)  # (c,): 1, 2, ..., c
+        seen = c
+    else:  # a padded position sends and receives nothing, and does not count
+        real = keep.unsqueeze(-1)  # (B, 1, c, 1)
+        qs, ks, va = (torch.where(real, x, 0.0) for x in (qs, ks, va))
+        steps = keep.to(acc).cumsum(-1)  # (B, 1, c)
+        seen = keep.sum(-1)[:, 0]  # (B,)
+    t = state.t.to(acc)[:, None, None] + steps  # (B, 1, c): t_i, the tokens up to i
+    if keep is not None:
+        t = t.clamp(min=1.0)  # before a sequence's first real token (left padding): nothing to divide
     key_sum = state.key_sum.unsqueeze(-2) + ks.cumsum(-2)  # (B, H, c, D): sum_{j<=i} k~_j
     query_sum = state.query_sum.unsqueeze(-2) + qs.cumsum(-2)  # (B, H, c, D)
     incoming = _rowdot_eps(qs, key_sum, eps) / t  # (B, H, c)
     outgoing = _rowdot_eps(ks, query_sum, eps) / t  # (B, H, c)
-    key_over_outgoing = state.key_over_outgoing.unsqueeze(-2) + (ks / outgoing.unsqueeze(-1)).cumsum(-2)
-    query_over_incoming = state.query_over_incoming.unsqueeze(-2) + (qs / incoming.unsqueeze(-1)).cumsum(-2)
+    r_in, r_out = _reciprocal(incoming, keep), _reciprocal(outgoing, keep)  # (B, H, c)
+    key_over_outgoing = state.key_over_outgoing.unsqueeze(-2) + (ks * r_out.unsqueeze(-1)).cumsum(-2)
+    query_over_incoming = state.query_over_incoming.unsqueeze(-2) + (qs * r_in.unsqueeze(-1)).cumsum(-2)
     conserved_incoming = _rowdot_eps(qs, key_over_outgoing, eps) / t  # (B, H, c)
     conserved_outgoing_raw = _rowdot_eps(ks, query_over_incoming, eps) / t  # (B, H, c)
     conserved_outgoing = conserved_outgoing_raw.clamp(-1.0, 1.0)  # for stability, as published
@@ -192,43 +284,62 @@ def _causal_block(state: FlowState, q, k, v, eps: float, tril: torch.Tensor):
     # tokens): every term lies in [1/e, e] because O^ is clamped, so nothing grows with the sequence length.
     expo = conserved_outgoing.exp()  # (B, H, c), in [1/e, e]
     prev_mean = state.exp_mean.unsqueeze(-1)  # (B, H, 1)
-    exp_mean = prev_mean + (expo - prev_mean).cumsum(-1) / t  # (B, H, c)
-    competition = expo / exp_mean  # (B, H, c)
-    allocation = torch.sigmoid(conserved_incoming)  # (B, H, c)
-    vc = va * competition.unsqueeze(-1)  # (B, H, c, Dv)
-    scores = qs @ ks.transpose(-2, -1)  # (B, H, c, c)
-    if c > 1:
-        scores = scores.masked_fill(~tril[:c, :c], 0.0)
-    out = scores @ vc + qs @ state.kv  # (B, H, c, Dv)
-    out = out * (allocation / (incoming * t)).unsqueeze(-1)  # (B, H, c, Dv)
-    stats = FlowStats(
-        incoming, outgoing, conserved_incoming, conserved_outgoing, competition, allocation, conserved_outgoing_raw
-    )
+    delta = expo - prev_mean  # (B, H, c)
+    if keep is not None:
+        delta = torch.where(keep, delta, 0.0)
+    exp_mean = prev_mean + delta.cumsum(-1) / t  # (B, H, c)
+    if competition:
+        comp = expo / torch.where(exp_mean > 0, exp_mean, 1.0)  # (B, H, c); exp_mean is 0 only before any token
+    else:
+        comp = torch.ones_like(expo)
+    alloc = torch.sigmoid(conserved_incoming) if allocation else torch.ones_like(conserved_incoming)  # (B, H, c)
+    if keep is not None:
+        comp, alloc = torch.where(keep, comp, 0.0), torch.where(keep, alloc, 0.0)
+    vc = va * comp.unsqueeze(-1)  # (B, H, c, Dv)
+    if chunk is None:
+        scores = qs @ ks.transpose(-2, -1)  # (B, H, c, c)
+        if c > 1:
+            assert tril is not None  # the parallel form passes its block's mask
+            scores = scores.masked_fill(~tril[:c, :c], 0.0)
+        out = scores @ vc + qs @ state.kv  # (B, H, c, Dv)
+        kv = state.kv + ks.transpose(-2, -1) @ vc  # (B, H, D, Dv)
+    else:
+        out, kv = _prefix.chunked_product(qs, ks, vc, chunk, state.kv)  # (B, H, c, Dv), (B, H, D, Dv)
+    out = out * (alloc * r_in / t).unsqueeze(-1)  # (B, H, c, Dv): a_i / (I_i t_i), 0 at padding
+    stats = FlowStats(incoming, outgoing, conserved_incoming, conserved_outgoing, comp, alloc, conserved_outgoing_raw)
     new_state = FlowState(
-        state.t + c,
+        state.t + seen,
         key_sum[..., -1, :],
         query_sum[..., -1, :],
         key_over_outgoing[..., -1, :],
         query_over_incoming[..., -1, :],
         exp_mean[..., -1],
-        state.kv + ks.transpose(-2, -1) @ vc,
+        kv,
     )
-    return out, stats, new_state
+    return out, _zero_padded(stats, keep, keep), new_state
 
 
-def _flow_causal(q, k, v, eps, chunk_size, acc, dtype, return_flows):
-    """Causal Flow-Attention (N == M) block by block: O(B H C (C + D + Dv)) memory beside the output, which
-    is in ``dtype``."""
+def _flow_causal(q, k, v, eps, chunk_size, acc, dtype, return_flows, keep, state, competition, allocation):
+    """Causal Flow-Attention (N == M) from ``state``: block by block, O(B H C (C + D + Dv)) memory beside the
+    output, which is in ``dtype``; traced (torch.compile, torch.export), one block of the whole sequence with a
+    chunked output product. ``keep`` (B, 1, N) bool marks the real positions. Returns (out, stats or None,
+    final state)."""
     B, H, N, D = q.shape
+    options = {"competition": competition, "allocation": allocation}
+    if tracing():
+        out, stats, state = _causal_block(state, q, k, v, eps, None, keep, chunk=chunk_size, **options)
+        return out.to(dtype), stats if return_flows else None, state
     C = min(chunk_size, N)
     tril = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
-    state = _initial_state(q, B, H, D, v.shape[-1], acc)
     record = needs_autograd(q, k, v)
     outs, blocks = [], []
     out = None if record else q.new_empty(B, H, N, v.shape[-1], dtype=dtype)  # without autograd: block by block
     for start in range(0, N, C):
         sl = slice(start, start + C)
-        block, stats, state = _causal_block(state, q[..., sl, :], k[..., sl, :], v[..., sl, :], eps, tril)
+        part = None if keep is None else keep[..., sl]
+        block, stats, state = _causal_block(
+            state, q[..., sl, :], k[..., sl, :], v[..., sl, :], eps, tril, part, **options
+        )
         if record:
             outs.append(block.to(dtype))  # (B, H, c, Dv)
         else:
@@ -238,9 +349,110 @@ def _flow_causal(q, k, v, eps, chunk_size, acc, dtype, return_flows):
     if record:
         out = torch.cat(outs, dim=-2)  # (B, H, N, Dv)
     if not return_flows:
-        return out, None
+        return out, None, state
     stats = FlowStats(*(torch.cat(parts, dim=-1) for parts in zip(*blocks, strict=True)))  # each (B, H, N)
-    return out, stats
+    return out, stats, state
+
+
+def _check_flow_state(state, B: int, H: int, D: int, Dv: int, acc: torch.dtype, device, *, name: str, arg: str):
+    vectors = (B, H, D)
+    fields = dict(
+        key_sum=vectors,
+        query_sum=vectors,
+        key_over_outgoing=vectors,
+        query_over_incoming=vectors,
+        exp_mean=(B, H),
+        kv=(B, H, D, Dv),
+    )
+    return check_state(state, FlowState, fields, name=name, dtype=acc, device=device, counts={"t": (B,)}, arg=arg)
+
+
+@overload
+def flow_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    is_causal: bool = ...,
+    attn_mask: torch.Tensor | None = ...,
+    key_padding_mask: torch.Tensor | None = ...,
+    query_padding_mask: torch.Tensor | None = ...,
+    eps: float = ...,
+    return_flows: Literal[False] = ...,
+    chunk_size: int = ...,
+    out_dtype: torch.dtype | None = ...,
+    competition: bool = ...,
+    allocation: bool = ...,
+    initial_state: FlowState | None = ...,
+    output_final_state: Literal[False] = ...,
+    causal: bool | None = ...,
+) -> torch.Tensor: ...
+
+
+@overload
+def flow_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    is_causal: bool = ...,
+    attn_mask: torch.Tensor | None = ...,
+    key_padding_mask: torch.Tensor | None = ...,
+    query_padding_mask: torch.Tensor | None = ...,
+    eps: float = ...,
+    return_flows: Literal[True],
+    chunk_size: int = ...,
+    out_dtype: torch.dtype | None = ...,
+    competition: bool = ...,
+    allocation: bool = ...,
+    initial_state: FlowState | None = ...,
+    output_final_state: Literal[False] = ...,
+    causal: bool | None = ...,
+) -> tuple[torch.Tensor, FlowStats]: ...
+
+
+@overload
+def flow_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    is_causal: bool = ...,
+    attn_mask: torch.Tensor | None = ...,
+    key_padding_mask: torch.Tensor | None = ...,
+    query_padding_mask: torch.Tensor | None = ...,
+    eps: float = ...,
+    return_flows: Literal[False] = ...,
+    chunk_size: int = ...,
+    out_dtype: torch.dtype | None = ...,
+    competition: bool = ...,
+    allocation: bool = ...,
+    initial_state: FlowState | None = ...,
+    output_final_state: Literal[True],
+    causal: bool | None = ...,
+) -> tuple[torch.Tensor, FlowState]: ...
+
+
+@overload
+def flow_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    is_causal: bool = ...,
+    attn_mask: torch.Tensor | None = ...,
+    key_padding_mask: torch.Tensor | None = ...,
+    query_padding_mask: torch.Tensor | None = ...,
+    eps: float = ...,
+    return_flows: Literal[True],
+    chunk_size: int = ...,
+    out_dtype: torch.dtype | None = ...,
+    competition: bool = ...,
+    allocation: bool = ...,
+    initial_state: FlowState | None = ...,
+    output_final_state: Literal[True],
+    causal: bool | None = ...,
+) -> tuple[torch.Tensor, FlowStats, FlowState]: ...
 
 
 def flow_attention(
@@ -248,12 +460,20 @@ def flow_attention(
     k: torch.Tensor,
     v: torch.Tensor,
     *,
-    causal: bool = False,
+    is_causal: bool = False,
+    attn_mask: torch.Tensor | None = None,
+    key_padding_mask: torch.Tensor | None = None,
+    query_padding_mask: torch.Tensor | None = None,
     eps: float = 1e-6,
     return_flows: bool = False,
     chunk_size: int = 64,
     out_dtype: torch.dtype | None = None,
-):
+    competition: bool = True,
+    allocation: bool = True,
+    initial_state: FlowState | None = None,
+    output_final_state: bool = False,
+    causal: bool | None = None,
+) -> Any:
     """Flow-Attention (Wu et al., "Flowformer", ICML 2022): linear attention with flow conservation.
 
     ``out_i = a_i (q~_i / I_i) . sum_j k~_j (c_j v_j)^T`` with q~ = sigmoid(q), k~ = sigmoid(k), incoming flow
@@ -264,47 +484,100 @@ def flow_attention(
     time, O(B H chunk_size (chunk_size + D + Dv)) memory beside the output, never an N x N or N x D x Dv
     tensor. Without autograd (inference) the CPU path works through a few (b, h) rows at a time so that the
     O(N D) bookkeeping stays in cache, and the causal path writes its blocks straight into the output; the
-    numbers are the same as with autograd.
+    numbers are the same as with autograd. Traced (``torch.compile``, ``torch.export``) the causal form runs as
+    one block over the whole sequence (O(B H N (D + D Dv / chunk_size)) memory).
 
     Args:
         q: queries (sinks), (B, H, N, D).
         k: keys (sources), (B, H, M, D).
         v: values, (B, H, M, Dv).
-        causal: query i sees keys j <= i only; needs N == M.
-        eps: added to every component of the flow vectors, as in the published code (>= 0).
+        is_causal: query i sees keys j <= i only; needs N == M.
+        attn_mask: must be None: no N x M weights are formed for an arbitrary mask to act on.
+        key_padding_mask: (B, M) bool, True = padding (``nn.MultiheadAttention``'s convention): a padded source
+            sends no flow. Causal: it marks padded *positions*, which neither send nor receive flow nor count in
+            t_i (left padding works).
+        query_padding_mask: (B, N) bool, True = padding: a padded sink receives no flow and its output is 0.
+            For self-attention on a padded batch pass the key padding mask here too (the modules do); with
+            ``is_causal`` it must be None (``key_padding_mask`` pads both).
+        eps: added to every component of the flow vectors, as in the published code (0 <= eps <= 1).
         return_flows: also return the :class:`FlowStats`.
         chunk_size: block length of the causal prefix sums (any positive int; the result does not depend
             on it beyond rounding).
         out_dtype: dtype of ``out``; default the inputs' (under autocast: the autocast dtype).
+        competition: False replaces the competition c_j by 1 (the paper's ablation "w/o competition").
+        allocation: False replaces the allocation a_i by 1 (the ablation "w/o allocation").
+        initial_state: causal only: the :class:`FlowState` of the tokens before these, or None.
+        output_final_state: causal only: also return the :class:`FlowState` after the last token.
+        causal: the deprecated name of ``is_causal`` (attnbook 0.1).
 
     Returns:
-        out (B, H, N, Dv) in ``out_dtype`` (computed in at least float32, autocast off), or
-        ``(out, FlowStats)`` with ``return_flows``; the statistics are in the accumulation dtype. A NaN in any
-        input makes the outputs that depend on it NaN (non-causal: every output, since every flow sums over
-        all queries and keys); it is never hidden. (An infinite q or k is a finite feature: sigmoid(inf) = 1.)
+        out (B, H, N, Dv) in ``out_dtype`` (computed in at least float32, autocast off); with ``return_flows``
+        and/or ``output_final_state`` a tuple ``(out, FlowStats)``, ``(out, FlowState)`` or ``(out, FlowStats,
+        FlowState)``. The statistics are in the accumulation dtype. A NaN in any visible input makes the
+        outputs that depend on it NaN (non-causal: every output, since every flow sums over all queries and
+        keys); it is never hidden. (An infinite q or k is a finite feature: sigmoid(inf) = 1.)
+
+    Example:
+        >>> import torch, attnbook
+        >>> q, k, v = (torch.randn(2, 4, 16, 8) for _ in range(3))  # (B, H, N, D)
+        >>> out, flows = attnbook.flow_attention(q, k, v, return_flows=True)
+        >>> round(float(flows.competition.sum(-1).mean()), 3)  # the sources share M = 16 units of competition
+        16.0
+        >>> pad = torch.zeros(2, 16, dtype=torch.bool)
+        >>> pad[0, 12:] = True  # the first sequence has 12 real tokens
+        >>> padded = attnbook.flow_attention(q, k, v, key_padding_mask=pad, query_padding_mask=pad)
+        >>> alone = attnbook.flow_attention(q[:1, :, :12], k[:1, :, :12], v[:1, :, :12])
+        >>> torch.allclose(padded[:1, :, :12], alone, atol=1e-6)
+        True
     """
     name = "flow_attention"
-    causal = check_bool(causal, "causal", name=name)
+    causal = check_is_causal(is_causal, causal, name=name)
     return_flows = check_bool(return_flows, "return_flows", name=name)
-    check_qkv(q, k, v, name=name, same_length=causal, why=" (causal attention pairs query i with key i)")
+    competition = check_bool(competition, "competition", name=name)
+    allocation = check_bool(allocation, "allocation", name=name)
+    output_final_state = check_bool(output_final_state, "output_final_state", name=name)
+    B, H, N, M, D, Dv = check_qkv(q, k, v, name=name, same_length=causal, why=_CAUSAL_PAIRS)
+    check_no_attn_mask(attn_mask, name=name, why=_NO_ATTN_MASK)
     eps = check_eps(eps, name=name)
     chunk_size = check_chunk_size(chunk_size, name=name)
     dtype = result_dtype(q) if out_dtype is None else check_dtype(out_dtype, "out_dtype", name=name)
     acc = accumulation_dtype(q.dtype)
+    kkeep = qkeep = None  # (B, 1, M), (B, 1, N): True = a real position
+    if key_padding_mask is not None:
+        kkeep = ~check_key_padding_mask(key_padding_mask, B, M, name=name).to(q.device)[:, None, :]
+    if query_padding_mask is not None:
+        why = " (query i and key i are one position, which key_padding_mask pads)"
+        check_choice(causal, "is_causal", (False,), name=f"{name} with a query_padding_mask", why=why)
+        qkeep = ~check_key_padding_mask(query_padding_mask, B, N, name=name).to(q.device)[:, None, :]  # (B, N) too
+    check_state_call(causal, initial_state, output_final_state, name=name)
+    options = {"competition": competition, "allocation": allocation}
     with autocast_disabled(q.device):
         if causal:
-            out, stats = _flow_causal(q, k, v, eps, chunk_size, acc, dtype, return_flows)
-        elif needs_autograd(q, k, v):
-            qs = torch.sigmoid(q.to(acc))  # (B, H, N, D)
-            ks = torch.sigmoid(k.to(acc))  # (B, H, M, D)
-            out, stats = _flow_full(qs, ks, v.to(acc), eps)
-            out = out.to(dtype)
+            if initial_state is None:
+                state = _initial_state(q, B, H, D, Dv, acc)
+            else:
+                state = _check_flow_state(initial_state, B, H, D, Dv, acc, q.device, name=name, arg="initial_state")
+            out, stats, state = _flow_causal(
+                q, k, v, eps, chunk_size, acc, dtype, return_flows, kkeep, state, **options
+            )
         else:
-            out, stats = _flow_full_by_rows(q, k, v, eps, acc, dtype, return_flows)
-    return (out, stats) if return_flows else out
+            state = None
+            if needs_autograd(q, k, v) or tracing() or qkeep is not None or kkeep is not None:
+                qs, ks, va = torch.sigmoid(q.to(acc)), torch.sigmoid(k.to(acc)), v.to(acc)  # (B, H, N|M, D|Dv)
+                if qkeep is not None:
+                    qs = torch.where(qkeep.unsqueeze(-1), qs, 0.0)
+                if kkeep is not None:
+                    ks = torch.where(kkeep.unsqueeze(-1), ks, 0.0)
+                    va = torch.where(kkeep.unsqueeze(-1), va, 0.0)
+                out, stats = _flow_full(qs, ks, va, eps, qkeep, kkeep, **options)
+                out = out.to(dtype)
+            else:
+                out, stats = _flow_full_by_rows(q, k, v, eps, acc, dtype, return_flows, **options)
+    result: tuple = (out,) + ((stats,) if return_flows else ()) + ((state,) if output_final_state else ())
+    return result[0] if len(result) == 1 else result
 
 
-def _flow_full_by_rows(q, k, v, eps, acc, dtype, return_flows):
+def _flow_full_by_rows(q, k, v, eps, acc, dtype, return_flows, competition=True, allocation=True):
     """Non-causal Flow-Attention without autograd, a few (b, h) rows at a time (the rows are independent).
 
     Same numbers as :func:`_flow_full` on the whole batch; the features and temporaries of one group are small
@@ -320,7 +593,7 @@ def _flow_full_by_rows(q, k, v, eps, acc, dtype, return_flows):
     for r0 in range(0, rows, step):
         r = slice(r0, r0 + step)
         qs, ks = torch.sigmoid(q[r].to(acc)), torch.sigmoid(k[r].to(acc))  # (rows', N, D), (rows', M, D)
-        _, stats = _flow_full(qs, ks, v[r].to(acc), eps, out=out[r])
+        _, stats = _flow_full(qs, ks, v[r].to(acc), eps, competition=competition, allocation=allocation, out=out[r])
         if return_flows:
             parts.append(stats)
     out = out.view(B, H, N, Dv).to(dtype)
@@ -336,10 +609,12 @@ def flow_attention_step(
     state: FlowState | None = None,
     *,
     eps: float = 1e-6,
+    competition: bool = True,
+    allocation: bool = True,
 ) -> tuple[torch.Tensor, FlowState]:
     """One token of causal Flow-Attention from the prefix state: the recurrent form for generation.
 
-    Feeding tokens 1..N one at a time gives the rows of ``flow_attention(q, k, v, causal=True)``; every
+    Feeding tokens 1..N one at a time gives the rows of ``flow_attention(q, k, v, is_causal=True)``; every
     causal quantity of token t depends only on prefix sums, which :class:`FlowState` carries. The competition
     normaliser is kept as a running mean of exp(O^) (bounded in [1/e, e], see :class:`FlowState`).
 
@@ -349,34 +624,37 @@ def flow_attention_step(
         q_t: query of the new token, (B, H, D).
         k_t: key of the new token, (B, H, D).
         v_t: value of the new token, (B, H, Dv).
-        state: the :class:`FlowState` returned by the previous step (t >= 0; every tensor in the accumulation
-            dtype, on the inputs' device, of the shapes listed there), or None before the first token.
-        eps: as in :func:`flow_attention`.
+        state: the :class:`FlowState` returned by the previous step (or by ``flow_attention(...,
+            output_final_state=True)``; every tensor in the accumulation dtype, on the inputs' device, of the
+            shapes listed there), or None before the first token.
+        eps, competition, allocation: as in :func:`flow_attention`.
 
     Returns:
         ``(out_t, new_state)``: out_t (B, H, Dv) in the dtype of the inputs (under autocast: the autocast
         dtype), new_state a :class:`FlowState`.
+
+    Example:
+        >>> import torch, attnbook
+        >>> q, k, v = (torch.randn(1, 2, 6, 4) for _ in range(3))
+        >>> state = None
+        >>> for t in range(6):
+        ...     out_t, state = attnbook.flow_attention_step(q[:, :, t], k[:, :, t], v[:, :, t], state)
+        >>> torch.allclose(out_t, attnbook.flow_attention(q, k, v, is_causal=True)[:, :, -1], atol=1e-6)
+        True
     """
     name = "flow_attention_step"
     B, H, D, Dv = check_step_inputs(q_t, k_t, v_t, name=name)
     eps = check_eps(eps, name=name)
+    competition = check_bool(competition, "competition", name=name)
+    allocation = check_bool(allocation, "allocation", name=name)
     dtype, acc = result_dtype(q_t), accumulation_dtype(q_t.dtype)
     if state is None:
         state = _initial_state(q_t, B, H, D, Dv, acc)
     else:
-        vectors = (B, H, D)
-        fields = dict(
-            key_sum=vectors,
-            query_sum=vectors,
-            key_over_outgoing=vectors,
-            query_over_incoming=vectors,
-            exp_mean=(B, H),
-            kv=(B, H, D, Dv),
-        )
-        check_state(state, FlowState, fields, name=name, dtype=acc, device=q_t.device, counts=("t",))
+        _check_flow_state(state, B, H, D, Dv, acc, q_t.device, name=name, arg="state")
     q1, k1, v1 = q_t.unsqueeze(-2), k_t.unsqueeze(-2), v_t.unsqueeze(-2)  # one-token blocks (B, H, 1, .)
     with autocast_disabled(q_t.device):
-        out, _, new_state = _causal_block(state, q1, k1, v1, eps, None)
+        out, _, new_state = _causal_block(state, q1, k1, v1, eps, None, competition=competition, allocation=allocation)
     return out.squeeze(-2).to(dtype), new_state  # (B, H, Dv)
 
 
@@ -391,10 +669,25 @@ class FlowAttention(ProjectedAttention):
         d_input, d_model, d_output, n_heads, drop_out: see :class:`attnbook.ProjectedAttention`; the default
             ``drop_out=0.05`` is the published module's.
         eps: see :func:`flow_attention`.
-        causal: each position attends to itself and earlier positions (needs L == S).
+        causal: every forward is causal (as if ``is_causal=True``; needs L == S).
+        competition, allocation: False removes that factor (the paper's ablations, :func:`flow_attention`).
+        device, dtype: of the parameters, as for torch's layers.
 
     Shape:
-        queries (B, L, d_input), keys (B, S, d_input), values (B, S, d_input) -> (B, L, d_output).
+        ``forward(queries, keys=None, values=None, *, key_padding_mask=None, is_causal=False)``: (B, L, d_input),
+        (B, S, d_input), (B, S, d_input) -> (B, L, d_output); ``key_padding_mask`` (B, S) bool, True = padding.
+        In self-attention (``layer(x)``) a padded position neither sends nor receives flow, so the real
+        positions equal a run on the unpadded sequence. ``attn_mask`` must be None. Causal self-attention also
+        takes ``initial_state`` (a :class:`FlowState`) and ``output_final_state=True`` (-> ``(y, FlowState)``);
+        ``step(x_t, state)``: (B, d_input) -> ((B, d_output), FlowState).
+
+    Example:
+        >>> import torch, attnbook
+        >>> layer = attnbook.FlowAttention(32, 32, 32, n_heads=4, drop_out=0.0)
+        >>> x = torch.randn(2, 10, 32)
+        >>> pad = torch.tensor([[False] * 7 + [True] * 3, [False] * 10])  # True = padding
+        >>> torch.allclose(layer(x, key_padding_mask=pad)[:1, :7], layer(x[:1, :7]), atol=1e-5)
+        True
     """
 
     def __init__(
@@ -406,16 +699,57 @@ class FlowAttention(ProjectedAttention):
         drop_out: float = 0.05,
         eps: float = 1e-6,
         causal: bool = False,
+        competition: bool = True,
+        allocation: bool = True,
+        *,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
     ):
-        super().__init__(d_input, d_model, d_output, n_heads, drop_out)
+        super().__init__(d_input, d_model, d_output, n_heads, drop_out, device=device, dtype=dtype)
         name = type(self).__name__
         self.eps = check_eps(eps, name=name)
         self.causal = check_bool(causal, "causal", name=name)
-        self.same_length, self.same_length_reason = self.causal, " (causal attention pairs query i with key i)"
+        self.competition = check_bool(competition, "competition", name=name)
+        self.allocation = check_bool(allocation, "allocation", name=name)
+        self.same_length, self.same_length_reason = self.causal, _CAUSAL_PAIRS
 
     def extra_repr(self) -> str:
-        return f"n_heads={self.n_heads}, eps={self.eps}, causal={self.causal}"
+        ablated = "".join(f", {n}=False" for n in ("competition", "allocation") if not getattr(self, n))
+        return f"n_heads={self.n_heads}, eps={self.eps}, causal={self.causal}{ablated}"
 
-    def attend(self, q, k, v):
+    def attend(
+        self,
+        q,
+        k,
+        v,
+        *,
+        attn_mask=None,
+        key_padding_mask=None,
+        self_attention=True,
+        is_causal=None,
+        initial_state=None,
+        output_final_state=False,
+    ):
+        is_causal = self.causal if is_causal is None else is_causal
         # the accumulation dtype: the out-projection rounds (attnbook.ProjectedAttention)
-        return flow_attention(q, k, v, causal=self.causal, eps=self.eps, out_dtype=accumulation_dtype(q.dtype))
+        query_padding = key_padding_mask if self_attention and not is_causal else None
+        return flow_attention(
+            q,
+            k,
+            v,
+            is_causal=is_causal,
+            attn_mask=attn_mask,
+            key_padding_mask=key_padding_mask,
+            query_padding_mask=query_padding,
+            eps=self.eps,
+            out_dtype=accumulation_dtype(q.dtype),
+            competition=self.competition,
+            allocation=self.allocation,
+            initial_state=initial_state,
+            output_final_state=output_final_state,
+        )
+
+    def attend_step(self, q_t, k_t, v_t, state):
+        return flow_attention_step(
+            q_t, k_t, v_t, state, eps=self.eps, competition=self.competition, allocation=self.allocation
+        )

@@ -16,11 +16,11 @@ The literal definitions (the normalised N x M matrix, the loop over time) are
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Literal, NamedTuple, overload
 
 import torch
 
-from . import _causal, feature_maps
+from . import _causal, _prefix, feature_maps
 from ._checks import (
     check_bool,
     check_chunk_size,
@@ -29,14 +29,17 @@ from ._checks import (
     check_eps,
     check_feature_widths,
     check_features,
+    check_is_causal,
     check_key_padding_mask,
+    check_no_attn_mask,
     check_qkv,
     check_state,
+    check_state_call,
     check_step_inputs,
     shape_str,
 )
 from ._module import ProjectedAttention
-from ._runtime import accumulation_dtype, autocast_disabled, needs_autograd, result_dtype, rows_per_group
+from ._runtime import accumulation_dtype, autocast_disabled, needs_autograd, result_dtype, rows_per_group, tracing
 from .feature_maps import (
     FEATURE_MAPS,
     FeatureMap,
@@ -48,9 +51,13 @@ from .feature_maps import (
 __all__ = ["linear_attention", "LinearState", "linear_attention_step", "LinearAttention"]
 
 _CAUSAL_PAIRS = " (causal attention pairs query i with key i)"
+_NO_ATTN_MASK = (
+    " (linear attention never forms the N x M weights, so an arbitrary mask cannot be applied to them: pass "
+    "key_padding_mask for padding and is_causal=True for the causal mask)"
+)
 
 
-def _feature_map(feature_map, D: int, *, name: str, got: str) -> FeatureMap:
+def _feature_map(feature_map, D: int, *, name: str, got) -> FeatureMap:
     """The resolved feature map; Performer features must be drawn for width D."""
     phi = resolve_feature_map(feature_map, name=name)
     if isinstance(phi, PerformerFeatures):
@@ -58,23 +65,67 @@ def _feature_map(feature_map, D: int, *, name: str, got: str) -> FeatureMap:
     return phi
 
 
+@overload
 def linear_attention(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
     *,
-    causal: bool = False,
-    feature_map: str | FeatureMap = "elu",
+    is_causal: bool = ...,
+    attn_mask: torch.Tensor | None = ...,
+    key_padding_mask: torch.Tensor | None = ...,
+    feature_map: str | FeatureMap = ...,
+    eps: float = ...,
+    chunk_size: int = ...,
+    out_dtype: torch.dtype | None = ...,
+    initial_state: LinearState | None = ...,
+    output_final_state: Literal[False] = ...,
+    causal: bool | None = ...,
+) -> torch.Tensor: ...
+
+
+@overload
+def linear_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    is_causal: bool = ...,
+    attn_mask: torch.Tensor | None = ...,
+    key_padding_mask: torch.Tensor | None = ...,
+    feature_map: str | FeatureMap = ...,
+    eps: float = ...,
+    chunk_size: int = ...,
+    out_dtype: torch.dtype | None = ...,
+    initial_state: LinearState | None = ...,
+    output_final_state: Literal[True],
+    causal: bool | None = ...,
+) -> tuple[torch.Tensor, LinearState]: ...
+
+
+def linear_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    is_causal: bool = False,
+    attn_mask: torch.Tensor | None = None,
     key_padding_mask: torch.Tensor | None = None,
+    feature_map: str | FeatureMap = "elu",
     eps: float = 1e-6,
     chunk_size: int = 32,
     out_dtype: torch.dtype | None = None,
-) -> torch.Tensor:
+    initial_state: LinearState | None = None,
+    output_final_state: bool = False,
+    causal: bool | None = None,
+) -> torch.Tensor | tuple[torch.Tensor, LinearState]:
     """Kernelized linear attention (Katharopoulos et al., ICML 2020), non-causal or causal.
 
         out_i = phi(q_i)^T S / (phi(q_i)^T z + eps),   S = sum_j phi(k_j) v_j^T,   z = sum_j phi(k_j)
 
-    with both sums over all keys j, or over j <= i when ``causal``. ``phi`` is applied inside, to q and k.
+    with both sums over all keys j, or over j <= i when ``is_causal``. ``phi`` is applied inside, to q and k.
+    Causal attention may start from a state (S_0, z_0) of earlier tokens, added to both sums, and return the
+    state after the last token, as flash-linear-attention's functions do.
 
     Cost: non-causal O(B H (N + M) R Dv) time and O(B H (N + M) R + B H R Dv) memory beside the inputs and
     the output. Causal, chunked (``chunk_size`` C: exact products inside a chunk, a carried (R, Dv) state
@@ -82,45 +133,71 @@ def linear_attention(
     depend on C (up to rounding). Without autograd (inference) the work runs in groups of (B H) rows written
     into one output, so the features exist for one group at a time; causal attention with a built-in
     feature map runs tile by tile (``attnbook._causal``), its features made inside each tile, and needs
-    its output and one tile's buffers only. Differentiable any number of times.
+    its output and one tile's buffers only. With a state, and under ``torch.compile`` / ``torch.export``, every
+    chunk is processed at once in plain operations (:func:`attnbook._prefix.chunked_product`: the same numbers,
+    O(B H N R Dv / C) memory for the chunk states). Differentiable any number of times.
 
     Args:
         q: queries (B, H, N, D).
         k: keys (B, H, M, D).
         v: values (B, H, M, Dv).
-        causal: query i sees keys j <= i only; needs N == M.
+        is_causal: query i sees keys j <= i only; needs N == M.
+        attn_mask: must be None: linear attention never forms the weights an arbitrary mask would act on (the
+            argument exists so that a call written for SDPA gets this explanation).
+        key_padding_mask: (B, M) bool, True = padding, as in ``nn.MultiheadAttention``. Padded keys and values
+            contribute nothing, whatever their values (NaN and inf included), and get zero gradients.
         feature_map: "elu" (elu(x) + 1, default), "relu", a callable (..., D) -> (..., R) acting on each
             vector on its own (it may be called on groups of rows, (rows, N, D)), or an
             :class:`attnbook.feature_maps.PerformerFeatures` (FAVOR+ random features approximating softmax).
-        key_padding_mask: (B, M) bool, True = real token. Padded keys and values contribute nothing, whatever
-            their values (NaN and inf included), and get zero gradients.
         eps: added to the denominator, as in fast-transformers.
         chunk_size: C of the causal algorithm (32: a quarter fewer operations than 64 at R = Dv = 64, in
             products that still run near a CPU's peak).
         out_dtype: dtype of the result; default the inputs' (under autocast: the autocast dtype). Pass the
             accumulation dtype (e.g. float32 for float16 inputs) to keep a result that float16 cannot hold.
+        initial_state: causal only: the :class:`LinearState` of the tokens before these (S (B, H, R, Dv),
+            z (B, H, R), in the accumulation dtype), or None for none.
+        output_final_state: causal only: also return the :class:`LinearState` after the last token.
+        causal: the deprecated name of ``is_causal`` (attnbook 0.1).
 
     Returns:
-        (B, H, N, Dv) in ``out_dtype``. Feature maps, sums, normalisers and states are computed in at least
-        float32 (with autocast off), so float16 / bfloat16 inputs do not overflow where float32 would not.
-        A NaN or inf in a visible input makes the outputs that depend on it NaN; it is never hidden.
+        (B, H, N, Dv) in ``out_dtype``, or ``(out, final_state)`` with ``output_final_state``. Feature maps,
+        sums, normalisers and states are computed in at least float32 (with autocast off), so float16 /
+        bfloat16 inputs do not overflow where float32 would not. A NaN or inf in a visible input makes the
+        outputs that depend on it NaN; it is never hidden.
+
+    Example:
+        >>> import torch, attnbook
+        >>> q, k, v = (torch.randn(1, 2, 12, 8) for _ in range(3))  # (B, H, N, D)
+        >>> out = attnbook.linear_attention(q, k, v, is_causal=True)
+        >>> head, state = attnbook.linear_attention(q[:, :, :8], k[:, :, :8], v[:, :, :8], is_causal=True,
+        ...                                         output_final_state=True)  # a prompt of 8 tokens
+        >>> tail = attnbook.linear_attention(q[:, :, 8:], k[:, :, 8:], v[:, :, 8:], is_causal=True,
+        ...                                  initial_state=state)  # the next 4, from its state
+        >>> torch.allclose(torch.cat([head, tail], dim=2), out, atol=1e-5)
+        True
     """
     name = "linear_attention"
-    causal = check_bool(causal, "causal", name=name)
+    causal = check_is_causal(is_causal, causal, name=name)
     B, H, N, M, D, Dv = check_qkv(q, k, v, name=name, same_length=causal, why=_CAUSAL_PAIRS)
+    check_no_attn_mask(attn_mask, name=name, why=_NO_ATTN_MASK)
     eps = check_eps(eps, name=name)
     chunk_size = check_chunk_size(chunk_size, name=name)
-    phi = _feature_map(feature_map, D, name=name, got=f"q {shape_str(q)}, k {shape_str(k)}")
-    keep = None
+    output_final_state = check_bool(output_final_state, "output_final_state", name=name)
+    phi = _feature_map(feature_map, D, name=name, got=lambda: f"q {shape_str(q)}, k {shape_str(k)}")
+    check_state_call(causal, initial_state, output_final_state, name=name)
+    keep = None  # (B, 1, M, 1): True = a real key
     if key_padding_mask is not None:
-        keep = check_key_padding_mask(key_padding_mask, B, M, name=name).to(q.device)[:, None, :, None]
+        keep = ~check_key_padding_mask(key_padding_mask, B, M, name=name).to(q.device)[:, None, :, None]
     dtype = result_dtype(q) if out_dtype is None else check_dtype(out_dtype, "out_dtype", name=name)
     acc = accumulation_dtype(q.dtype)
     with autocast_disabled(q.device):
         q, k, v = q.to(acc), k.to(acc), v.to(acc)
+        if causal and (initial_state is not None or output_final_state or tracing()):
+            out, state = _causal_with_state(q, k, v, keep, phi, eps, chunk_size, initial_state, name)
+            return (out.to(dtype), state) if output_final_state else out.to(dtype)
         if causal:
             return _causal_attention(q, k, v, keep, phi, eps, chunk_size, name).to(dtype)  # (B, H, N, Dv)
-        if needs_autograd(q, k, v, phi):
+        if needs_autograd(q, k, v, phi) or tracing():
             return _attend(q, k, v, keep, phi, eps, name, (B, H)).to(dtype)  # (B, H, N, Dv)
         # Without autograd: groups of rows of (B H), each written into one preallocated output and normalised
         # in place; for large batches the features of q and k then never exist for the whole batch at once.
@@ -143,6 +220,30 @@ def linear_attention(
             mask = None if keep is None else keep[r]
             _attend(q[r], k[r], v[r], mask, phi, eps, name, (B, H), out[r], work)
         return out.view(B, H, N, Dv).to(dtype)
+
+
+def _causal_with_state(q, k, v, keep, phi, eps, chunk_size, initial_state, name):
+    """Causal linear attention from an initial state (or zeros) that also gives the final state, on q, k, v
+    (B, H, N, .) in the accumulation dtype: every chunk at once (:func:`attnbook._prefix.chunked_product`).
+
+    The values get a column of ones, so one product gives numerator and normaliser, and the state (S, z) is
+    carried as one (R, Dv + 1) matrix [S | z]."""
+    B, H, N, _ = q.shape
+    if keep is not None:  # padded values must not reach a product (NaN * 0 = NaN), nor padded keys phi
+        v = torch.where(keep, v, 0.0)
+        k = torch.where(keep, k, 0.0)
+    fq, fk = _feature_pair(q, k, keep, phi, name, (B, H))  # (B, H, N, R), padded keys' features zero
+    R, Dv = fk.shape[-1], v.shape[-1]
+    carried = None
+    if initial_state is not None:
+        fields = {"S": (B, H, R, Dv), "z": (B, H, R)}
+        check_state(initial_state, LinearState, fields, name=name, dtype=q.dtype, device=q.device, arg="initial_state")
+        carried = torch.cat([initial_state.S, initial_state.z.unsqueeze(-1)], dim=-1)  # (B, H, R, Dv + 1)
+    ones = torch.ones_like(v[..., :1])
+    C = chunk_size if tracing() else min(chunk_size, N)  # traced: no branch on N
+    nd, final = _prefix.chunked_product(fq, fk, torch.cat([v, ones], dim=-1), C, carried)
+    out = nd[..., :-1] * (nd[..., -1:] + eps).reciprocal()  # (B, H, N, Dv)
+    return out, LinearState(final[..., :-1], final[..., -1])
 
 
 def _causal_attention(q, k, v, keep, phi, eps, chunk_size, name):
@@ -318,7 +419,7 @@ def linear_attention_step(
     name = "linear_attention_step"
     B, H, D, Dv = check_step_inputs(q_t, k_t, v_t, name=name)
     eps = check_eps(eps, name=name)
-    phi = _feature_map(feature_map, D, name=name, got=f"q_t {shape_str(q_t)}, k_t {shape_str(k_t)}")
+    phi = _feature_map(feature_map, D, name=name, got=lambda: f"q_t {shape_str(q_t)}, k_t {shape_str(k_t)}")
     dtype, acc = result_dtype(q_t), accumulation_dtype(q_t.dtype)
     with autocast_disabled(q_t.device):
         q_t, k_t, v_t = q_t.to(acc), k_t.to(acc), v_t.to(acc)
@@ -346,13 +447,27 @@ class LinearAttention(ProjectedAttention):
         feature_map: as in :func:`linear_attention`. A :class:`~attnbook.feature_maps.PerformerFeatures`
             becomes a submodule (its projection moves with the module) and must be drawn for
             D = d_model // n_heads.
-        causal: each position attends only to itself and earlier positions (needs L == S).
+        causal: every forward is causal (as if ``is_causal=True``; needs L == S).
         eps: added to the denominator.
         chunk_size: C of the causal chunked algorithm.
+        device, dtype: of the parameters, as for torch's layers.
 
     Shape:
-        ``forward(queries, keys, values, key_padding_mask=None)``: (B, L, d_input), (B, S, d_input),
-        (B, S, d_input) and a (B, S) bool mask (True = real token) -> (B, L, d_output).
+        ``forward(queries, keys=None, values=None, *, key_padding_mask=None, is_causal=False)``:
+        (B, L, d_input), (B, S, d_input), (B, S, d_input) and a (B, S) bool mask (True = padding, as in
+        ``nn.MultiheadAttention``) -> (B, L, d_output). ``attn_mask`` must be None (see
+        :func:`linear_attention`). Causal self-attention also takes ``initial_state`` (a :class:`LinearState`)
+        and ``output_final_state=True`` (-> ``(y, LinearState)``); ``step(x_t, state)``: (B, d_input) ->
+        ((B, d_output), LinearState), in O(H R Dv) whatever the position.
+
+    Example:
+        >>> import torch, attnbook
+        >>> layer = attnbook.LinearAttention(32, 32, 32, n_heads=4, causal=True)
+        >>> x = torch.randn(2, 10, 32)
+        >>> y, state = layer(x[:, :9], output_final_state=True)  # prefill 9 tokens in one call
+        >>> y_t, state = layer.step(x[:, 9], state)  # then one token at a time
+        >>> torch.allclose(y_t, layer(x)[:, 9], atol=1e-5)
+        True
     """
 
     def __init__(
@@ -366,8 +481,11 @@ class LinearAttention(ProjectedAttention):
         causal: bool = False,
         eps: float = 1e-6,
         chunk_size: int = 32,
+        *,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
     ):
-        super().__init__(d_input, d_model, d_output, n_heads, drop_out)
+        super().__init__(d_input, d_model, d_output, n_heads, drop_out, device=device, dtype=dtype)
         name = type(self).__name__
         self.causal = check_bool(causal, "causal", name=name)
         self.eps = check_eps(eps, name=name)
@@ -380,24 +498,35 @@ class LinearAttention(ProjectedAttention):
     def extra_repr(self) -> str:
         return f"n_heads={self.n_heads}, causal={self.causal}, eps={self.eps}"
 
-    def forward(
+    def attend(
         self,
-        queries: torch.Tensor,
-        keys: torch.Tensor | None = None,
-        values: torch.Tensor | None = None,
-        key_padding_mask: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        return super().forward(queries, keys, values, key_padding_mask=key_padding_mask)
-
-    def attend(self, q, k, v, key_padding_mask=None):
+        q,
+        k,
+        v,
+        *,
+        attn_mask=None,
+        key_padding_mask=None,
+        self_attention=True,
+        is_causal=None,
+        initial_state=None,
+        output_final_state=False,
+    ):
+        is_causal = self.causal if is_causal is None else is_causal
         return linear_attention(
             q,
             k,
             v,
-            causal=self.causal,
+            is_causal=is_causal,
+            attn_mask=attn_mask,
             feature_map=self.feature_map,
             key_padding_mask=key_padding_mask,
             eps=self.eps,
             chunk_size=self.chunk_size,
             out_dtype=accumulation_dtype(q.dtype),  # the out-projection rounds (module docstring)
+            initial_state=initial_state,
+            output_final_state=output_final_state,
         )
+
+    def attend_step(self, q_t, k_t, v_t, state):
+        out, state = linear_attention_step(q_t, k_t, v_t, state, feature_map=self.feature_map, eps=self.eps)
+        return out, state

@@ -7,7 +7,9 @@ embeddings. Only the attention changes between mechanisms: every block builds it
 ``MECHANISMS[name].module(dim, n_heads, causal=True)``, so softmax, linear, Flow- and mixture-of-head attention
 are swapped by one string. Mobile-Attention has no causal form and the registry refuses to build it.
 
-Generation runs one token at a time and carries the past in a per-layer state:
+Generation prefills the prompt in one parallel call (``forward(prompt, output_final_state=True)``), then runs
+one token at a time (:meth:`DecoderLM.step`), and carries the past in a per-layer state, each layer's own
+(``layer.step``, the library's recurrent API):
 
 * a **recurrent state** of constant size for the mechanisms whose registry entry has a ``step``: causal
   linear attention is an RNN (Katharopoulos et al., ICML 2020), ``S_t = S_{t-1} + phi(k_t) v_t^T``, and causal
@@ -24,10 +26,8 @@ time and holds O(H D^2) numbers, whatever t.
 
 from __future__ import annotations
 
-import inspect
 import math
-from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -36,16 +36,17 @@ from torch import nn
 from . import mechanisms
 from ._checks import (
     accumulation_dtype,
+    check_bool,
     check_choice,
     check_count,
     check_divisible,
     check_instance,
     check_int,
     check_number,
+    check_same_value,
     check_token_ids,
 )
-from .moh import MoHAttention
-from .softmax import SoftmaxAttention, softmax_attention
+from .softmax import KVCache
 
 __all__ = ["DecoderLM", "Block", "KVCache", "LMState", "sinusoidal_positions", "state_bytes"]
 
@@ -70,65 +71,6 @@ def sinusoidal_positions(positions: torch.Tensor, dim: int, dtype: torch.dtype |
     angle = t * torch.exp(i * (-math.log(10000.0) / dim))  # (N, ceil(C / 2))
     out = torch.stack([angle.sin(), angle.cos()], dim=-1).flatten(-2)[..., :dim]  # (N, C)
     return out if dtype is None else out.to(dtype)
-
-
-class _Buffer:
-    """Storage behind a :class:`KVCache`: keys and values (B, H, capacity, D) and how many rows are in use."""
-
-    __slots__ = ("keys", "values", "length")
-
-    def __init__(self, keys: torch.Tensor, values: torch.Tensor, length: int):
-        self.keys, self.values, self.length = keys, values, length
-
-
-@dataclass(frozen=True)
-class KVCache:
-    """The keys and values of the first ``t`` tokens of one attention layer: the softmax/MoH decoding state.
-
-    Rows are appended into a buffer whose capacity doubles when full, so an append costs O(1) amortised
-    instead of copying the whole cache each token. :meth:`append` returns a new cache and leaves this one
-    valid: appending twice to the same cache (branching a generation) copies the shared rows first.
-
-    Attributes:
-        buffer: the storage, shared by the caches of one generation.
-        t: number of tokens held.
-    """
-
-    buffer: _Buffer | None
-    t: int
-
-    @property
-    def keys(self) -> torch.Tensor:
-        """(B, H, t, D) keys of tokens 1..t (a view)."""
-        return self.buffer.keys[:, :, : self.t]
-
-    @property
-    def values(self) -> torch.Tensor:
-        """(B, H, t, Dv) values of tokens 1..t (a view)."""
-        return self.buffer.values[:, :, : self.t]
-
-    @staticmethod
-    def empty() -> KVCache:
-        return KVCache(None, 0)
-
-    def append(self, k_t: torch.Tensor, v_t: torch.Tensor) -> KVCache:
-        """The cache with one more token: k_t (B, H, D), v_t (B, H, Dv)."""
-        buf = self.buffer
-        if buf is None:  # first token: room for 16, doubled when full
-            B, H, D = k_t.shape
-            buf = _Buffer(k_t.new_empty(B, H, 16, D), v_t.new_empty(B, H, 16, v_t.shape[-1]), 0)
-        elif buf.length != self.t:  # this cache was appended to before: branch on a copy of its rows
-            buf = _Buffer(buf.keys.clone(), buf.values.clone(), self.t)
-        if buf.length == buf.keys.shape[2]:  # full: double the capacity
-            buf = _Buffer(
-                torch.cat([buf.keys, torch.empty_like(buf.keys)], dim=2),
-                torch.cat([buf.values, torch.empty_like(buf.values)], dim=2),
-                buf.length,
-            )
-        buf.keys[:, :, buf.length] = k_t
-        buf.values[:, :, buf.length] = v_t
-        buf.length += 1
-        return KVCache(buf, self.t + 1)
 
 
 class LMState(NamedTuple):
@@ -162,44 +104,6 @@ def state_bytes(state, *, allocated: bool = False) -> int:
     return 0  # ints (positions) and None
 
 
-def _heads(x: torch.Tensor, n_heads: int) -> torch.Tensor:
-    """(B, H D) -> (B, H, D): the head split of the module family (head h reads columns h D .. (h+1) D)."""
-    return x.view(x.shape[0], n_heads, -1)
-
-
-def _cached_softmax_step(layer: SoftmaxAttention, x_t: torch.Tensor, cache: KVCache):
-    """One token of causal softmax attention from its KV cache: the new query attends to every cached key."""
-    H = layer.n_heads
-    q = _heads(layer.query_projection(x_t), H)  # (B, H, D)
-    cache = cache.append(_heads(layer.key_projection(x_t), H), _heads(layer.value_projection(x_t), H))
-    out = softmax_attention(q.unsqueeze(2), cache.keys, cache.values)  # (B, H, 1, Dv)
-    return layer.out_projection(out.flatten(1)), cache  # (B, C)
-
-
-def _cached_moh_step(layer: MoHAttention, x_t: torch.Tensor, cache: KVCache):
-    """One token of causal MoH from its KV cache, with the layer's own router, projections and norms.
-
-    The same computation as :meth:`MoHAttention.forward` restricted to the last query: the gates of a token
-    depend on that token alone (``route``), and its heads attend to every cached key.
-    """
-    B = x_t.shape[0]
-    H, D = layer.num_heads, layer.head_dim
-    x = x_t.unsqueeze(1)  # (B, 1, C)
-    gates = layer.route(x).gates  # (B, 1, H), in at least float32
-    q, k, v = layer.qkv(x).view(B, 1, 3, H, D).permute(2, 0, 3, 1, 4).unbind(0)  # 3 x (B, H, 1, D)
-    q, k = layer.q_norm(q), layer.k_norm(k)
-    cache = cache.append(k[:, :, 0], v[:, :, 0])
-    heads = softmax_attention(q, cache.keys, cache.values, scale=layer.scale)  # (B, H, 1, D)
-    heads = heads.squeeze(2) * gates[:, 0].to(heads.dtype).unsqueeze(-1)  # (B, H, D)
-    return layer.proj(heads.reshape(B, H * D)), cache  # (B, C)
-
-
-def _recurrent_options(step, layer: nn.Module) -> dict:
-    """The keyword options of a registry ``step`` (``eps``, ``feature_map``, ...) read from the layer."""
-    params = inspect.signature(step).parameters.values()
-    return {p.name: getattr(layer, p.name) for p in params if p.kind is p.KEYWORD_ONLY and hasattr(layer, p.name)}
-
-
 class Block(nn.Module):
     """Pre-norm decoder block: ``x + attn(LN(x))``, then ``x + MLP(LN(x))``, attention chosen by name.
 
@@ -208,56 +112,53 @@ class Block(nn.Module):
         dim: model width C.
         n_heads: number of heads H.
         mlp_ratio: hidden width of the MLP is ``mlp_ratio * C``.
+        device, dtype: of the parameters, as for torch's layers.
 
     Shape:
-        ``forward(x)``: (B, N, C) -> (B, N, C); ``step(x_t, state)``: (B, C) -> ((B, C), new state).
+        ``forward(x)``: (B, N, C) -> (B, N, C); ``forward(x, initial_state, output_final_state=True)`` ->
+        ((B, N, C), state); ``step(x_t, state)``: (B, C) -> ((B, C), new state). The state is the attention
+        layer's own (:meth:`attnbook.ProjectedAttention.step`, :meth:`attnbook.MoHAttention.step`).
     """
 
-    def __init__(self, mechanism: str, dim: int, n_heads: int, mlp_ratio: int = 4):
+    def __init__(
+        self,
+        mechanism: str,
+        dim: int,
+        n_heads: int,
+        mlp_ratio: int = 4,
+        *,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ):
         super().__init__()
+        factory: dict[str, Any] = {"device": device, "dtype": dtype}
         self.mechanism = mechanisms.get(mechanism)
-        self.norm1 = nn.LayerNorm(dim)
-        self.attn = self.mechanism.module(dim, n_heads, causal=True)  # raises for mobile (no causal form)
-        self.norm2 = nn.LayerNorm(dim)
-        self.mlp = nn.Sequential(nn.Linear(dim, mlp_ratio * dim), nn.GELU(), nn.Linear(mlp_ratio * dim, dim))
-        step = self.mechanism.step
-        self._options = _recurrent_options(step, self.attn) if step is not None else {}
+        self.norm1 = nn.LayerNorm(dim, **factory)
+        self.attn = self.mechanism.module(dim, n_heads, causal=True, **factory)  # raises for mobile (no causal form)
+        self.norm2 = nn.LayerNorm(dim, **factory)
+        hidden = mlp_ratio * dim
+        self.mlp = nn.Sequential(nn.Linear(dim, hidden, **factory), nn.GELU(), nn.Linear(hidden, dim, **factory))
 
     @property
     def recurrent(self) -> bool:
         """True when generation carries a constant-size state, False when it keeps a KV cache."""
         return self.mechanism.step is not None
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.norm1(x))  # (B, N, C)
-        return x + self.mlp(self.norm2(x))  # (B, N, C)
+    def forward(self, x: torch.Tensor, initial_state: Any = None, output_final_state: bool = False) -> Any:
+        if initial_state is None and not output_final_state:
+            x = x + self.attn(self.norm1(x))  # (B, N, C)
+            return x + self.mlp(self.norm2(x))  # (B, N, C)
+        a, state = self.attn(self.norm1(x), initial_state=initial_state, output_final_state=True)
+        x = x + a  # (B, N, C)
+        return x + self.mlp(self.norm2(x)), state  # (B, N, C)
 
-    def initial_state(self):
-        """The state before the first token: None for a recurrent step (it starts from zeros), else a cache."""
-        return None if self.recurrent else KVCache.empty()
+    def initial_state(self) -> None:
+        """The state before the first token: None (every layer's step starts from nothing)."""
+        return None
 
-    def attention_step(self, h_t: torch.Tensor, state):
-        """Causal self-attention of one token h_t (B, C) given the state of the previous tokens."""
-        layer = self.attn
-        if self.recurrent:
-            H = layer.n_heads
-            q = _heads(layer.query_projection(h_t), H)  # (B, H, D)
-            k = _heads(layer.key_projection(h_t), H)  # (B, H, D)
-            v = _heads(layer.value_projection(h_t), H)  # (B, H, Dv)
-            out, state = self.mechanism.step(q, k, v, state, **self._options)  # (B, H, Dv)
-            return layer.out_projection(out.flatten(1)), state  # (B, C)
-        if isinstance(layer, MoHAttention):
-            return _cached_moh_step(layer, h_t, state)
-        if isinstance(layer, SoftmaxAttention):
-            return _cached_softmax_step(layer, h_t, state)
-        raise ValueError(
-            f"Block: the {self.mechanism.name!r} mechanism has neither a recurrent step in the registry nor a "
-            f"KV-cache step here, so it cannot generate token by token"
-        )
-
-    def step(self, x_t: torch.Tensor, state):
+    def step(self, x_t: torch.Tensor, state: Any) -> tuple[torch.Tensor, Any]:
         """One token through the block: x_t (B, C) -> ((B, C), new state)."""
-        a, state = self.attention_step(self.norm1(x_t), state)
+        a, state = self.attn.step(self.norm1(x_t), state)
         x_t = x_t + a  # (B, C)
         return x_t + self.mlp(self.norm2(x_t)), state  # (B, C)
 
@@ -279,10 +180,23 @@ class DecoderLM(nn.Module):
         n_heads: number of heads H (``dim`` divisible by it).
         n_layers: number of blocks L.
         mlp_ratio: MLP hidden width, ``mlp_ratio * C``.
+        device, dtype: of the parameters, as for torch's layers.
 
     Shape:
         ``forward(tokens, start=0)``: (B, N) integer tokens -> (B, N, V) logits;
-        ``step(token, state)``: (B,) tokens -> ((B, V) logits, :class:`LMState`).
+        ``forward(tokens, initial_state=state, output_final_state=True)`` -> (logits, :class:`LMState`): a
+        prompt prefilled in one parallel call; ``step(token, state)``: (B,) tokens -> ((B, V) logits,
+        :class:`LMState`).
+
+    Example:
+        >>> import torch
+        >>> from attnbook.lm import DecoderLM
+        >>> model = DecoderLM("linear", dim=32, n_heads=4, n_layers=2).eval()
+        >>> tokens = torch.randint(0, 256, (1, 12))
+        >>> logits, state = model(tokens[:, :11], output_final_state=True)  # prefill 11 tokens
+        >>> next_logits, state = model.step(tokens[:, 11], state)  # then one at a time
+        >>> torch.allclose(next_logits, model(tokens)[:, 11], atol=1e-4)
+        True
     """
 
     def __init__(
@@ -294,6 +208,8 @@ class DecoderLM(nn.Module):
         n_heads: int = 4,
         n_layers: int = 2,
         mlp_ratio: int = 4,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
     ):
         super().__init__()
         name = "DecoderLM"
@@ -306,9 +222,17 @@ class DecoderLM(nn.Module):
         check_divisible(dim, n_heads, name=name, total_arg="dim", parts_arg="n_heads")
         self.mechanism = mechanism
         self.n_heads, self.n_layers = n_heads, n_layers
-        self.embed = nn.Embedding(vocab, dim)
-        self.blocks = nn.ModuleList(Block(mechanism, dim, n_heads, mlp_ratio) for _ in range(n_layers))
-        self.norm = nn.LayerNorm(dim)
+        factory: dict[str, Any] = {"device": device, "dtype": dtype}
+        self.embed = nn.Embedding(vocab, dim, **factory)
+        self.blocks = nn.ModuleList(Block(mechanism, dim, n_heads, mlp_ratio, **factory) for _ in range(n_layers))
+        self.norm = nn.LayerNorm(dim, **factory)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Draw every parameter again: GPT-2's initialisation (below), the LayerNorms at one and zero."""
+        for module in self.modules():
+            if isinstance(module, nn.LayerNorm):
+                module.reset_parameters()
         self.apply(self._init)
 
     @staticmethod
@@ -342,15 +266,56 @@ class DecoderLM(nn.Module):
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(self.norm(x), self.embed.weight)  # (..., V): the head tied to the embeddings
 
-    def forward(self, tokens: torch.Tensor, start: int = 0) -> torch.Tensor:
-        """Next-token logits at every position of tokens (B, N), the first token at position ``start``."""
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        start: int | None = None,
+        *,
+        initial_state: LMState | None = None,
+        output_final_state: bool = False,
+    ) -> Any:
+        """Next-token logits at every position of tokens (B, N), the first token at position ``start``.
+
+        Args:
+            tokens: (B, N) integer token ids.
+            start: the position of the first token (default 0; with ``initial_state``, its ``t``).
+            initial_state: the :class:`LMState` of the tokens before these (from an earlier call with
+                ``output_final_state=True`` or from :meth:`step`), or None.
+            output_final_state: also return the :class:`LMState` after the last token, so that generation
+                continues from it with :meth:`step`: a prompt is prefilled in one parallel call.
+
+        Returns:
+            (B, N, V) logits, or ``(logits, LMState)`` with ``output_final_state``.
+        """
+        name = "DecoderLM"
         tokens = self._check_tokens(tokens, "tokens", 2)
-        start = check_int(start, "start", name="DecoderLM", minimum=0)
+        output_final_state = check_bool(output_final_state, "output_final_state", name=name)
+        if initial_state is not None:
+            self._check_state(initial_state, name=name, arg="initial_state")
+            t = initial_state.t
+            if start is not None:
+                check_same_value(t, start, "initial_state.t", "start", name=name, why=" (positions continue the state)")
+            start = t
+        start = check_int(0 if start is None else start, "start", name=name, minimum=0)
         positions = torch.arange(start, start + tokens.shape[1], device=tokens.device)  # (N,)
         x = self._embed(tokens, positions)  # (B, N, C)
-        for block in self.blocks:
-            x = block(x)  # (B, N, C)
-        return self._logits(x)  # (B, N, V)
+        if initial_state is None and not output_final_state:
+            for block in self.blocks:
+                x = block(x)  # (B, N, C)
+            return self._logits(x)  # (B, N, V)
+        layers = []
+        previous = initial_state.layers if initial_state is not None else (None,) * len(self.blocks)
+        for block, layer_state in zip(self.blocks, previous, strict=True):
+            x, layer_state = block(x, layer_state, output_final_state=True)  # (B, N, C)
+            layers.append(layer_state)
+        logits = self._logits(x)  # (B, N, V)
+        state = LMState(start + tokens.shape[1], tuple(layers))
+        return (logits, state) if output_final_state else logits
+
+    def _check_state(self, state, *, name: str, arg: str) -> None:
+        n = len(self.blocks)
+        check_instance(state, arg, LMState, name=name, what=f"an LMState with {n} layers or None")
+        check_count(state.layers, f"{arg}.layers", name=name, minimum=n, maximum=n, item="layer")
 
     def initial_state(self) -> LMState:
         """The state before the first token (position 0, every layer empty)."""
@@ -369,9 +334,7 @@ class DecoderLM(nn.Module):
         if state is None:
             state = self.initial_state()
         else:
-            n = len(self.blocks)
-            check_instance(state, "state", LMState, name="DecoderLM.step", what=f"an LMState with {n} layers or None")
-            check_count(state.layers, "state.layers", name="DecoderLM.step", minimum=n, maximum=n, item="layer")
+            self._check_state(state, name="DecoderLM.step", arg="state")
         x = self._embed(token, torch.tensor([state.t], device=token.device))  # (B, C)
         layers = []
         for block, layer_state in zip(self.blocks, state.layers, strict=True):
@@ -391,7 +354,8 @@ class DecoderLM(nn.Module):
     ) -> torch.Tensor:
         """Sample ``n_new`` tokens after ``prompt`` (B, P), one at a time; returns (B, P + n_new).
 
-        The prompt is fed through :meth:`step` token by token, then each new token is drawn from
+        The prompt is prefilled in one parallel call (``forward(prompt, output_final_state=True)``), then each
+        new token is drawn from
         ``softmax(logits / temperature)`` (restricted to the ``top_k`` likeliest when given) and fed back.
         ``temperature=0`` takes the likeliest token. Runs in eval mode without gradients and restores the
         mode it found.
@@ -406,9 +370,8 @@ class DecoderLM(nn.Module):
         was_training = self.training
         self.eval()
         try:
-            state = None
-            for t in range(prompt.shape[1]):
-                logits, state = self.step(prompt[:, t], state)  # (B, V)
+            logits, state = self(prompt, output_final_state=True)  # (B, P, V): the prompt in one pass
+            logits = logits[:, -1]  # (B, V)
             out = [prompt]
             for i in range(n_new):
                 logits = logits.float()

@@ -6,10 +6,10 @@ tests -- so adding a mechanism means adding one entry here.
 
 Two kinds of input exist:
 
-* ``"qkv"``: a function on per-head queries, keys and values, ``function(q, k, v, causal=...)`` with
+* ``"qkv"``: a function on per-head queries, keys and values, ``function(q, k, v, is_causal=...)`` with
   q (B, H, N, D), k (B, H, M, D), v (B, H, M, Dv), and a float64 ``reference`` with the same call;
 * ``"x"``: a whole layer on tokens x (B, N, C) only (MoH routes tokens to heads, so it has no q, k, v
-  interface); ``reference(layer, x, causal=...)`` evaluates the layer's weights literally in float64.
+  interface); ``reference(layer, x, is_causal=...)`` evaluates the layer's weights literally in float64.
 
 Every entry's ``module(dim, n_heads, causal=...)`` builds a self-attention layer, ``layer(x)`` with x (B, N, dim)
 -> (B, N, dim), without dropout, so that all mechanisms can be swapped inside one model.
@@ -45,7 +45,7 @@ class Mechanism:
         causal: whether a causal form exists.
         same_length: the mechanism needs as many queries as keys (N == M) even when not causal.
         function: the fast function (``"qkv"`` mechanisms), else None.
-        reference: the float64 oracle: ``reference(q, k, v, causal=...)``, or ``reference(layer, x, causal=...)``
+        reference: the float64 oracle: ``reference(q, k, v, is_causal=...)``, or ``reference(layer, x, is_causal=...)``
             for ``"x"`` mechanisms.
         module: ``module(dim, n_heads, causal=False, **kwargs)`` -> a self-attention layer, ``layer(x)``.
         step: the recurrent one-token form ``step(q_t, k_t, v_t, state) -> (out_t, state)`` of the causal
@@ -113,9 +113,10 @@ def _moh_module(dim: int, n_heads: int, causal: bool = False, **kwargs) -> nn.Mo
     return MoHAttention(dim, n_heads, **{"qkv_bias": True, **moh_heads(n_heads), "causal": causal, **kwargs})
 
 
-def _moh_reference(layer: MoHAttention, x, *, causal: bool | None = None, mask=None):
-    """The output of :func:`attnbook.reference.moh_layer` (float64)."""
-    return reference.moh_layer(layer, x, mask=mask, causal=causal)[0]
+def _moh_reference(layer: MoHAttention, x, *, is_causal: bool | None = None, **masks):
+    """The output of :func:`attnbook.reference.moh_layer` (float64); ``masks``: ``attn_mask``,
+    ``key_padding_mask``."""
+    return reference.moh_layer(layer, x, is_causal=is_causal, **masks)[0]
 
 
 MECHANISMS: dict[str, Mechanism] = {

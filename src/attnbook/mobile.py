@@ -21,6 +21,11 @@ and silently broadcasts when one length is 1). :class:`attnbook.FlowStats` holds
 
 Cost: O(B H N D Dv) time, O(B H N (D + Dv)) memory, like linear attention.
 
+Padding (``key_padding_mask`` (B, N), True = padding, as in ``nn.MultiheadAttention``): the head sums pair
+query i with key i, so the mask pads *positions*: a padded position sends and receives no flow, takes no part
+in the competition over the sequence, and its output is 0; the real positions get the numbers of a run on the
+unpadded sequence. There is no causal form (the competition is a softmax over the whole sequence).
+
 Range: the flows are sums over the H heads of one position, not over the sequence, so the weights
 (q~_hi . k~_hj) / I_hi of one query sum to about N / H and the output can grow like N |v| (for small D
 and long sequences it exceeds float16's 65504 long before float32's range). Everything is computed in
@@ -30,16 +35,36 @@ float16 first.
 
 from __future__ import annotations
 
+from typing import Any, Literal, overload
+
 import torch
 
-from ._checks import check_bool, check_dtype, check_eps, check_qkv
+from ._checks import (
+    check_bool,
+    check_choice,
+    check_dtype,
+    check_eps,
+    check_found,
+    check_is_causal,
+    check_key_padding_mask,
+    check_no_attn_mask,
+    check_qkv,
+)
 from ._module import ProjectedAttention
-from ._runtime import accumulation_dtype, autocast_disabled, needs_autograd, result_dtype, rows_per_group
-from .flow import FlowStats
+from ._runtime import accumulation_dtype, autocast_disabled, needs_autograd, result_dtype, rows_per_group, tracing
+from .flow import FlowStats, _reciprocal, _zero_padded
 
 __all__ = ["mobile_attention", "MobileAttention"]
 
 _PAIRS = " (the heads compete for each position: query i pairs with key i)"
+_NO_ATTN_MASK = (
+    " (Mobile-Attention never forms the N x M weights, so an arbitrary mask cannot be applied to them: pass "
+    "key_padding_mask for padding)"
+)
+_NO_CAUSAL = (
+    " (Mobile-Attention has no causal form: its competition is a softmax over the whole sequence and its flows "
+    "are sums over the heads of every position, with no prefix version published)"
+)
 
 
 def _head_gram(qs: torch.Tensor, ks: torch.Tensor) -> torch.Tensor:
@@ -48,8 +73,40 @@ def _head_gram(qs: torch.Tensor, ks: torch.Tensor) -> torch.Tensor:
     (B, H, N, D), (B, H, N, D) -> (B, N, H, H). One batched product per batch element on strided views, so the
     features are read once and never copied into a head-last layout.
     """
+    if tracing():  # one operation for every batch size (a loop over B would tie the graph to one)
+        return torch.einsum("bhnd,bgnd->bnhg", qs, ks)  # (B, N, H, H)
     grams = [q_b.transpose(0, 1) @ k_b.permute(1, 2, 0) for q_b, k_b in zip(qs, ks, strict=True)]  # (N, H, H)
     return torch.stack(grams)  # (B, N, H, H)
+
+
+@overload
+def mobile_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    attn_mask: torch.Tensor | None = ...,
+    key_padding_mask: torch.Tensor | None = ...,
+    is_causal: bool = ...,
+    eps: float = ...,
+    return_flows: Literal[False] = ...,
+    out_dtype: torch.dtype | None = ...,
+) -> torch.Tensor: ...
+
+
+@overload
+def mobile_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    attn_mask: torch.Tensor | None = ...,
+    key_padding_mask: torch.Tensor | None = ...,
+    is_causal: bool = ...,
+    eps: float = ...,
+    return_flows: Literal[True],
+    out_dtype: torch.dtype | None = ...,
+) -> tuple[torch.Tensor, FlowStats]: ...
 
 
 def mobile_attention(
@@ -57,10 +114,13 @@ def mobile_attention(
     k: torch.Tensor,
     v: torch.Tensor,
     *,
+    attn_mask: torch.Tensor | None = None,
+    key_padding_mask: torch.Tensor | None = None,
+    is_causal: bool = False,
     eps: float = 1e-6,
     return_flows: bool = False,
     out_dtype: torch.dtype | None = None,
-):
+) -> Any:
     """Mobile-Attention (Yao et al., ICML 2024): Flow-Attention with the heads competing for each token.
 
     ``out_hi = a_hi (q~_hi / I_hi) . sum_j k~_hj (c_hj v_hj)^T``, the flows I, O, I^, O^ summed over the heads
@@ -73,28 +133,43 @@ def mobile_attention(
         q: queries (B, H, N, D).
         k: keys (B, H, M, D), with M == N.
         v: values (B, H, M, Dv).
-        eps: added to every component of the flow vectors, as in the published code (>= 0).
+        attn_mask: must be None: no N x M weights are formed for an arbitrary mask to act on.
+        key_padding_mask: (B, N) bool, True = padding: padded *positions* (module docstring).
+        is_causal: must be False: Mobile-Attention has no causal form.
+        eps: added to every component of the flow vectors, as in the published code (0 <= eps <= 1).
         return_flows: also return the :class:`attnbook.FlowStats` (every field (B, H, N)).
         out_dtype: dtype of ``out``; default the inputs' (under autocast: the autocast dtype). The output can
             exceed float16's range (module docstring): pass float32 to keep it.
 
     Returns:
         out (B, H, N, Dv) in ``out_dtype`` (computed in at least float32, autocast off), or
-        ``(out, FlowStats)``; the statistics are in the accumulation dtype. A NaN in any input makes the
-        outputs that depend on it NaN (every output of its batch element); it is never hidden.
+        ``(out, FlowStats)``; the statistics are in the accumulation dtype. A NaN in any visible input makes
+        the outputs that depend on it NaN (every output of its batch element); it is never hidden.
 
     Raises:
         ValueError: bad shapes, including N != M.
+
+    Example:
+        >>> import torch, attnbook
+        >>> q, k, v = (torch.randn(2, 8, 16, 4) for _ in range(3))  # eight heads of width 4
+        >>> out, flows = attnbook.mobile_attention(q, k, v, return_flows=True)
+        >>> out.shape, tuple(flows.incoming.shape)
+        (torch.Size([2, 8, 16, 4]), (2, 8, 16))
     """
     name = "mobile_attention"
     return_flows = check_bool(return_flows, "return_flows", name=name)
-    check_qkv(q, k, v, name=name, same_length=True, why=_PAIRS)
+    check_choice(check_is_causal(is_causal, name=name), "is_causal", (False,), name=name, why=_NO_CAUSAL)
+    B, _, N, _, _, _ = check_qkv(q, k, v, name=name, same_length=True, why=_PAIRS)
+    check_no_attn_mask(attn_mask, name=name, why=_NO_ATTN_MASK)
     eps = check_eps(eps, name=name)
     dtype = result_dtype(q) if out_dtype is None else check_dtype(out_dtype, "out_dtype", name=name)
     acc = accumulation_dtype(q.dtype)
+    keep = None  # (B, 1, N): True = a real position
+    if key_padding_mask is not None:
+        keep = ~check_key_padding_mask(key_padding_mask, B, N, name=name).to(q.device)[:, None, :]
     with autocast_disabled(q.device):
-        if needs_autograd(q, k, v):
-            out, stats = _mobile(q, k, v, eps, acc)
+        if needs_autograd(q, k, v) or tracing() or keep is not None:
+            out, stats = _mobile(q, k, v, eps, acc, keep=keep)
             out = out.to(dtype)
         else:
             # Without autograd, a few batch elements at a time (they are independent; the heads of one
@@ -113,12 +188,21 @@ def mobile_attention(
     return (out, stats) if return_flows else out
 
 
-def _mobile(q, k, v, eps, acc, out=None):
+def _mobile(q, k, v, eps, acc, out=None, keep=None):
     """Mobile-Attention on q, k (B, H, N, D), v (B, H, N, Dv); returns (out, FlowStats), out in the
-    accumulation dtype, written to ``out`` (no autograd) when given."""
+    accumulation dtype, written to ``out`` (no autograd) when given. ``keep`` (B, 1, N) bool marks the real
+    positions among padding."""
     qs = torch.sigmoid(q.to(acc))  # (B, H, N, D)
     ks = torch.sigmoid(k.to(acc))  # (B, H, M, D)
+    va = v.to(acc)  # (B, H, M, Dv)
     N, M, D = qs.shape[-2], ks.shape[-2], qs.shape[-1]
+    at = None  # (B, N, 1): real positions, in the (B, N, H) layout of the flows
+    m = M
+    if keep is not None:
+        real = keep.unsqueeze(-1)  # (B, 1, N, 1)
+        qs, ks, va = (torch.where(real, x, 0.0) for x in (qs, ks, va))
+        at = keep.transpose(1, 2)  # (B, N, 1)
+        m = keep.sum(-1, keepdim=True).to(acc)  # (B, 1, 1): real positions
     # Every flow is a head-axis contraction at one position, so all four follow from the H x H Gram matrix
     # of each token and the row sums of the features, expanding (x + eps) . (y + eps) =
     # x . y + eps sum(x) + eps sum(y) + D eps^2. Layout (B, N, H) until the competition.
@@ -128,7 +212,7 @@ def _mobile(q, k, v, eps, acc, out=None):
     e, de2 = eps, D * eps * eps
     incoming = gram.sum(-1) + e * q_rows + e * k_rows.sum(-1, keepdim=True) + de2  # (B, N, H)
     outgoing = gram.sum(-2) + e * k_rows + e * q_rows.sum(-1, keepdim=True) + de2  # (B, N, H)
-    r_out, r_in = outgoing.reciprocal(), incoming.reciprocal()  # (B, N, H)
+    r_out, r_in = _reciprocal(outgoing, at), _reciprocal(incoming, at)  # (B, N, H)
     conserved_incoming = (
         (gram @ r_out.unsqueeze(-1)).squeeze(-1) + e * q_rows + e * (k_rows * r_out).sum(-1, keepdim=True) + de2
     )  # (B, N, H)
@@ -138,19 +222,24 @@ def _mobile(q, k, v, eps, acc, out=None):
         + e * (q_rows * r_in).sum(-1, keepdim=True)
         + de2
     )  # (B, N, H)
-    incoming, outgoing, conserved_incoming, conserved_outgoing_raw = (
-        x.transpose(1, 2) for x in (incoming, outgoing, conserved_incoming, conserved_outgoing_raw)
+    incoming, outgoing, conserved_incoming, conserved_outgoing_raw, r_in = (
+        x.transpose(1, 2) for x in (incoming, outgoing, conserved_incoming, conserved_outgoing_raw, r_in)
     )  # each (B, H, N)
     conserved_outgoing = conserved_outgoing_raw.clamp(-1.0, 1.0)  # for stability, as published
-    allocation = torch.sigmoid(conserved_incoming * (N / M))  # (B, H, N)
-    competition = torch.softmax(conserved_outgoing, dim=-1) * M  # (B, H, M), over the sequence
-    kv = ks.transpose(-2, -1) @ (v.to(acc) * competition.unsqueeze(-1))  # (B, H, D, Dv)
-    scale = (allocation / incoming).unsqueeze(-1)  # (B, H, N, 1)
+    allocation = torch.sigmoid(conserved_incoming * (N / M))  # (B, H, N); N / M = 1 (also over real positions)
+    if keep is None:
+        competition = torch.softmax(conserved_outgoing, dim=-1) * m  # (B, H, M), over the sequence
+    else:  # over the real positions; 0 at padding
+        competition = torch.softmax(conserved_outgoing.masked_fill(~keep, float("-inf")), dim=-1) * m
+        competition = torch.where(keep, competition, 0.0)
+        allocation = torch.where(keep, allocation, 0.0)
+    kv = ks.transpose(-2, -1) @ (va * competition.unsqueeze(-1))  # (B, H, D, Dv)
+    scale = (allocation * r_in).unsqueeze(-1)  # (B, H, N, 1): a / I (0 at padding)
     if out is None:
         out = (qs @ kv) * scale  # (B, H, N, Dv)
     else:
         torch.matmul(qs, kv, out=out).mul_(scale)  # (B, H, N, Dv), in place: no autograd here
-    stats = (
+    stats = FlowStats(
         incoming,
         outgoing,
         conserved_incoming,
@@ -159,6 +248,7 @@ def _mobile(q, k, v, eps, acc, out=None):
         allocation,
         conserved_outgoing_raw,
     )
+    stats = _zero_padded(stats, keep, keep)
     return out, FlowStats(*(x.contiguous() for x in stats))
 
 
@@ -172,10 +262,19 @@ class MobileAttention(ProjectedAttention):
         d_input, d_model, d_output, n_heads, drop_out: see :class:`attnbook.ProjectedAttention`; the default
             ``drop_out=0.05`` is the published module's.
         eps: see :func:`mobile_attention`.
+        device, dtype: of the parameters, as for torch's layers.
 
     Shape:
-        queries (B, L, d_input), keys (B, L, d_input), values (B, L, d_input) -> (B, L, d_output); queries and
-        keys of different lengths raise ``ValueError``.
+        ``forward(queries, keys=None, values=None, *, key_padding_mask=None)``: (B, L, d_input),
+        (B, L, d_input), (B, L, d_input) -> (B, L, d_output); queries and keys of different lengths raise
+        ``ValueError``. ``key_padding_mask`` (B, L) bool, True = padding, pads positions
+        (:func:`mobile_attention`); ``attn_mask`` must be None and ``is_causal`` False (no causal form).
+
+    Example:
+        >>> import torch, attnbook
+        >>> layer = attnbook.MobileAttention(32, 32, 32, n_heads=8, drop_out=0.0)
+        >>> layer(torch.randn(2, 10, 32)).shape
+        torch.Size([2, 10, 32])
     """
 
     same_length = True
@@ -189,13 +288,47 @@ class MobileAttention(ProjectedAttention):
         n_heads: int,
         drop_out: float = 0.05,
         eps: float = 1e-6,
+        *,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
     ):
-        super().__init__(d_input, d_model, d_output, n_heads, drop_out)
+        super().__init__(d_input, d_model, d_output, n_heads, drop_out, device=device, dtype=dtype)
         self.eps = check_eps(eps, name=type(self).__name__)
 
     def extra_repr(self) -> str:
         return f"n_heads={self.n_heads}, eps={self.eps}"
 
-    def attend(self, q, k, v):
+    def attend(
+        self,
+        q,
+        k,
+        v,
+        *,
+        attn_mask=None,
+        key_padding_mask=None,
+        self_attention=True,
+        is_causal=None,
+        initial_state=None,
+        output_final_state=False,
+    ):
+        is_causal = self.causal if is_causal is None else is_causal
+        check_choice(is_causal, "is_causal", (False,), name=type(self).__name__, why=_NO_CAUSAL)
         # the accumulation dtype: the output can exceed float16's range where the projected output does not
-        return mobile_attention(q, k, v, eps=self.eps, out_dtype=accumulation_dtype(q.dtype))
+        return mobile_attention(
+            q,
+            k,
+            v,
+            attn_mask=attn_mask,
+            key_padding_mask=key_padding_mask,
+            eps=self.eps,
+            out_dtype=accumulation_dtype(q.dtype),
+        )
+
+    def attend_step(self, q_t, k_t, v_t, state):
+        check_found(
+            [],
+            "the layer",
+            name=f"{type(self).__name__}.step",
+            expected=f"have a recurrent step{_NO_CAUSAL}",
+            got="a MobileAttention",
+        )

@@ -49,27 +49,33 @@ it saves no FLOPs. Real savings would need gathering each head's selected tokens
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from ._checks import (
+    check_attn_mask,
     check_bool,
-    check_bool_mask,
     check_choice,
     check_found,
     check_head_dim,
     check_int,
+    check_is_causal,
+    check_key_padding_mask,
     check_module,
     check_moh_heads,
+    check_no_attn_mask,
     check_norm_layer,
     check_probability,
+    check_same_value,
+    check_state_call,
+    check_step_token,
     check_tokens,
 )
 from ._runtime import accumulation_dtype, autocast_disabled, linear_in_range
-from .softmax import softmax_attention, zero_unseen_keys
+from .softmax import _NO_MASK_WITH_CACHE, KVCache, cached_attention, combine_masks, softmax_attention, zero_unseen_keys
 
 __all__ = ["HeadRouting", "MoHAttention", "moh_load_balancing_loss"]
 
@@ -130,12 +136,18 @@ class MoHAttention(nn.Module):
         qk_norm: normalise each head's queries and keys with ``norm_layer(head_dim)``.
         attn_drop: dropout on the attention weights (training only).
         proj_drop: dropout after the output projection.
-        norm_layer: the normalisation used when ``qk_norm`` is set.
+        norm_layer: the normalisation used when ``qk_norm`` or ``scale_norm`` is set (None: ``nn.LayerNorm``).
         shared_head: number of shared heads h_s (always active), the first heads.
         routed_head: number k of routed heads each token activates (top-k of the router).
         head_dim: width D of a head; defaults to ``dim // num_heads`` (as in the reference, ``dim`` need not be
             divisible by ``num_heads``; the projections map ``dim`` to ``H * D`` and back).
         causal: make every forward causal (token t attends to tokens <= t), as ``is_causal=True`` does per call.
+        scale_norm, proj_bias, attn_head_dim, dim_out, gated: timm ``Attention``'s keywords, so that
+            ``timm.models.VisionTransformer(attn_layer=MoHAttention)`` builds: ``scale_norm`` normalises the
+            gated heads before ``proj`` (``norm``), ``proj_bias`` gives ``proj`` its bias, ``attn_head_dim`` is
+            ``head_dim``'s timm name, ``dim_out`` the output width (default ``dim``); ``gated=True`` (timm's
+            sigmoid output gate) is not supported, MoH's own gates take its place.
+        device, dtype: of the parameters, as for torch's layers.
 
     Attributes:
         load_balancing_loss: the load-balancing loss of the most recent *training* forward, a scalar tensor
@@ -144,9 +156,12 @@ class MoHAttention(nn.Module):
             task loss, or gather every layer's with :func:`moh_load_balancing_loss`.
 
     Shape:
-        ``forward(x, attn_mask=None, is_causal=False)``: (B, N, dim) -> (B, N, dim), as timm's ``Attention``;
-        ``forward(x, return_routing=True)`` -> ``(out, routing)``
+        ``forward(x, attn_mask=None, is_causal=False)``: (B, N, dim) -> (B, N, dim_out), as timm's ``Attention``
+        (``attn_mask`` as in ``scaled_dot_product_attention``, bool or float); ``key_padding_mask=`` (B, N), True
+        = padding, as in ``nn.MultiheadAttention``; ``forward(x, return_routing=True)`` -> ``(out, routing)``
         with ``routing`` a :class:`HeadRouting`; ``route(x)`` -> :class:`HeadRouting` without the attention.
+        Causal calls also take ``initial_state`` (a :class:`attnbook.KVCache`) and ``output_final_state=True``
+        (the cache is returned last); ``step(x_t, state)``: (B, dim) -> ((B, dim_out), KVCache).
 
     Notes:
         * Loading a timm ``Attention`` state dict: ``load_state_dict(sd, strict=False)`` reports only the router
@@ -156,6 +171,17 @@ class MoHAttention(nn.Module):
           reference; which of the tied heads is chosen is not specified, the gates' values are.
         * ``load_balancing_loss`` keeps the last training forward's graph alive until the next forward; with
           gradient accumulation over several forwards, gather the loss after each one.
+
+    Example:
+        >>> import torch, attnbook
+        >>> layer = attnbook.MoHAttention(64, num_heads=8, shared_head=2, routed_head=3, causal=True)
+        >>> x = torch.randn(2, 10, 64)
+        >>> out, routing = layer(x, return_routing=True)
+        >>> routing.selected.sum(-1).unique().tolist()  # every token uses its 2 shared + 3 routed heads
+        [5]
+        >>> y, cache = layer(x[:, :9], output_final_state=True)  # prefill, then one more token
+        >>> torch.allclose(layer.step(x[:, 9], cache)[0], out[:, 9], atol=1e-5)
+        True
     """
 
     def __init__(
@@ -166,17 +192,36 @@ class MoHAttention(nn.Module):
         qk_norm: bool = False,
         attn_drop: float = 0.0,
         proj_drop: float = 0.0,
-        norm_layer: type[nn.Module] = nn.LayerNorm,
+        norm_layer: Any = None,
         shared_head: int = 0,
         routed_head: int = 0,
         head_dim: int | None = None,
         causal: bool = False,
+        *,
+        scale_norm: bool = False,
+        proj_bias: bool = True,
+        attn_head_dim: int | None = None,
+        dim_out: int | None = None,
+        gated: bool = False,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
     ):
         super().__init__()
         name = type(self).__name__
         dim = check_int(dim, "dim", name=name, minimum=1)
         num_heads, shared_head, routed_head = check_moh_heads(num_heads, shared_head, routed_head, name=name)
+        if attn_head_dim is not None:
+            why = " (attn_head_dim is timm's name for head_dim)"
+            check_same_value(head_dim, attn_head_dim, "head_dim", "attn_head_dim", name=name, why=why)
+            head_dim = attn_head_dim
         head_dim = check_head_dim(head_dim, dim, num_heads, name=name)
+        dim_out = dim if dim_out is None else check_int(dim_out, "dim_out", name=name, minimum=1)
+        scale_norm = check_bool(scale_norm, "scale_norm", name=name)
+        proj_bias = check_bool(proj_bias, "proj_bias", name=name)
+        why = " (timm's sigmoid output gate is not part of MoH, whose per-token head gates take its place)"
+        check_choice(check_bool(gated, "gated", name=name), "gated", (False,), name=name, why=why)
+        norm_layer = nn.LayerNorm if norm_layer is None else norm_layer
+        factory: dict[str, Any] = {"device": device, "dtype": dtype}
         attn_drop = check_probability(attn_drop, "attn_drop", name=name)
         proj_drop = check_probability(proj_drop, "proj_drop", name=name)
         qkv_bias = check_bool(qkv_bias, "qkv_bias", name=name)
@@ -184,6 +229,7 @@ class MoHAttention(nn.Module):
         causal = check_bool(causal, "causal", name=name)
 
         self.dim = dim
+        self.dim_out = dim_out
         self.num_heads = num_heads
         self.head_dim = head_dim
         self.scale = head_dim**-0.5
@@ -194,25 +240,32 @@ class MoHAttention(nn.Module):
         self.fused_attn = True  # timm's switch: False takes the explicit-matrix path (same math)
 
         inner = num_heads * head_dim
-        self.qkv = nn.Linear(dim, 3 * inner, bias=qkv_bias)
-        self.q_norm = check_norm_layer(norm_layer, head_dim, name=name) if qk_norm else nn.Identity()
-        self.k_norm = norm_layer(head_dim) if qk_norm else nn.Identity()
+        self.qkv = nn.Linear(dim, 3 * inner, bias=qkv_bias, **factory)
+        self.q_norm = check_norm_layer(norm_layer, head_dim, name=name, **factory) if qk_norm else nn.Identity()
+        self.k_norm = check_norm_layer(norm_layer, head_dim, name=name, **factory) if qk_norm else nn.Identity()
         self.attn_drop = nn.Dropout(attn_drop)
-        self.proj = nn.Linear(inner, dim)
+        self.norm = check_norm_layer(norm_layer, inner, name=name, **factory) if scale_norm else nn.Identity()
+        self.proj = nn.Linear(inner, dim_out, bias=proj_bias, **factory)
         self.proj_drop = nn.Dropout(proj_drop)
         # Router weights, created exactly when the reference creates them (checkpoint compatibility), except
         # that a single shared head needs no wg_1: softmax over one logit is identically 1.
         if routed_head > 0:
-            self.wg = nn.Linear(dim, self.num_routed, bias=False)  # W_r, scores the routed heads
+            self.wg = nn.Linear(dim, self.num_routed, bias=False, **factory)  # W_r, scores the routed heads
             if shared_head > 0:
-                self.wg_0 = nn.Linear(dim, 2, bias=False)  # W_h, the two-stage weighting
+                self.wg_0 = nn.Linear(dim, 2, bias=False, **factory)  # W_h, the two-stage weighting
         if shared_head > 1:
-            self.wg_1 = nn.Linear(dim, shared_head, bias=False)  # W_s, weights the shared heads
+            self.wg_1 = nn.Linear(dim, shared_head, bias=False, **factory)  # W_s, weights the shared heads
         self.load_balancing_loss: torch.Tensor | None = None
+
+    def reset_parameters(self) -> None:
+        """Draw every weight again with torch's default initialisation of its layer (``nn.Linear``, the norms)."""
+        for module in self.modules():
+            if module is not self and hasattr(module, "reset_parameters"):
+                module.reset_parameters()
 
     def extra_repr(self) -> str:
         return (
-            f"dim={self.dim}, num_heads={self.num_heads}, head_dim={self.head_dim}, "
+            f"dim={self.dim}, num_heads={self.num_heads}, head_dim={self.head_dim}, dim_out={self.dim_out}, "
             f"shared_head={self.shared_head}, routed_head={self.routed_head}, causal={self.causal}"
         )
 
@@ -298,64 +351,118 @@ class MoHAttention(nn.Module):
         attn_mask: torch.Tensor | None = None,
         is_causal: bool = False,
         return_routing: bool = False,
-    ):
-        """Gated multi-head self-attention of x (B, N, dim) -> (B, N, dim) [, HeadRouting].
+        *,
+        key_padding_mask: torch.Tensor | None = None,
+        initial_state: KVCache | None = None,
+        output_final_state: bool = False,
+    ) -> Any:
+        """Gated multi-head self-attention of x (B, N, dim) -> (B, N, dim_out) [, HeadRouting] [, KVCache].
 
-        The signature of timm's ``Attention.forward`` (plus ``return_routing``), so the layer drops into timm
-        blocks unchanged.
+        The signature of timm's ``Attention.forward`` (plus ``return_routing`` and the keywords below), so the
+        layer drops into timm blocks unchanged.
 
         Args:
             x: tokens (B, N, dim).
-            attn_mask: bool, broadcastable to (B, H, N, N), True = may attend (as in
-                :func:`attnbook.softmax_attention`); a query with nothing to attend to gets zero heads.
+            attn_mask: as in ``scaled_dot_product_attention``: bool (True = may attend) or float (added to the
+                scores), broadcastable to (B, H, N, N); a query with nothing to attend to gets zero heads.
             is_causal: token t attends only to tokens <= t (also when the layer was built with ``causal``).
             return_routing: also return the :class:`HeadRouting`.
+            key_padding_mask: (B, N), bool True = padding (or float, added to those keys' scores), as in
+                ``nn.MultiheadAttention``.
+            initial_state: causal calls only: the :class:`attnbook.KVCache` of the tokens before x, or None.
+            output_final_state: causal calls only: also return the cache after the last token.
+
+        Returns:
+            out (B, N, dim_out); with ``return_routing`` and/or ``output_final_state`` the tuple
+            ``(out, routing)``, ``(out, cache)`` or ``(out, routing, cache)``.
         """
         name = type(self).__name__
-        is_causal = check_bool(is_causal, "is_causal", name=name)
+        causal = check_is_causal(is_causal, name=name) or self.causal
         return_routing = check_bool(return_routing, "return_routing", name=name)
+        output_final_state = check_bool(output_final_state, "output_final_state", name=name)
         routing = self.route(x)  # validates x
         B, N, _ = x.shape
         H, D = self.num_heads, self.head_dim
-        causal = is_causal or self.causal
+        stateful = initial_state is not None or output_final_state
+        check_state_call(causal, initial_state, output_final_state, name=name)
         if attn_mask is not None:
-            attn_mask = check_bool_mask(attn_mask, (B, H, N, N), name=name, arg="attn_mask").to(x.device)
+            attn_mask = check_attn_mask(attn_mask, (B, H, N, N), name=name).to(x.device)
+        if key_padding_mask is not None:
+            key_padding_mask = check_key_padding_mask(key_padding_mask, B, N, name=name, floating=not stateful)
+            key_padding_mask = key_padding_mask.to(x.device)
         q, k, v = self.qkv(x).view(B, N, 3, H, D).permute(2, 0, 3, 1, 4).unbind(0)  # 3 x (B, H, N, D)
         q, k = self.q_norm(q), self.k_norm(k)
         dtype = v.dtype  # the projections' dtype: the layer's, or the autocast dtype
         p = self.attn_drop.p if self.training else 0.0
-        if not self.fused_attn or (p > 0 and (attn_mask is not None or causal)):
-            heads = self._explicit_attention(q, k, v, attn_mask, causal)  # (B, H, N, D)
+        cache = None
+        if stateful:
+            check_no_attn_mask(attn_mask, name=name, why=_NO_MASK_WITH_CACHE)
+            heads, cache = cached_attention(
+                q, k, v, initial_state, key_padding_mask=key_padding_mask, scale=self.scale, name=name
+            )  # (B, H, N, D)
+        elif not self.fused_attn or (p > 0 and (attn_mask is not None or key_padding_mask is not None or causal)):
+            heads = self._explicit_attention(q, k, v, attn_mask, key_padding_mask, causal)  # (B, H, N, D)
         elif p > 0:
             heads = F.scaled_dot_product_attention(q, k, v, dropout_p=p)  # (B, H, N, D)
         else:
-            heads = softmax_attention(q, k, v, causal=causal, mask=attn_mask)  # (B, H, N, D)
-        gates = routing.gates  # (B, N, H), in the router's (accumulation) dtype
-        with autocast_disabled(x.device):
-            gated = heads.transpose(1, 2).to(gates.dtype) * gates.unsqueeze(-1)  # (B, N, H, D)
-        out = self.proj_drop(linear_in_range(self.proj, gated.reshape(B, N, H * D), dtype))  # (B, N, dim)
+            heads = softmax_attention(
+                q, k, v, attn_mask, is_causal=causal, scale=self.scale, key_padding_mask=key_padding_mask
+            )  # (B, H, N, D)
+        out = self._gated_output(heads, routing.gates, dtype)  # (B, N, dim_out)
         self.load_balancing_loss = routing.loss if self.training and self.routed_head > 0 else None
-        return (out, routing) if return_routing else out
+        result: tuple = (out,) + ((routing,) if return_routing else ()) + ((cache,) if output_final_state else ())
+        return result[0] if len(result) == 1 else result
 
-    def _explicit_attention(self, q, k, v, attn_mask, causal: bool) -> torch.Tensor:
+    def _gated_output(self, heads: torch.Tensor, gates: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """heads (B, H, N, D) times gates (B, N, H), merged, normalised (``scale_norm``), projected, dropout."""
+        B, H, N, D = heads.shape
+        with autocast_disabled(heads.device):
+            gated = heads.transpose(1, 2).to(gates.dtype) * gates.unsqueeze(-1)  # (B, N, H, D)
+        merged = self.norm(gated.reshape(B, N, H * D))  # (B, N, H D)
+        return self.proj_drop(linear_in_range(self.proj, merged, dtype))  # (B, N, dim_out)
+
+    def step(self, x_t: torch.Tensor, state: KVCache | None = None) -> tuple[torch.Tensor, KVCache]:
+        """One token of causal MoH: x_t (B, dim) after the tokens held in ``state`` (a KV cache, or None).
+
+        The router gates the token's heads (they depend on the token alone) and its heads attend to every
+        cached key. Prefilling with ``forward(x, is_causal=True, output_final_state=True)`` and then stepping
+        gives the outputs of one causal forward over the whole sequence.
+
+        Returns:
+            ``(y_t (B, dim_out), new cache)``.
+        """
+        name = f"{type(self).__name__}.step"
+        check_step_token(x_t, "x_t", name=name, width=self.dim, like=self.qkv.weight)
+        x = x_t.unsqueeze(1)  # (B, 1, C)
+        B, H, D = x.shape[0], self.num_heads, self.head_dim
+        gates = self.route(x).gates  # (B, 1, H), in at least float32
+        q, k, v = self.qkv(x).view(B, 1, 3, H, D).permute(2, 0, 3, 1, 4).unbind(0)  # 3 x (B, H, 1, D)
+        q, k = self.q_norm(q), self.k_norm(k)
+        heads, cache = cached_attention(q, k, v, state, scale=self.scale, name=name, arg="state")  # (B, H, 1, D)
+        return self._gated_output(heads, gates, v.dtype)[:, 0], cache  # (B, dim_out)
+
+    def _explicit_attention(self, q, k, v, attn_mask, key_padding_mask, causal: bool) -> torch.Tensor:
         """timm's unfused path, the (B, H, N, N) matrix written out, in the accumulation dtype; also the path
         for dropout on the weights together with a mask. Same mask rules as :func:`attnbook.softmax_attention`."""
         N = q.shape[-2]
-        allowed = attn_mask
-        if causal:
-            tril = torch.ones(N, N, dtype=torch.bool, device=q.device).tril()
-            allowed = tril if allowed is None else allowed & tril  # (b, h, N, N)
+        allowed, additive = combine_masks(attn_mask, key_padding_mask, causal, N, N, q.device)
         acc = accumulation_dtype(v.dtype)
         with autocast_disabled(q.device):
             q, k, v = q.to(acc), k.to(acc), v.to(acc)
-            if allowed is not None:
-                k, v = zero_unseen_keys(k, v, allowed)
+            visible = allowed
+            if additive is not None:
+                finite = additive > float("-inf")
+                visible = finite if visible is None else visible & finite
+            if visible is not None:
+                k, v = zero_unseen_keys(k, v, visible)
             scores = (q * self.scale) @ k.transpose(-2, -1)  # (B, H, N, N)
-            if allowed is not None:
-                scores = scores.masked_fill(~allowed, float("-inf"))
+            if additive is not None:
+                scores = scores + additive.to(acc)
+            if visible is not None:
+                scores = scores.masked_fill(~visible, float("-inf"))
             weights = scores.softmax(dim=-1)
-            if allowed is not None:  # a row with nothing allowed: zero weights (a NaN from the inputs stays)
-                weights = torch.where(allowed.any(dim=-1, keepdim=True), weights, 0.0)
+            if visible is not None:  # a row with nothing allowed: zero weights (a NaN from the inputs stays)
+                weights = torch.where(visible.any(dim=-1, keepdim=True), weights, 0.0)
             return self.attn_drop(weights) @ v  # (B, H, N, D)
 
     def __getstate__(self):

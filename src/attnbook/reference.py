@@ -12,7 +12,14 @@ import math
 
 import torch
 
-from ._checks import check_feature_map, check_qkv
+from ._checks import (
+    check_attn_mask,
+    check_feature_map,
+    check_is_causal,
+    check_key_padding_mask,
+    check_not_both,
+    check_qkv,
+)
 
 __all__ = [
     "softmax_attention",
@@ -33,26 +40,45 @@ def softmax_attention(
     k: torch.Tensor,
     v: torch.Tensor,
     *,
-    causal: bool = False,
-    mask: torch.Tensor | None = None,
+    is_causal: bool = False,
+    attn_mask: torch.Tensor | None = None,
+    key_padding_mask: torch.Tensor | None = None,
     scale: float | None = None,
     return_weights: bool = False,
+    causal: bool | None = None,
+    mask: torch.Tensor | None = None,
 ):
-    """out_i = sum_j A_ij v_j with A_ij = exp(s_ij) / sum_j' exp(s_ij') over allowed j, s_ij = scale q_i . k_j.
+    """out_i = sum_j A_ij v_j with A_ij = exp(s_ij) / sum_j' exp(s_ij') over allowed j, s_ij = scale q_i . k_j + m_ij.
 
-    q (B,H,N,D), k (B,H,M,D), v (B,H,M,Dv) -> (B,H,N,Dv) float64 (and A (B,H,N,M) with
-    ``return_weights``). A row with no allowed key has all-zero weights.
+    Masks as torch takes them: ``attn_mask`` bool (True = may attend) or float (m_ij, added; -inf forbids),
+    broadcastable to (B, H, N, M); ``key_padding_mask`` (B, M) bool (True = padding) or float (added to that
+    key's scores); ``is_causal``: j <= i. q (B,H,N,D), k (B,H,M,D), v (B,H,M,Dv) -> (B,H,N,Dv) float64 (and A
+    (B,H,N,M) with ``return_weights``). A row with no allowed key has all-zero weights. ``causal`` and
+    ``mask`` are the deprecated names of ``is_causal`` and ``attn_mask``.
     """
-    check_qkv(q, k, v, name="reference.softmax_attention")
+    name = "reference.softmax_attention"
+    check_qkv(q, k, v, name=name)
+    is_causal = check_is_causal(is_causal, causal, name=name)
+    if mask is not None:
+        check_not_both(attn_mask, mask, "attn_mask", "mask", name=name, why=" (mask is attn_mask's old name)")
+        attn_mask = mask
     q, k, v = _f64(q, k, v)
-    N, M, D = q.shape[-2], k.shape[-2], q.shape[-1]
+    B, H, N, M, D = q.shape[0], q.shape[1], q.shape[-2], k.shape[-2], q.shape[-1]
     scale = 1.0 / math.sqrt(D) if scale is None else scale
     scores = torch.einsum("bhnd,bhmd->bhnm", q, k) * scale  # (B, H, N, M)
     allowed = torch.ones(N, M, dtype=torch.bool, device=q.device)
-    if causal:
+    if is_causal:
         allowed = allowed.tril()
-    if mask is not None:
-        allowed = allowed & mask
+    masks = [] if attn_mask is None else [check_attn_mask(attn_mask, (B, H, N, M), name=name)]
+    if key_padding_mask is not None:
+        padding = check_key_padding_mask(key_padding_mask, B, M, name=name, floating=True)[:, None, None, :]
+        masks.append(~padding if padding.dtype == torch.bool else padding)  # as "may attend" or an addition
+    for m in masks:
+        if m.dtype == torch.bool:
+            allowed = allowed & m.to(q.device)
+        else:
+            scores = scores + m.to(q.device, torch.float64)
+            allowed = allowed & (m.to(q.device) > -math.inf)
     allowed = allowed.expand_as(scores)
     row_max = scores.masked_fill(~allowed, -math.inf).amax(dim=-1, keepdim=True)
     row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))
@@ -78,19 +104,22 @@ def linear_attention(
     k: torch.Tensor,
     v: torch.Tensor,
     *,
-    causal: bool = False,
+    is_causal: bool = False,
     feature_map="elu",
     key_padding_mask: torch.Tensor | None = None,
     eps: float = 1e-6,
     return_weights: bool = False,
+    causal: bool | None = None,
 ):
     """out_i = sum_j A_ij v_j,  A_ij = phi(q_i).phi(k_j) / (sum_j' phi(q_i).phi(k_j') + eps) over allowed j.
 
     The normalised N x M kernel matrix written out (Katharopoulos et al., ICML 2020, Eq. 4; eps in the
     denominator as in fast-transformers). Allowed: every key that is not padded (``key_padding_mask`` (B, M),
-    True = real token), and j <= i when ``causal``. q (B,H,N,D), k (B,H,M,D), v (B,H,M,Dv) -> (B,H,N,Dv)
-    float64 (and A (B,H,N,M) with ``return_weights``).
+    True = padding, as in ``nn.MultiheadAttention``), and j <= i when ``is_causal``. q (B,H,N,D), k (B,H,M,D),
+    v (B,H,M,Dv) -> (B,H,N,Dv) float64 (and A (B,H,N,M) with ``return_weights``). ``causal`` is the deprecated
+    name of ``is_causal``.
     """
+    causal = check_is_causal(is_causal, causal, name="reference.linear_attention")
     check_qkv(q, k, v, name="reference.linear_attention", same_length=causal)
     q, k, v = _f64(q, k, v)
     N, M = q.shape[-2], k.shape[-2]
@@ -100,7 +129,7 @@ def linear_attention(
     if causal:
         allowed = allowed.tril()
     if key_padding_mask is not None:
-        allowed = allowed & key_padding_mask[:, None, None, :]
+        allowed = allowed & ~key_padding_mask[:, None, None, :]
     kernel = kernel * allowed  # zero where not allowed
     weights = kernel / (kernel.sum(dim=-1, keepdim=True) + eps)  # (B, H, N, M)
     out = torch.einsum("bhnm,bhmv->bhnv", weights, v)  # (B, H, N, Dv)
@@ -120,7 +149,8 @@ def linear_attention_loop(
 
         S_i = S_{i-1} + phi(k_i) v_i^T,  z_i = z_{i-1} + phi(k_i),  out_i = phi(q_i)^T S_i / (phi(q_i)^T z_i + eps)
 
-    q, k (B,H,N,D), v (B,H,N,Dv) -> (B,H,N,Dv) float64. Padded keys (``key_padding_mask`` False) are skipped.
+    q, k (B,H,N,D), v (B,H,N,Dv) -> (B,H,N,Dv) float64. Padded keys (``key_padding_mask`` (B, N) True, as in
+    ``nn.MultiheadAttention``) are skipped.
     """
     check_qkv(q, k, v, name="reference.linear_attention_loop", same_length=True)
     q, k, v = _f64(q, k, v)
@@ -128,7 +158,7 @@ def linear_attention_loop(
     fq, fk = _linear_phi(feature_map, q), _linear_phi(feature_map, k)  # (B, H, N, R)
     S = q.new_zeros(B, H, fk.shape[-1], v.shape[-1])  # (B, H, R, Dv)
     z = q.new_zeros(B, H, fk.shape[-1])  # (B, H, R)
-    real = torch.ones(B, N, dtype=torch.bool, device=q.device) if key_padding_mask is None else key_padding_mask
+    real = torch.ones(B, N, dtype=torch.bool, device=q.device) if key_padding_mask is None else ~key_padding_mask
     outs = []
     for i in range(N):
         if_real = real[:, i].to(q.dtype)[:, None, None]  # (B, 1, 1): 0 for a padded key
@@ -161,8 +191,12 @@ def moh_attention(
     wg_1: torch.Tensor | None = None,
     q_norm=None,
     k_norm=None,
+    attn_mask: torch.Tensor | None = None,
+    is_causal: bool = False,
+    key_padding_mask: torch.Tensor | None = None,
+    scale_norm=None,
+    causal: bool | None = None,
     mask: torch.Tensor | None = None,
-    causal: bool = False,
 ):
     """Mixture-of-head attention (Jin et al., arXiv:2410.11842) written out head by head, token by token.
 
@@ -180,12 +214,20 @@ def moh_attention(
     Weights are given as matrices (``nn.Linear.weight``): ``qkv_weight`` (3 H D, C) with the q, k, v rows
     of head h at ``h*D:(h+1)*D`` within each third, ``proj_weight`` (C_out, H D), ``wg`` = W_r (E, C),
     ``wg_0`` = W_h (2, C), ``wg_1`` = W_s (h_s, C). ``q_norm``/``k_norm`` are callables on (..., D).
-    ``mask`` (bool, broadcastable to (B, H, N, N), True = may attend) and ``causal`` restrict each head's
-    attention as in :func:`softmax_attention` (a query with nothing allowed gets a zero head output).
+    ``attn_mask`` (bool or float, broadcastable to (B, H, N, N)), ``key_padding_mask`` (B, N) and ``is_causal``
+    restrict each head's attention as in :func:`softmax_attention` (a query with nothing allowed gets a zero
+    head output). ``scale_norm``, a callable on (..., H D), normalises the gated heads before the output
+    projection (timm's ``scale_norm``); the output is then formed from the concatenation instead of as a sum
+    over heads. ``causal`` and ``mask`` are the deprecated names of ``is_causal`` and ``attn_mask``.
 
     Returns:
         ``(out, gates, loss)``: out (B, N, C_out), gates (B, N, H), loss () (0 without routed heads), float64.
     """
+    name = "reference.moh_attention"
+    causal = check_is_causal(is_causal, causal, name=name)
+    if mask is not None:
+        check_not_both(attn_mask, mask, "attn_mask", "mask", name=name, why=" (mask is attn_mask's old name)")
+        attn_mask = mask
     x, qkv_weight, proj_weight = _f64(x, qkv_weight, proj_weight)
     B, N, _ = x.shape
     H, s, k = num_heads, shared_head, routed_head
@@ -220,6 +262,7 @@ def moh_attention(
     out = x.new_zeros(B, N, proj_weight.shape[0])
     if proj_bias is not None:
         out = out + proj_bias.double()
+    gated_heads = []
     for h in range(H):
         rows = [slice(part * H * D + h * D, part * H * D + (h + 1) * D) for part in range(3)]
         q, kk, v = (x @ qkv_weight[r].T for r in rows)  # 3 x (B, N, D)
@@ -228,10 +271,22 @@ def moh_attention(
         if q_norm is not None:
             q, kk = q_norm(q), k_norm(kk)
         head_mask = None
-        if mask is not None:
-            head_mask = mask.expand(B, H, N, N)[:, h : h + 1]  # (B, 1, N, N)
-        head = softmax_attention(q[:, None], kk[:, None], v[:, None], causal=causal, mask=head_mask)[:, 0]
-        out = out + (gates[..., h, None] * head) @ proj_weight[:, h * D : (h + 1) * D].T  # (B, N, C_out)
+        if attn_mask is not None:
+            head_mask = attn_mask.reshape((1,) * (4 - attn_mask.dim()) + tuple(attn_mask.shape))
+            head_mask = head_mask.expand(B, H, N, N)[:, h : h + 1]  # (B, 1, N, N)
+        head = softmax_attention(
+            q[:, None],
+            kk[:, None],
+            v[:, None],
+            is_causal=causal,
+            attn_mask=head_mask,
+            key_padding_mask=key_padding_mask,
+        )[:, 0]
+        gated_heads.append(gates[..., h, None] * head)  # (B, N, D)
+        if scale_norm is None:
+            out = out + gated_heads[-1] @ proj_weight[:, h * D : (h + 1) * D].T  # (B, N, C_out)
+    if scale_norm is not None:
+        out = out + scale_norm(torch.cat(gated_heads, dim=-1)) @ proj_weight.T  # (B, N, C_out)
 
     loss = x.new_zeros(())
     if k > 0:
@@ -250,11 +305,28 @@ def _float64_copy(norm):
     return copy.deepcopy(norm).double()
 
 
-def moh_layer(layer, x: torch.Tensor, *, mask: torch.Tensor | None = None, causal: bool | None = None):
+def moh_layer(
+    layer,
+    x: torch.Tensor,
+    *,
+    attn_mask: torch.Tensor | None = None,
+    is_causal: bool | None = None,
+    key_padding_mask: torch.Tensor | None = None,
+    mask: torch.Tensor | None = None,
+    causal: bool | None = None,
+):
     """:func:`moh_attention` with the weights of an :class:`attnbook.MoHAttention` ``layer`` (read, not run).
 
-    ``causal`` defaults to the layer's own ``causal`` flag. Returns ``(out, gates, loss)`` in float64.
+    ``is_causal`` defaults to the layer's own ``causal`` flag (``is_causal=True`` in a call to a non-causal
+    layer is causal too, as in the layer). Returns ``(out, gates, loss)`` in float64. ``mask`` and ``causal``
+    are the deprecated names of ``attn_mask`` and ``is_causal``.
     """
+    name = "reference.moh_layer"
+    if causal is not None:
+        is_causal = check_is_causal(False, causal, name=name)
+    if mask is not None:
+        check_not_both(attn_mask, mask, "attn_mask", "mask", name=name, why=" (mask is attn_mask's old name)")
+        attn_mask = mask
     params = {name: p.detach().to(torch.float64) for name, p in layer.named_parameters()}
     return moh_attention(
         x,
@@ -270,8 +342,10 @@ def moh_layer(layer, x: torch.Tensor, *, mask: torch.Tensor | None = None, causa
         wg_1=params.get("wg_1.weight"),
         q_norm=_float64_copy(layer.q_norm),
         k_norm=_float64_copy(layer.k_norm),
-        mask=mask,
-        causal=layer.causal if causal is None else causal,
+        attn_mask=attn_mask,
+        is_causal=layer.causal if is_causal is None else bool(is_causal or layer.causal),
+        key_padding_mask=key_padding_mask,
+        scale_norm=_float64_copy(layer.norm),
     )
 
 
@@ -285,9 +359,12 @@ def flow_attention(
     k: torch.Tensor,
     v: torch.Tensor,
     *,
-    causal: bool = False,
+    is_causal: bool = False,
     eps: float = 1e-6,
     return_flows: bool = False,
+    competition: bool = True,
+    allocation: bool = True,
+    causal: bool | None = None,
 ):
     """Flow-Attention (Wu et al., ICML 2022) term by term, with the N x M flow matrix written out.
 
@@ -299,13 +376,17 @@ def flow_attention(
     (I_i t_i) c_j v_j. q~ = sigmoid(q), k~ = sigmoid(k).
 
     q (B,H,N,D), k (B,H,M,D), v (B,H,M,Dv) -> (B,H,N,Dv) float64, and a FlowStats with ``return_flows``.
+    ``competition=False`` / ``allocation=False`` set c_j = 1 / a_i = 1 (the paper's ablations). ``causal`` is
+    the deprecated name of ``is_causal``.
     """
     from .flow import FlowStats  # the result type only
 
+    causal = check_is_causal(is_causal, causal, name="reference.flow_attention")
     check_qkv(q, k, v, name="reference.flow_attention", same_length=causal)
     q, k, v = _f64(q, k, v)
     qs, ks = torch.sigmoid(q), torch.sigmoid(k)
     N, M = qs.shape[-2], ks.shape[-2]
+    competition_on, allocation_on = competition, allocation
     if not causal:
         incoming = _flow_dot(qs, ks.sum(-2, keepdim=True), eps)  # (B, H, N)
         outgoing = _flow_dot(ks, qs.sum(-2, keepdim=True), eps)  # (B, H, M)
@@ -315,6 +396,8 @@ def flow_attention(
         allocation = torch.sigmoid(conserved_incoming * N / M)
         e = torch.exp(conserved_outgoing)
         competition = e / e.sum(-1, keepdim=True) * M
+        competition = competition if competition_on else torch.ones_like(competition)
+        allocation = allocation if allocation_on else torch.ones_like(allocation)
         flow = (allocation / incoming)[..., :, None] * (qs @ ks.transpose(-2, -1)) * competition[..., None, :]
     else:
         I, O = [], []
@@ -335,6 +418,8 @@ def flow_attention(
         for j in range(N):
             C.append(e[..., j] / e[..., : j + 1].sum(-1) * (j + 1))
         competition = torch.stack(C, -1)
+        competition = competition if competition_on else torch.ones_like(competition)
+        allocation = allocation if allocation_on else torch.ones_like(allocation)
         t = torch.arange(1, N + 1, dtype=torch.float64, device=q.device)
         mask = torch.ones(N, N, dtype=torch.bool, device=q.device).tril()
         scores = (qs @ ks.transpose(-2, -1)).masked_fill(~mask, 0.0)  # (B, H, N, N)

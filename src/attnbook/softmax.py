@@ -1,10 +1,16 @@
 """Softmax (scaled dot-product) attention: chapter 1.
 
-    out_i = sum_j softmax_j(q_i . k_j * scale) v_j,   scale = 1 / sqrt(D)
+    out_i = sum_j softmax_j(q_i . k_j * scale + m_ij) v_j,   scale = 1 / sqrt(D)
 
 Vaswani et al., "Attention Is All You Need", NeurIPS 2017. The fast path is torch's
-``scaled_dot_product_attention`` (flash / memory-efficient kernels where they apply); the literal
-definition, with the N x M matrix written out, is :func:`attnbook.reference.softmax_attention`.
+``scaled_dot_product_attention`` (flash / memory-efficient kernels where they apply), with its signature and
+its masks; the literal definition, with the N x M matrix written out, is
+:func:`attnbook.reference.softmax_attention`.
+
+Masks are torch's: ``attn_mask`` as in ``scaled_dot_product_attention`` (bool, True = may attend, or a float
+m_ij added to the scores, -inf forbidding), ``key_padding_mask`` as in ``nn.MultiheadAttention`` ((B, M),
+True = padding, or a float added to that key's scores), ``is_causal`` per call. Unlike SDPA, ``attn_mask`` and
+``is_causal`` may be combined, and a query with nothing to attend to gets zeros instead of NaN.
 
 Masked positions and non-finite numbers (the rule every masked entry point of the package follows):
 
@@ -17,17 +23,36 @@ Masked positions and non-finite numbers (the rule every masked entry point of th
   attend to) is never hidden: the outputs of the queries that attend to it are NaN (or inf), and the fused
   kernels, which multiply zero weights by the values of masked keys, may carry it to other queries of the
   same (batch, head) as well. It is never replaced by zeros.
+
+Generation with a **KV cache** (:class:`KVCache`): the keys and values of every past token, which a new query
+attends to. :class:`SoftmaxAttention` prefills one from a prompt in one parallel call
+(``forward(x, output_final_state=True)``) and continues token by token (:meth:`SoftmaxAttention.step`).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 
-from ._checks import check_bool, check_bool_mask, check_qkv, check_scale
+from ._checks import (
+    check_attn_mask,
+    check_bool,
+    check_found,
+    check_is_causal,
+    check_key_padding_mask,
+    check_kv_cache,
+    check_no_attn_mask,
+    check_not_both,
+    check_probability,
+    check_qkv,
+    check_scale,
+)
 from ._module import ProjectedAttention
+from ._runtime import tracing
 
-__all__ = ["softmax_attention", "SoftmaxAttention", "zero_unseen_keys"]
+__all__ = ["softmax_attention", "SoftmaxAttention", "KVCache", "zero_unseen_keys", "combine_masks", "cached_attention"]
 
 
 def zero_unseen_keys(k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -46,14 +71,18 @@ def softmax_attention(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    *,
-    causal: bool = False,
-    mask: torch.Tensor | None = None,
+    attn_mask: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
     scale: float | None = None,
+    *,
+    key_padding_mask: torch.Tensor | None = None,
+    causal: bool | None = None,
+    mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Scaled dot-product attention, with masks, through torch's SDPA.
+    """Scaled dot-product attention with torch's masks, through torch's SDPA (and with its signature).
 
-    ``out_i = sum_j softmax_j(scale * q_i . k_j) v_j`` over the keys j that query i may attend to.
+    ``out_i = sum_j softmax_j(scale * q_i . k_j + m_ij) v_j`` over the keys j that query i may attend to.
 
     Cost: O(B H N M D) time; O(B H N M) memory for the weights on backends that materialise them
     (the fused flash / memory-efficient kernels need only O(B H N) extra memory).
@@ -62,58 +91,308 @@ def softmax_attention(
         q: queries (B, H, N, D).
         k: keys (B, H, M, D).
         v: values (B, H, M, Dv).
-        causal: query i attends only to keys j <= i (top-left aligned when N != M, as in SDPA).
-        mask: bool, broadcastable to (B, H, N, M); True = may attend. Combined with ``causal``. Keys that no
-            query may attend to contribute nothing, whatever they hold (module docstring).
+        attn_mask: as in ``scaled_dot_product_attention``: bool (True = may attend) or floating (added to the
+            scores; -inf forbids), broadcastable to (B, H, N, M). May be combined with ``is_causal``.
+        dropout_p: dropout probability on the attention weights, as in SDPA (applied whenever it is > 0: pass
+            0.0 in evaluation).
+        is_causal: query i attends only to keys j <= i (top-left aligned when N != M, as in SDPA).
         scale: multiplies the scores; defaults to 1 / sqrt(D). A positive number float32 holds as a normal
             number (about 1.2e-38 to 3.4e38).
+        key_padding_mask: as in ``nn.MultiheadAttention``: (B, M), bool True = padding (the key is ignored), or
+            floating (added to that key's scores). Keys that no query may attend to contribute nothing, whatever
+            they hold (module docstring).
+        causal, mask: the deprecated names of ``is_causal`` and ``attn_mask`` (attnbook 0.1).
 
     Returns:
         (B, H, N, Dv) in the dtype of the inputs (under autocast: the autocast dtype, as SDPA). A query with no
         key it may attend to gets zeros (and zero gradients), never NaN. SDPA's kernels form the scores and
         the softmax in float32 for half-precision inputs. Twice differentiable only on SDPA's math backend
         (``torch.nn.attention.sdpa_kernel(SDPBackend.MATH)``); the fused kernels raise on a second derivative.
+
+    Example:
+        >>> import torch, attnbook
+        >>> q, k, v = (torch.randn(2, 4, 10, 16) for _ in range(3))  # (B, H, N, D)
+        >>> out = attnbook.softmax_attention(q, k, v, is_causal=True)
+        >>> torch.allclose(out, torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True), atol=1e-6)
+        True
+        >>> padding = torch.tensor([[False] * 8 + [True] * 2, [False] * 10])  # (B, M): True = padding
+        >>> attnbook.softmax_attention(q, k, v, key_padding_mask=padding).shape
+        torch.Size([2, 4, 10, 16])
     """
     name = "softmax_attention"
     B, H, N, M, _, _ = check_qkv(q, k, v, name=name)
-    causal = check_bool(causal, "causal", name=name)
-    scale = check_scale(scale, name=name)
+    is_causal = check_is_causal(is_causal, causal, name=name)
     if mask is not None:
-        mask = check_bool_mask(mask, (B, H, N, M), name=name).to(q.device)  # (b, h, n, M), 1 or full size
-    return _attend(q, k, v, causal, mask, scale)
+        check_not_both(attn_mask, mask, "attn_mask", "mask", name=name, why=" (mask is attn_mask's old name)")
+        attn_mask = _deprecated_mask(mask, name)
+    dropout_p = check_probability(dropout_p, "dropout_p", name=name)
+    scale = check_scale(scale, name=name)
+    if attn_mask is not None:
+        attn_mask = check_attn_mask(attn_mask, (B, H, N, M), name=name).to(q.device)  # (b, h, n, M)
+    if key_padding_mask is not None:
+        key_padding_mask = check_key_padding_mask(key_padding_mask, B, M, name=name, floating=True).to(q.device)
+    return _attend(q, k, v, attn_mask, key_padding_mask, is_causal, scale, dropout_p)
 
 
-def _attend(q, k, v, causal: bool, mask: torch.Tensor | None, scale: float | None) -> torch.Tensor:
-    """SDPA with the package's rules for masks: keys nobody sees are zeroed, empty rows are zero, and a query
-    with a NaN or inf that attends to something gives a NaN row (torch's CPU kernel returns zeros for it)."""
-    if mask is None:
-        # The fused kernels handle the causal mask themselves; every row has key 0, so none is empty.
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
-        return _keep_broken_queries(q, out, k.shape[-2])  # (B, H, N, Dv)
-    allowed = mask  # (b, h, n, M)
+def _deprecated_mask(mask: torch.Tensor, name: str) -> torch.Tensor:
+    if not tracing():
+        import warnings
+
+        warnings.warn(
+            f"{name}: mask= is deprecated since attnbook 0.2.0, use attn_mask= (torch's name, the same meaning)",
+            FutureWarning,
+            stacklevel=3,
+        )
+    return mask
+
+
+def combine_masks(
+    attn_mask: torch.Tensor | None,
+    key_padding_mask: torch.Tensor | None,
+    causal: bool,
+    N: int,
+    M: int,
+    device: torch.device,
+    lower_right: bool = False,
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """The masks of one attention call as (allowed, additive): ``allowed`` bool (True = may attend) from a bool
+    ``attn_mask``, a bool ``key_padding_mask`` (True = padding) and the causal mask; ``additive`` the sum of the
+    float masks, added to the scores. Both broadcastable to (B, H, N, M), either None when no mask of its kind
+    was given. ``lower_right`` aligns the causal mask to the last key (new queries continuing a cache)."""
+    allowed, additive = None, None
+    if attn_mask is not None:
+        if attn_mask.dtype == torch.bool:
+            allowed = attn_mask
+        else:
+            additive = attn_mask
+    if key_padding_mask is not None:
+        padded = key_padding_mask[:, None, None, :]  # (B, 1, 1, M)
+        if padded.dtype == torch.bool:
+            allowed = ~padded if allowed is None else allowed & ~padded
+        else:
+            additive = padded if additive is None else additive + padded
     if causal:
-        N, M = q.shape[-2], k.shape[-2]
-        allowed = allowed & torch.ones(N, M, dtype=torch.bool, device=q.device).tril()  # (b, h, N, M)
-    has_key = allowed.any(dim=-1, keepdim=True)  # (b, h, n, 1)
-    k, v = zero_unseen_keys(k, v, allowed)
-    # A fully masked row would be softmax over nothing (NaN): let it attend to everything, then zero it.
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed | ~has_key, scale=scale)
-    return torch.where(has_key, _keep_broken_queries(q, out, k.shape[-2]), 0.0)  # (B, H, N, Dv)
+        tril = torch.ones(N, M, dtype=torch.bool, device=device).tril(M - N if lower_right else 0)  # (N, M)
+        allowed = tril if allowed is None else allowed & tril
+    return allowed, additive
+
+
+def _attend(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    attn_mask: torch.Tensor | None,
+    key_padding_mask: torch.Tensor | None,
+    causal: bool,
+    scale: float | None,
+    dropout_p: float = 0.0,
+    lower_right: bool = False,
+) -> torch.Tensor:
+    """SDPA with the package's rules for masks: keys nobody sees are zeroed, empty rows are zero, and a query
+    with a NaN or inf that attends to something gives a NaN row (torch's CPU kernel returns zeros for it).
+
+    Masks validated: ``attn_mask`` 4-D (bool or float), ``key_padding_mask`` (B, M) (bool, True = padding, or
+    float). ``lower_right`` aligns the causal mask to the last key (queries continue a cache of keys)."""
+    N, M = q.shape[-2], k.shape[-2]
+    if attn_mask is None and key_padding_mask is None and not (causal and lower_right and N != M):
+        # The fused kernels handle the causal mask themselves; every row has key 0, so none is empty.
+        out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=causal, scale=scale)
+        return _keep_broken_queries(q, out, M)  # (B, H, N, Dv)
+    allowed, additive = combine_masks(attn_mask, key_padding_mask, causal, N, M, q.device, lower_right)
+    visible = allowed
+    if additive is not None:
+        finite = additive > float("-inf")
+        visible = finite if visible is None else visible & finite
+    assert visible is not None  # a mask was given, or the causal mask was made
+    has_key = visible.any(dim=-1, keepdim=True)  # (b, h, n, 1)
+    k, v = zero_unseen_keys(k, v, visible)
+    if additive is None:
+        # A fully masked row would be softmax over nothing (NaN): let it attend to everything, then zero it.
+        sdpa_mask: torch.Tensor = visible | ~has_key
+    else:
+        additive = additive.to(q.dtype)
+        if allowed is not None:
+            additive = additive.masked_fill(~allowed, float("-inf"))
+        sdpa_mask = torch.where(has_key, additive, 0.0)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=sdpa_mask, dropout_p=dropout_p, scale=scale)
+    return torch.where(has_key, _keep_broken_queries(q, out, M), 0.0)  # (B, H, N, Dv)
 
 
 # Below this many keys, torch's CPU SDPA kernel returns zeros for a query holding a NaN (measured with torch
 # 2.13: its vectorised loop over keys propagates the NaN, the scalar tail for M < 8 does not); with more keys
-# the kernels propagate it themselves, and the tests check both sides of the bound.
+# the kernels propagate it themselves, and the tests check both sides of the bound. Traced (torch.compile,
+# torch.export) the rule is applied at every M: a branch on M would tie the graph to one side of the bound.
 _SHORT_KEYS = 64
 
 
 def _keep_broken_queries(q: torch.Tensor, out: torch.Tensor, M: int) -> torch.Tensor:
     """``out`` with the row of every query holding a NaN or inf set to NaN, for short key lengths M (above,
     SDPA does it). Elementwise, no host sync; O(B H N D), next to the attention's O(B H N M D)."""
-    if M >= _SHORT_KEYS:
+    if not tracing() and M >= _SHORT_KEYS:
         return out
     broken = ~torch.isfinite(q.detach()).all(dim=-1, keepdim=True)  # (B, H, N, 1)
     return torch.where(broken, float("nan"), out)
+
+
+class _Buffer:
+    """Storage behind a :class:`KVCache`: keys and values (B, H, capacity, D), the padding flags of the rows
+    (B, capacity) bool or None (no padded row yet), and how many rows are in use."""
+
+    __slots__ = ("keys", "values", "padding", "length")
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, padding: torch.Tensor | None, length: int):
+        self.keys, self.values, self.padding, self.length = keys, values, padding, length
+
+    def copy(self, rows: int) -> _Buffer:
+        padding = None if self.padding is None else self.padding.clone()
+        return _Buffer(self.keys.clone(), self.values.clone(), padding, rows)
+
+    def grow(self, rows: int) -> None:
+        """Room for at least ``rows`` rows: the capacity doubles (at least 16) until they fit."""
+        capacity = self.keys.shape[2]
+        if rows <= capacity:
+            return
+        new = max(16, capacity)
+        while new < rows:
+            new *= 2
+
+        def wider(x: torch.Tensor, fill: bool | None = None) -> torch.Tensor:
+            shape = list(x.shape)
+            shape[2 if x.dim() == 4 else 1] = new
+            out = x.new_empty(shape) if fill is None else x.new_full(shape, fill)
+            (out[:, :, :capacity] if x.dim() == 4 else out[:, :capacity]).copy_(x)
+            return out
+
+        self.keys, self.values = wider(self.keys), wider(self.values)
+        if self.padding is not None:
+            self.padding = wider(self.padding, fill=False)
+
+
+@dataclass(frozen=True)
+class KVCache:
+    """The keys and values of the first ``t`` tokens of one softmax-attention layer: its decoding state.
+
+    Rows are appended into a buffer whose capacity doubles when full, so an append costs O(1) amortised
+    instead of copying the whole cache each token. :meth:`append` and :meth:`extend` return a new cache and
+    leave this one valid: adding twice to the same cache (branching a generation) copies the shared rows first.
+
+    Attributes:
+        buffer: the storage, shared by the caches of one generation (None before the first token).
+        t: number of tokens held.
+
+    Example:
+        >>> import torch
+        >>> from attnbook import KVCache
+        >>> cache = KVCache.empty().extend(torch.randn(1, 2, 5, 8), torch.randn(1, 2, 5, 8))  # a prompt of 5
+        >>> cache = cache.append(torch.randn(1, 2, 8), torch.randn(1, 2, 8))  # one more token
+        >>> cache.t, tuple(cache.keys.shape)
+        (6, (1, 2, 6, 8))
+    """
+
+    buffer: _Buffer | None
+    t: int
+
+    @property
+    def keys(self) -> torch.Tensor:
+        """(B, H, t, D) keys of tokens 1..t (a view); an empty cache has none (its t is 0)."""
+        check_found(
+            [] if self.buffer is None else [self],
+            "KVCache.keys",
+            name="KVCache",
+            expected="hold a token",
+            got="an empty cache",
+        )
+        assert self.buffer is not None
+        return self.buffer.keys[:, :, : self.t]
+
+    @property
+    def values(self) -> torch.Tensor:
+        """(B, H, t, Dv) values of tokens 1..t (a view); an empty cache has none (its t is 0)."""
+        check_found(
+            [] if self.buffer is None else [self],
+            "KVCache.values",
+            name="KVCache",
+            expected="hold a token",
+            got="an empty cache",
+        )
+        assert self.buffer is not None
+        return self.buffer.values[:, :, : self.t]
+
+    @property
+    def padding(self) -> torch.Tensor | None:
+        """(B, t) bool, True where the token was padding (as a ``key_padding_mask``); None when none was."""
+        if self.buffer is None or self.buffer.padding is None:
+            return None
+        return self.buffer.padding[:, : self.t]
+
+    @staticmethod
+    def empty() -> KVCache:
+        """The cache before the first token."""
+        return KVCache(None, 0)
+
+    def _writable(self, k: torch.Tensor, v: torch.Tensor, rows: int) -> _Buffer:
+        """The buffer to write ``rows`` more rows into: fresh, this cache's, or a copy (branching)."""
+        buf = self.buffer
+        if buf is None:
+            B, H, _, D = k.shape
+            buf = _Buffer(k.new_empty(B, H, 16, D), v.new_empty(B, H, 16, v.shape[-1]), None, 0)
+        elif buf.length != self.t:  # this cache was added to before: branch on a copy of its rows
+            buf = buf.copy(self.t)
+        buf.grow(self.t + rows)
+        return buf
+
+    def extend(self, k: torch.Tensor, v: torch.Tensor, padding: torch.Tensor | None = None) -> KVCache:
+        """The cache with n more tokens: k (B, H, n, D), v (B, H, n, Dv); ``padding`` (B, n) bool, True = padding
+        (a ``key_padding_mask``: later queries will not attend to those tokens)."""
+        n = k.shape[2]
+        buf = self._writable(k, v, n)
+        t = self.t
+        buf.keys[:, :, t : t + n] = k
+        buf.values[:, :, t : t + n] = v
+        if padding is not None and buf.padding is None:
+            buf.padding = padding.new_zeros(k.shape[0], buf.keys.shape[2])
+        if buf.padding is not None:
+            buf.padding[:, t : t + n] = False if padding is None else padding
+        buf.length = t + n
+        return KVCache(buf, t + n)
+
+    def append(self, k_t: torch.Tensor, v_t: torch.Tensor) -> KVCache:
+        """The cache with one more token: k_t (B, H, D), v_t (B, H, Dv)."""
+        return self.extend(k_t.unsqueeze(2), v_t.unsqueeze(2))
+
+
+def cached_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cache: KVCache | None,
+    *,
+    key_padding_mask: torch.Tensor | None = None,
+    scale: float | None = None,
+    name: str,
+    arg: str = "initial_state",
+) -> tuple[torch.Tensor, KVCache]:
+    """Causal softmax attention of n new tokens that continue ``cache``: q, k (B, H, n, D), v (B, H, n, Dv).
+
+    The new keys are added to the cache, and query i of the new tokens attends to every cached key and to the
+    new keys up to its own (the causal mask aligned to the last key). ``key_padding_mask`` (B, n) bool marks
+    padded new tokens, which are remembered in the cache. Returns (out (B, H, n, Dv), the new cache)."""
+    if cache is None:
+        cache = KVCache.empty()
+    else:
+        check_kv_cache(cache, KVCache, k, v, name=name, arg=arg)
+    if key_padding_mask is not None:
+        key_padding_mask = check_key_padding_mask(key_padding_mask, k.shape[0], k.shape[2], name=name).to(k.device)
+    cache = cache.extend(k, v, key_padding_mask)
+    causal = k.shape[2] > 1  # one new token attends to every cached key
+    out = _attend(q, cache.keys, cache.values, None, cache.padding, causal, scale, lower_right=True)
+    return out, cache
+
+
+_NO_MASK_WITH_CACHE = (
+    " with an initial_state (the keys then include the cached ones: use key_padding_mask for padding, and the "
+    "causal mask is made for you)"
+)
 
 
 class SoftmaxAttention(ProjectedAttention):
@@ -122,27 +401,76 @@ class SoftmaxAttention(ProjectedAttention):
     Args:
         d_input, d_model, d_output, n_heads, drop_out: see :class:`attnbook.ProjectedAttention`
             (dropout is applied after the output projection).
-        causal: each position attends only to itself and earlier positions.
+        causal: every forward is causal (as if ``is_causal=True``): each position attends only to itself and
+            earlier positions.
+        device, dtype: of the parameters, as for torch's layers.
 
     Shape:
-        ``forward(queries, keys, values, mask=None)``: (B, L, d_input), (B, S, d_input), (B, S, d_input)
-        -> (B, L, d_output); ``mask`` as in :func:`softmax_attention`.
+        ``forward(queries, keys=None, values=None, *, attn_mask=None, key_padding_mask=None, is_causal=False)``:
+        (B, L, d_input), (B, S, d_input), (B, S, d_input) -> (B, L, d_output); the masks as in
+        :func:`softmax_attention`. Causal self-attention also takes ``initial_state`` (a :class:`KVCache`) and
+        ``output_final_state=True`` (-> ``(y, KVCache)``); ``step(x_t, state)``: (B, d_input) -> ((B, d_output),
+        KVCache).
+
+    Example:
+        >>> import torch, attnbook
+        >>> layer = attnbook.SoftmaxAttention(32, 32, 32, n_heads=4, causal=True)
+        >>> x = torch.randn(2, 10, 32)
+        >>> y, cache = layer(x[:, :9], output_final_state=True)  # prefill 9 tokens
+        >>> y_t, cache = layer.step(x[:, 9], cache)  # then one more
+        >>> torch.allclose(y_t, layer(x)[:, 9], atol=1e-5)
+        True
     """
 
     def __init__(
-        self, d_input: int, d_model: int, d_output: int, n_heads: int, drop_out: float = 0.0, causal: bool = False
+        self,
+        d_input: int,
+        d_model: int,
+        d_output: int,
+        n_heads: int,
+        drop_out: float = 0.0,
+        causal: bool = False,
+        *,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
     ):
-        super().__init__(d_input, d_model, d_output, n_heads, drop_out)
+        super().__init__(d_input, d_model, d_output, n_heads, drop_out, device=device, dtype=dtype)
         self.causal = check_bool(causal, "causal", name=type(self).__name__)
 
-    def forward(
-        self,
-        queries: torch.Tensor,
-        keys: torch.Tensor | None = None,
-        values: torch.Tensor | None = None,
-        mask: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        return super().forward(queries, keys, values, mask=mask)
+    def extra_repr(self) -> str:
+        return f"n_heads={self.n_heads}, causal={self.causal}"
 
-    def attend(self, q, k, v, mask=None):
-        return softmax_attention(q, k, v, causal=self.causal, mask=mask)
+    def attend(
+        self,
+        q,
+        k,
+        v,
+        *,
+        attn_mask=None,
+        key_padding_mask=None,
+        self_attention=True,
+        is_causal=None,
+        initial_state=None,
+        output_final_state=False,
+    ):
+        is_causal = self.causal if is_causal is None else is_causal
+        if initial_state is None and not output_final_state:
+            return softmax_attention(q, k, v, attn_mask, is_causal=is_causal, key_padding_mask=key_padding_mask)
+        name = type(self).__name__
+        if initial_state is not None:
+            check_no_attn_mask(attn_mask, name=name, why=_NO_MASK_WITH_CACHE)
+        if attn_mask is not None:  # a prefill from nothing: the mask covers the new keys only
+            out = softmax_attention(q, k, v, attn_mask, is_causal=True, key_padding_mask=key_padding_mask)
+            kpm = (
+                None
+                if key_padding_mask is None
+                else check_key_padding_mask(key_padding_mask, k.shape[0], k.shape[2], name=name)
+            )
+            return out, KVCache.empty().extend(k, v, kpm)
+        return cached_attention(q, k, v, initial_state, key_padding_mask=key_padding_mask, name=name)
+
+    def attend_step(self, q_t, k_t, v_t, state):
+        out, cache = cached_attention(
+            q_t.unsqueeze(2), k_t.unsqueeze(2), v_t.unsqueeze(2), state, name=f"{type(self).__name__}.step", arg="state"
+        )
+        return out.squeeze(2), cache  # (B, H, Dv)

@@ -104,7 +104,7 @@ def _cases() -> dict[str, Case]:
                         name,
                         f"{kind}{m.title}: attnbook.{m.function.__name__}",
                         causal,
-                        _function(m.function, **({"causal": True} if causal else {})),
+                        _function(m.function, **({"is_causal": True} if causal else {})),
                     )
                 )
             else:

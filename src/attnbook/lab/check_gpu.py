@@ -90,7 +90,7 @@ TINY = Sizes(accuracy=(1, 2, 37, 16), target_shape=(1, 2, 16), n_long=256, n_cau
 def _qkv_case(name: str, causal: bool):
     def make(B, H, N, D, device, dtype, g):
         mech = mechanisms.get(name)
-        kwargs = {"causal": True} if causal else {}
+        kwargs = {"is_causal": True} if causal else {}
         inputs = [torch.randn(B, H, N, D, generator=g) for _ in range(3)]
 
         def fast(q, k, v):
@@ -115,7 +115,7 @@ def _layer_case(name: str, causal: bool):
         fast_layer = layer.to(device=device, dtype=dtype)
 
         def ref(x):
-            return mech.reference(reference_layer, x, causal=causal)
+            return mech.reference(reference_layer, x, is_causal=causal)
 
         return fast_layer, ref, [torch.randn(B, N, H * D, generator=g)]
 
@@ -405,10 +405,10 @@ def check_targets(
     # Causal at n_causal.
     x = qkv(n_causal)
     fns = {
-        "sdpa_causal": forward(lambda q, k, v: softmax_attention(q, k, v, causal=True), x),
-        "linear_causal_eager": forward(lambda q, k, v: linear_attention(q, k, v, causal=True), x),
+        "sdpa_causal": forward(lambda q, k, v: softmax_attention(q, k, v, is_causal=True), x),
+        "linear_causal_eager": forward(lambda q, k, v: linear_attention(q, k, v, is_causal=True), x),
     }
-    c = compiled(lambda q, k, v: linear_attention(q, k, v, causal=True))
+    c = compiled(lambda q, k, v: linear_attention(q, k, v, is_causal=True))
     if c is not None:
         fns["linear_causal_compiled"] = forward(c, x)
     timing = compare(fns, repeats=repeats, warmup=2, device=device)

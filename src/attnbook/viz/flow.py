@@ -245,7 +245,7 @@ def compute_flow_state(
     if heads_compete:
         _, stats = attnbook.mobile_attention(q, k, v, eps=eps, return_flows=True)
     else:
-        _, stats = attnbook.flow_attention(q, k, v, causal=causal, eps=eps, return_flows=True)
+        _, stats = attnbook.flow_attention(q, k, v, is_causal=causal, eps=eps, return_flows=True)
 
     qf = torch.sigmoid(_cpu64(q[0]))  # (H, N, D)
     kf = torch.sigmoid(_cpu64(k[0]))  # (H, M, D)
