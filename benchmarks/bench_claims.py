@@ -90,7 +90,7 @@ def run_study(study: str, size: str, seeds: list[int], device: str) -> dict:
     spec = SIZES[size][study]
     if study == "listops":
         result = claims.compare(*spec, seeds=seeds, device=device)
-        return {"kind": "attnbook.lab.claims.compare", **result.to_dict(), "padding_mask": claims.PASS_PADDING_MASK}
+        return {"kind": "attnbook.lab.claims.compare", **result.to_dict()}
     if study == "heads":
         result = claims.head_width_study(*spec, widths=(2, 4, 8), seeds=seeds, device=device)
         return {"kind": "attnbook.lab.claims.head_width_study", **result.to_dict()}

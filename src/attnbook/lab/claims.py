@@ -27,9 +27,9 @@ ablation (Flow-Attention with ``competition=False``) is one more entry of :data:
 ``MECHANISMS[name].module(dim, n_heads, **kwargs)`` like every other. :func:`available` says whether the
 installed package accepts a variant's arguments.
 
-Padding. ListOps expressions have different lengths and are padded with PAD to one length. Until every
-module takes ``key_padding_mask`` (True = padding), attention sees the PAD tokens, alike for every mechanism;
-the pooled readout ignores them. :data:`PASS_PADDING_MASK` is the one switch that passes the mask.
+Padding. ListOps expressions have different lengths and are padded with PAD to one length; every layer gets
+``key_padding_mask`` (True = padding, as in ``nn.MultiheadAttention``), so a padded position takes no part in
+attention (for Flow- and Mobile-Attention: it sends and receives no flow), and the pooled readout ignores it.
 """
 
 from __future__ import annotations
@@ -63,7 +63,6 @@ from .headtohead import RecallEmbedding, RecallTask, Summary
 from .listops import ListOps, label_distribution
 
 __all__ = [
-    "PASS_PADDING_MASK",
     "Variant",
     "VARIANTS",
     "LISTOPS_VARIANTS",
@@ -101,12 +100,6 @@ __all__ = [
     "heads_sizes",
     "moh_sizes",
 ]
-
-#: Pass the padding mask to attention as ``layer(x, key_padding_mask=padding)`` (True = padding). False until
-#: every module of the registry takes it with that meaning (issue 28): LinearAttention's mask today means
-#: True = real token, and Flow-/Mobile-Attention take none.
-PASS_PADDING_MASK = False
-
 
 # ----------------------------------------------------------------------------------------------------------
 # Mechanisms and their ablations
@@ -413,7 +406,7 @@ class _Block(nn.Module):
         self.mlp = nn.Sequential(nn.Linear(d, 2 * d), nn.GELU(), nn.Linear(2 * d, d))
 
     def attend(self, h: torch.Tensor, padding: torch.Tensor | None) -> torch.Tensor:
-        if PASS_PADDING_MASK and padding is not None:
+        if padding is not None:
             return self.attn(h, key_padding_mask=padding)  # (B, N, d)
         return self.attn(h)  # (B, N, d)
 
