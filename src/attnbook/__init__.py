@@ -36,7 +36,7 @@ from .flow import FlowAttention, FlowState, FlowStats, flow_attention, flow_atte
 from .linear import LinearAttention, LinearState, linear_attention, linear_attention_step
 from .mobile import MobileAttention, mobile_attention
 from .moh import HeadRouting, MoHAttention, moh_load_balancing_loss
-from .softmax import SoftmaxAttention, softmax_attention
+from .softmax import KVCache, SoftmaxAttention, softmax_attention
 
 try:
     __version__ = _metadata.version("attnbook")
@@ -50,6 +50,7 @@ __all__ = [
     "ProjectedAttention",
     "softmax_attention",
     "SoftmaxAttention",
+    "KVCache",
     "MoHAttention",
     "HeadRouting",
     "moh_load_balancing_loss",
