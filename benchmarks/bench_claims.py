@@ -30,13 +30,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import torch
+from recording import quiet_or_exit, stamp
 
 from attnbook.lab import claims
 from attnbook.lab.bench import environment
@@ -57,33 +56,6 @@ SIZES = {
     },
 }
 LOOKUP_SHAPES = ((24, 16), (6, 8))  # chapters 2-3's toy; chapter 6's race (5 facts + the query, D = 8)
-
-
-def busy(force: bool) -> list[float]:
-    """The load average now; exits with a message when it is above half the cores (unless forced)."""
-    load = list(os.getloadavg())
-    limit = (os.cpu_count() or 1) / 2
-    if load[0] > limit:
-        message = (
-            f"bench_claims: the 1-minute load average is {load[0]:.2f}, above half the cores ({limit:g}); "
-            "the machine is shared and timings and the runs' pace would not be the machine's own"
-        )
-        if not force:
-            sys.exit(message + ". Wait for a quiet moment, or pass --force to record anyway (it is noted).")
-        print(message + "; recording anyway (--force).", file=sys.stderr)
-    return load
-
-
-def commit() -> str | None:
-    """The checkout's commit, with "+changes" when files differ from it (None outside git)."""
-    root = Path(__file__).resolve().parents[1]
-    try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
-                               capture_output=True, text=True, check=True)  # fmt: skip
-    except (OSError, subprocess.CalledProcessError):
-        return None
-    return head.stdout.strip() + ("+changes" if dirty.stdout.strip() else "")
 
 
 def run_study(study: str, size: str, seeds: list[int], device: str) -> dict:
@@ -142,14 +114,12 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     studies = STUDIES if args.study == "all" else (args.study,)
     for study in studies:
-        load_before = busy(args.force)
+        load_before = quiet_or_exit("bench_claims", args.force)
         start = time.perf_counter()
         record = run_study(study, args.size, args.seeds, args.device)
         seconds = time.perf_counter() - start
         env = environment(args.device)
-        env["load_average_before"], env["load_average_after"] = load_before, list(os.getloadavg())
-        env["forced"] = args.force and load_before[0] > (os.cpu_count() or 1) / 2
-        env["commit"] = commit()
+        stamp(env, load_before, args.force)
         record = {
             "study": study,
             "size": args.size,

@@ -1,9 +1,11 @@
 """Generation cost against the position t: per-token time and memory of every causal mechanism (chapter 7).
 
 Measured by :func:`attnbook.lab.generation.measure`: one DecoderLM per mechanism, at the model sizes of
-chapter 7 (``attnbook.lab.lm.SMALL``, ``RECORDED`` and ``FULL``), generates token by token; at each position
-t all mechanisms are timed in one alternating run (:func:`attnbook.lab.profiling.compare`), one token per
-call, fastest and median kept; the decoding state's bytes and one step's peak extra memory are counted.
+chapter 7 (``attnbook.lab.lm.SMALL``, ``RECORDED`` and ``FULL``), is brought to each position t by a parallel
+prefill and then timed token by token, on the static decoder (what ``generate`` uses) and on the eager teaching
+path, all in one alternating run (:func:`attnbook.lab.profiling.compare`), one token per call, fastest and
+median kept; the decoding state's bytes and one step's peak extra memory are counted. The script refuses to
+record on a busy machine (load average above half the cores) unless ``--force``.
 
     python benchmarks/bench_generation.py     # CPU, one thread, float32, all three sizes, t = 16 .. 8192
 
@@ -16,10 +18,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from pathlib import Path
 
 import torch
+from recording import quiet_or_exit, stamp
 
 from attnbook.lab import generation, lm
 
@@ -27,15 +29,15 @@ SIZES = {"small": lm.SMALL, "recorded": lm.RECORDED, "full": lm.FULL}
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
 
 
-def summary(result: dict, lo: int, hi: int) -> dict:
+def summary(result: dict, lo: int, hi: int, decoder: str) -> dict:
     names = result["config"]["mechanisms"]
     return {
         "range": [lo, hi],
-        "time_slope": {n: generation.slope(result, n, "median_s", lo, hi) for n in names},
-        "time_slope_min": {n: generation.slope(result, n, "min_s", lo, hi) for n in names},
-        "state_slope": {n: generation.slope(result, n, "state_bytes", lo, hi) for n in names},
-        "softmax_over": {n: generation.ratio(result, "softmax", n, hi) for n in names},
-        "softmax_over_min": {n: generation.ratio(result, "softmax", n, hi, "min_s") for n in names},
+        "time_slope": {n: generation.slope(result, n, "median_s", lo, hi, decoder) for n in names},
+        "time_slope_min": {n: generation.slope(result, n, "min_s", lo, hi, decoder) for n in names},
+        "state_slope": {n: generation.slope(result, n, "state_bytes", lo, hi, decoder) for n in names},
+        "softmax_over": {n: generation.ratio(result, "softmax", n, hi, decoder=decoder) for n in names},
+        "softmax_over_min": {n: generation.ratio(result, "softmax", n, hi, "min_s", decoder) for n in names},
     }
 
 
@@ -48,11 +50,14 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=31)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--threads", type=int, default=1, help="CPU threads (default 1)")
+    parser.add_argument("--burst", type=int, default=8, help="tokens per timed call (a generation runs on)")
+    parser.add_argument("--decoders", nargs="+", default=["static", "eager"], choices=list(generation.DECODERS))
+    parser.add_argument("--force", action="store_true", help="record even when the machine is busy")
     parser.add_argument("--out-dir", type=Path, default=Path(__file__).parent / "results" / "ch07")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     for size in args.sizes:
-        load_before = list(os.getloadavg())
+        load_before = quiet_or_exit("bench_generation", args.force)
         result = generation.measure(
             SIZES[size],
             positions=args.positions,
@@ -60,21 +65,23 @@ def main() -> None:
             warmup=args.warmup,
             device=args.device,
             dtype=DTYPES[args.dtype],
+            decoders=args.decoders,
+            burst=args.burst,
         )
         result["config"]["size"] = size
-        result["environment"]["load_average_before"] = load_before
-        result["environment"]["load_average_after"] = result["environment"].pop("load_average", None)
-        result["summary"] = summary(result, 256, max(args.positions))
+        result["environment"].pop("load_average", None)
+        stamp(result["environment"], load_before, args.force)
+        result["summary"] = {d: summary(result, 256, max(args.positions), d) for d in args.decoders}
         path = args.out_dir / f"generation_{torch.device(args.device).type}_{args.dtype}_{size}.json"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(result, indent=1) + "\n")
-        s = result["summary"]
         print(f"{size}: wrote {path}")
-        for n in result["config"]["mechanisms"]:
-            print(
-                f"  {n:8s} time slope {s['time_slope'][n]:5.2f}  state slope {s['state_slope'][n]:5.2f}  "
-                f"softmax / {n} at t={max(args.positions)}: {s['softmax_over'][n]:5.2f}"
-            )
+        for decoder, s in result["summary"].items():
+            for n in result["config"]["mechanisms"]:
+                print(
+                    f"  {decoder:6s} {n:8s} time slope {s['time_slope'][n]:5.2f}  state slope "
+                    f"{s['state_slope'][n]:5.2f}  softmax / {n} at t={max(args.positions)}: {s['softmax_over'][n]:5.2f}"
+                )
 
 
 if __name__ == "__main__":

@@ -351,14 +351,20 @@ class DecoderLM(nn.Module):
         temperature: float = 1.0,
         top_k: int | None = None,
         seed: int = 0,
+        decoder: str = "static",
     ) -> torch.Tensor:
         """Sample ``n_new`` tokens after ``prompt`` (B, P), one at a time; returns (B, P + n_new).
 
         The prompt is prefilled in one parallel call (``forward(prompt, output_final_state=True)``), then each
-        new token is drawn from
-        ``softmax(logits / temperature)`` (restricted to the ``top_k`` likeliest when given) and fed back.
-        ``temperature=0`` takes the likeliest token. Runs in eval mode without gradients and restores the
-        mode it found.
+        new token is drawn from ``softmax(logits / temperature)`` (restricted to the ``top_k`` likeliest when
+        given) and fed back. ``temperature=0`` means greedy decoding: the likeliest token, every time (the limit
+        of the softmax as the temperature goes to 0). Runs in eval mode without gradients and restores the mode
+        it found.
+
+        ``decoder="static"`` (default) steps through :class:`attnbook.decoding.StaticDecoder` (state allocated
+        once and updated in place: the same logits, several times faster per token); ``"compiled"`` compiles
+        that step (``torch.compile``; on CUDA a CUDA graph); ``"eager"`` through :meth:`step`, the chapter's
+        teaching path.
         """
         name = "DecoderLM.generate"
         prompt = self._check_tokens(prompt, "prompt", 2)
@@ -367,10 +373,24 @@ class DecoderLM(nn.Module):
         if top_k is not None:
             top_k = check_int(top_k, "top_k", name=name, minimum=1, maximum=self.vocab)
         generator = torch.Generator(device=prompt.device).manual_seed(check_int(seed, "seed", name=name))
+        decoder = check_choice(decoder, "decoder", ("static", "compiled", "eager"), name=name)
         was_training = self.training
         self.eval()
         try:
-            logits, state = self(prompt, output_final_state=True)  # (B, P, V): the prompt in one pass
+            if decoder == "eager":
+                logits, state = self(prompt, output_final_state=True)  # (B, P, V): the prompt in one pass
+                advance = self.step
+            else:
+                from .decoding import StaticDecoder  # (it imports this module)
+
+                fast = StaticDecoder(
+                    self, batch=prompt.shape[0], capacity=prompt.shape[1] + n_new, compile=decoder == "compiled"
+                )
+                logits, state = fast.prefill(prompt), None  # (B, P, V): the prompt in one pass
+
+                def advance(token: torch.Tensor, _: None) -> tuple[torch.Tensor, None]:
+                    return fast.step(token), None
+
             logits = logits[:, -1]  # (B, V)
             out = [prompt]
             for i in range(n_new):
@@ -385,7 +405,7 @@ class DecoderLM(nn.Module):
                     token = torch.multinomial(logits.softmax(-1), 1, generator=generator)[:, 0]  # (B,)
                 out.append(token.unsqueeze(1))
                 if i + 1 < n_new:  # the last token needs no logits after it
-                    logits, state = self.step(token, state)
+                    logits, state = advance(token, state)
             return torch.cat(out, dim=1)  # (B, P + n_new)
         finally:
             self.train(was_training)

@@ -1,15 +1,20 @@
 """The cost of generating one token at position t, for every causal mechanism in one alternating run (chapter 7).
 
-Each mechanism's :class:`~attnbook.lm.DecoderLM` generates the same byte sequence one token at a time. At each
-measurement position t, every generation is first advanced (untimed) to t, then
-:func:`attnbook.lab.profiling.compare` times single :meth:`~attnbook.lm.DecoderLM.step` calls, alternating between
-the mechanisms, each call advancing its own generation by one token (so the timed tokens sit at positions
-t .. t + warmup + repeats; a requested t that the previous point's calls already passed is measured where the
-generations are, and recorded as such). ``min_s``, the fastest of the calls, is the one least disturbed by
-other work on a shared machine. Memory is counted, not timed: the bytes of the decoding state after exactly t tokens
-(:func:`attnbook.lm.state_bytes`: in use and allocated), and the peak extra memory of one step
-(:func:`attnbook.lab.profiling.peak_memory`; on the CPU it sees the tensors torch operators return, not a fused
-kernel's private scratch).
+Each mechanism's :class:`~attnbook.lm.DecoderLM` writes the same byte sequence. At each measurement position t,
+every generation is first brought to t (untimed: the first t bytes are prefilled in one parallel call), then
+:func:`attnbook.lab.profiling.compare` times single steps, alternating between the mechanisms, each call
+advancing its own generation by one token (so the timed tokens sit at positions t .. t + warmup + repeats; the
+next position is reached by a new prefill, also when the calls went past it).
+``min_s``, the fastest of the calls, is the one least disturbed by other work on a shared machine.
+
+Three paths can be timed (``decoders``, all in one alternating run): ``"static"``,
+:class:`attnbook.decoding.StaticDecoder` (the state allocated once and updated in place, what
+:meth:`~attnbook.lm.DecoderLM.generate` uses), ``"compiled"``, that step compiled (``torch.compile``; on CUDA a
+CUDA graph, fixed shapes), and ``"eager"``,
+:meth:`~attnbook.lm.DecoderLM.step` (the chapter's teaching path, a new state every token). Memory is counted,
+not timed: the bytes of the decoding state after exactly t tokens (:func:`attnbook.lm.state_bytes`: in use, and
+allocated behind it), and the peak extra memory of one step (:func:`attnbook.lab.profiling.peak_memory`; on the
+CPU it sees the tensors torch operators return, not a fused kernel's private scratch).
 
 Timing does not depend on the weights, so the models are untrained (seed 0).
 """
@@ -19,34 +24,64 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
 from .. import mechanisms
-from .._checks import check_count, check_int
+from .._checks import check_choice, check_count, check_int
+from ..decoding import StaticDecoder
 from ..lm import state_bytes
 from .bench import environment, loglog_slope
 from .lm import Setup
 from .profiling import compare, peak_memory
 from .progress import Progress
 
-__all__ = ["POSITIONS", "measure", "series", "slope", "ratio"]
+__all__ = ["POSITIONS", "DECODERS", "measure", "series", "slope", "ratio"]
 
 POSITIONS = tuple(2**i for i in range(4, 14))  # 16 .. 8192
+DECODERS = ("static", "eager", "compiled")
 
 
 class _Generation:
-    """One mechanism's running generation: ``advance()`` feeds the next byte of ``text`` and keeps the state."""
+    """One mechanism's running generation: :meth:`seek` brings it to position t (a parallel prefill of the first t
+    bytes of ``text``), :meth:`advance` feeds the next byte through one step."""
 
-    def __init__(self, model, text: torch.Tensor, device):
+    def __init__(self, model, text: torch.Tensor, device, decoder: str, capacity: int):
         self.model, self.text, self.device = model, text, device
-        self.state = None
+        fast = decoder != "eager"
+        self.fast = StaticDecoder(model, batch=1, capacity=capacity, compile=decoder == "compiled") if fast else None
+        self.state: Any = None
         self.t = 0
 
+    def _bytes(self, start: int, n: int) -> torch.Tensor:
+        index = torch.arange(start, start + n) % self.text.numel()
+        return self.text[index].view(1, n).to(self.device, torch.long)
+
+    def seek(self, t: int) -> None:
+        if t == self.t:
+            return
+        prompt = self._bytes(0, t)
+        if self.fast is not None:
+            self.fast.prefill(prompt)
+        else:
+            _, self.state = self.model(prompt, output_final_state=True)
+        self.t = t
+
     def advance(self) -> None:
-        token = self.text[self.t % self.text.numel()].view(1).to(self.device, torch.long)
-        _, self.state = self.model.step(token, self.state)
+        token = self._bytes(self.t, 1)[0]
+        if self.fast is not None:
+            self.fast.step(token)
+        else:
+            _, self.state = self.model.step(token, self.state)
         self.t += 1
+
+    def held(self) -> tuple[int, int]:
+        """Bytes of the decoding state: in use, and allocated behind it."""
+        if self.fast is None:
+            return state_bytes(self.state), state_bytes(self.state, allocated=True)
+        allocated = sum(x.numel() * x.element_size() for x in self.fast.tensors())
+        return state_bytes(self.fast.state()), allocated
 
 
 def measure(
@@ -59,6 +94,8 @@ def measure(
     text: torch.Tensor | None = None,
     device: torch.device | str = "cpu",
     dtype: torch.dtype = torch.float32,
+    decoders: Sequence[str] = ("static",),
+    burst: int = 1,
     progress: bool = True,
 ) -> dict:
     """Per-token time and memory of generation against the position t (see the module docstring).
@@ -69,45 +106,56 @@ def measure(
         positions: increasing positions t at which to measure.
         repeats, warmup: as in :func:`~attnbook.lab.profiling.compare` (each call is one token).
         text: the bytes fed to the models (cycled); default a fixed random byte string.
+        decoders: which of ``"static"``, ``"eager"`` and ``"compiled"`` to time (module docstring); each
+            mechanism is timed on each, all in one alternating run.
+        burst: tokens per timed call (their mean is recorded): 1 times a lone step right after the other
+            mechanisms' (its weights and state may have left the processor's caches meanwhile); more times
+            the steps of a generation that runs on, as ``generate`` does.
 
     Returns:
-        A dict with keys ``config``, ``environment`` and ``records``: one record per mechanism and position,
-        with keys ``mechanism``, ``t``, ``median_s``, ``min_s``, ``samples_s``, ``state_bytes``,
-        ``allocated_bytes``, ``step_peak_bytes`` and ``recurrent``.
+        A dict with keys ``config``, ``environment`` and ``records``: one record per decoder, mechanism and
+        position, with keys ``decoder``, ``mechanism``, ``t``, ``median_s``, ``min_s``, ``samples_s``,
+        ``state_bytes``, ``allocated_bytes``, ``step_peak_bytes`` and ``recurrent``.
     """
     names = list(mechanism_names or mechanisms.names(causal=True))
     check_count(positions, "positions", name="measure", item="position")
     positions = sorted(check_int(t, "positions", name="measure", minimum=1) for t in positions)
+    check_count(decoders, "decoders", name="measure", item="decoder")
+    decoders = [check_choice(d, "decoders", DECODERS, name="measure") for d in decoders]
     device = torch.device(device)
     if text is None:
         text = torch.randint(256, (4096,), generator=torch.Generator().manual_seed(0), dtype=torch.uint8)
+    burst = check_int(burst, "burst", name="measure", minimum=1)
+    capacity = positions[-1] + burst * (repeats + warmup) + 4  # the timed steps and peak_memory's one beyond t
     runs = {}
     for name in names:
         torch.manual_seed(0)
         model = setup.model(name).to(device=device, dtype=dtype).eval()
-        runs[name] = _Generation(model, text, device)
-    bar = Progress(positions[-1] * len(names), enabled=progress)
+        for decoder in decoders:
+            runs[decoder, name] = _Generation(model, text, device, decoder, capacity)
+    bar = Progress(len(positions) * len(runs), enabled=progress)
     records = []
     with torch.inference_mode():
         for t in positions:
             for run in runs.values():
-                while run.t < t:
-                    run.advance()
-                bar.done = sum(min(r.t, positions[-1]) for r in runs.values())
-                bar.update(0, note=f"t = {t}")
-            at = next(iter(runs.values())).t  # = t, or later when the previous point's calls went past t
-            held = {n: (state_bytes(r.state), state_bytes(r.state, allocated=True)) for n, r in runs.items()}
-            timing = compare({n: r.advance for n, r in runs.items()}, repeats=repeats, warmup=warmup, device=device)
-            for name, run in runs.items():
+                run.seek(t)
+                bar.update(1, note=f"t = {t}")
+            at = t
+            held = {n: r.held() for n, r in runs.items()}
+            calls = {n: (lambda r=r: [r.advance() for _ in range(burst)]) for n, r in runs.items()}
+            timing = compare(calls, repeats=repeats, warmup=warmup, device=device)
+            for (decoder, name), run in runs.items():
+                key = (decoder, name)
                 records.append(
                     {
+                        "decoder": decoder,
                         "mechanism": name,
                         "t": at,
-                        "median_s": timing[name].median,
-                        "min_s": min(timing[name].samples),
-                        "samples_s": list(timing[name].samples),
-                        "state_bytes": held[name][0],
-                        "allocated_bytes": held[name][1],
+                        "median_s": timing[key].median / burst,
+                        "min_s": min(timing[key].samples) / burst,
+                        "samples_s": [x / burst for x in timing[key].samples],
+                        "state_bytes": held[key][0],
+                        "allocated_bytes": held[key][1],
                         "step_peak_bytes": peak_memory(run.advance, device),
                         "recurrent": run.model.recurrent,
                     }
@@ -130,31 +178,47 @@ def measure(
             "positions": positions,
             "repeats": repeats,
             "warmup": warmup,
+            "decoders": decoders,
+            "burst": burst,
             "mechanisms": names,
         },
         "records": records,
     }
 
 
-def series(result: dict, metric: str = "median_s") -> tuple[list[int], dict[str, list[float]]]:
-    """``(positions, {mechanism: values})`` of one metric of a :func:`measure` result."""
-    ts = sorted({r["t"] for r in result["records"]})
+def _decoder(result: dict, decoder: str | None) -> str:
+    decoders = result["config"].get("decoders", ["eager"])  # recordings made before the static decoder: eager
+    return decoders[0] if decoder is None else check_choice(decoder, "decoder", tuple(decoders), name="series")
+
+
+def series(
+    result: dict, metric: str = "median_s", decoder: str | None = None
+) -> tuple[list[int], dict[str, list[float]]]:
+    """``(positions, {mechanism: values})`` of one metric of a :func:`measure` result, for one ``decoder``
+    (default the first one timed)."""
+    decoder = _decoder(result, decoder)
+    records = [r for r in result["records"] if r.get("decoder", "eager") == decoder]
+    ts = sorted({r["t"] for r in records})
     out: dict[str, list[float]] = {}
     for name in result["config"]["mechanisms"]:
-        by_t = {r["t"]: r[metric] for r in result["records"] if r["mechanism"] == name}
+        by_t = {r["t"]: r[metric] for r in records if r["mechanism"] == name}
         out[name] = [float(by_t.get(t, math.nan)) for t in ts]
     return ts, out
 
 
-def slope(result: dict, name: str, metric: str = "median_s", lo: int = 256, hi: int = 8192) -> float:
+def slope(
+    result: dict, name: str, metric: str = "median_s", lo: int = 256, hi: int = 8192, decoder: str | None = None
+) -> float:
     """Log-log slope of ``metric`` against t for ``name`` between positions ``lo`` and ``hi`` (inclusive)."""
-    ts, s = series(result, metric)
+    ts, s = series(result, metric, decoder)
     pts = [(t, y) for t, y in zip(ts, s[name], strict=True) if lo <= t <= hi]
     return loglog_slope([t for t, _ in pts], [y for _, y in pts])
 
 
-def ratio(result: dict, numerator: str, denominator: str, t: int, metric: str = "median_s") -> float:
+def ratio(
+    result: dict, numerator: str, denominator: str, t: int, metric: str = "median_s", decoder: str | None = None
+) -> float:
     """``metric`` of ``numerator`` over that of ``denominator`` at position ``t``."""
-    ts, s = series(result, metric)
+    ts, s = series(result, metric, decoder)
     i = ts.index(t)
     return s[numerator][i] / s[denominator][i]

@@ -1,0 +1,49 @@
+"""What every recording script under benchmarks/ shares: the quiet-machine rule and the stamp of a recording.
+
+The machine is shared. A script records only while the 1-minute load average is at most half the cores (other
+work would set the pace, not the code measured); ``--force`` records anyway and the recording says so. Every
+recording stores the load average before and after it and the commit it measured.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+
+def quiet_or_exit(script: str, force: bool) -> list[float]:
+    """The load average now; exits with a message when it is above half the cores, unless ``force``."""
+    load = list(os.getloadavg())
+    limit = (os.cpu_count() or 1) / 2
+    if load[0] > limit:
+        message = (
+            f"{script}: the 1-minute load average is {load[0]:.2f}, above half the cores ({limit:g}); the "
+            "machine is shared, and other work would set the pace of what is measured"
+        )
+        if not force:
+            sys.exit(message + ". Wait for a quiet moment, or pass --force to record anyway (it is noted).")
+        print(message + "; recording anyway (--force).", file=sys.stderr)
+    return load
+
+
+def commit() -> str | None:
+    """The checkout's commit, with "+changes" when tracked files differ from it (None outside git)."""
+    root = Path(__file__).resolve().parents[1]
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                               capture_output=True, text=True, check=True)  # fmt: skip
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return head.stdout.strip() + ("+changes" if dirty.stdout.strip() else "")
+
+
+def stamp(environment: dict, load_before: list[float], force: bool) -> dict:
+    """``environment`` with the load before and after, whether the quiet rule was overridden, and the commit."""
+    environment["load_average_before"] = load_before
+    environment["load_average_after"] = list(os.getloadavg())
+    environment["forced"] = bool(force and load_before[0] > (os.cpu_count() or 1) / 2)
+    environment["commit"] = commit()
+    return environment

@@ -1,0 +1,87 @@
+"""attnbook.decoding.StaticDecoder: the state allocated once and updated in place gives the logits of the
+teaching path (DecoderLM.step) and of one whole forward, for every causal mechanism, and says what is wrong."""
+
+import pytest
+import torch
+from support import tol
+
+from attnbook.decoding import StaticDecoder
+from attnbook.lm import DecoderLM
+from attnbook.mechanisms import MECHANISMS
+
+CAUSAL = [n for n, m in MECHANISMS.items() if m.causal]
+
+
+def model(name, dtype=torch.float64, **kwargs):
+    torch.manual_seed(0)
+    return DecoderLM(name, dim=24, n_heads=4, n_layers=2, **kwargs).to(dtype).eval()
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize("name", CAUSAL)
+def test_prefill_and_steps_give_the_logits_of_one_forward(name, batch):
+    m = model(name)
+    tokens = torch.randint(0, 256, (batch, 30))
+    decoder = StaticDecoder(m, batch=batch, capacity=30)
+    parts = [decoder.prefill(tokens[:, :11])]
+    for t in range(11, 30):
+        parts.append(decoder.step(tokens[:, t]).unsqueeze(1))
+    torch.testing.assert_close(torch.cat(parts, 1), m(tokens), **tol(torch.float64))
+    assert decoder.t == 30
+
+
+@pytest.mark.parametrize("name", CAUSAL)
+def test_its_state_is_the_one_the_eager_steps_reach(name):
+    m = model(name)
+    tokens = torch.randint(0, 256, (2, 9))
+    decoder = StaticDecoder(m, batch=2, capacity=16)
+    decoder.prefill(tokens[:, :4])
+    for t in range(4, 9):
+        decoder.step(tokens[:, t])
+    _, expected = m(tokens, output_final_state=True)
+    held = decoder.state()
+    assert held.t == expected.t == 9
+    nxt = torch.randint(0, 256, (2,))
+    torch.testing.assert_close(m.step(nxt, held)[0], m.step(nxt, expected)[0], **tol(torch.float64))
+
+
+@pytest.mark.parametrize("name", ["linear", "flow", "softmax"])
+def test_float32_and_bfloat16_models(name):
+    for dtype in (torch.float32, torch.bfloat16):
+        m = model(name, dtype)
+        tokens = torch.randint(0, 256, (1, 12))
+        decoder = StaticDecoder(m, capacity=12)
+        decoder.prefill(tokens[:, :8])
+        got = torch.stack([decoder.step(tokens[:, t]) for t in range(8, 12)], 1)
+        torch.testing.assert_close(got.double(), m(tokens)[:, 8:].double(), **tol(dtype))
+
+
+def test_reset_starts_afresh_and_capacity_is_a_clear_limit():
+    m = model("softmax")
+    decoder = StaticDecoder(m, capacity=4)
+    tokens = torch.randint(0, 256, (1, 4))
+    first = [decoder.step(tokens[:, t]) for t in range(4)]
+    with pytest.raises(ValueError, match=r"StaticDecoder.step: the number of tokens must be an int <= 4 \(the "):
+        decoder.step(tokens[:, 0])
+    decoder.reset()
+    torch.testing.assert_close(decoder.step(tokens[:, 0]), first[0])
+    with pytest.raises(ValueError, match=r"prefill: the prompt's length must be an int <= 4"):
+        decoder.prefill(torch.randint(0, 256, (1, 5)))
+    with pytest.raises(ValueError, match=r"prefill: the prompt's batch size must be 1"):
+        decoder.prefill(torch.randint(0, 256, (2, 3)))
+    with pytest.raises(TypeError, match=r"StaticDecoder: model must be a DecoderLM"):
+        StaticDecoder(torch.nn.Linear(2, 2))
+
+
+@pytest.mark.slow
+def test_the_compiled_step_gives_the_same_logits():
+    """torch.compile of the step, fixed shapes (the position a tensor, the KV cache read whole and masked)."""
+    for name in ("linear", "softmax"):
+        torch._dynamo.reset()
+        m = DecoderLM(name, dim=16, n_heads=2, n_layers=1).eval()
+        tokens = torch.randint(0, 256, (1, 10))
+        plain, compiled = StaticDecoder(m, capacity=10), StaticDecoder(m, capacity=10, compile=True)
+        plain.prefill(tokens[:, :6])
+        compiled.prefill(tokens[:, :6])
+        for t in range(6, 10):
+            torch.testing.assert_close(compiled.step(tokens[:, t]), plain.step(tokens[:, t]), **tol(torch.float32))

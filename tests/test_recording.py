@@ -1,0 +1,36 @@
+"""Every recording script under benchmarks/ follows the quiet-machine rule: it refuses to record while the load
+average is above half the cores, unless forced (and the recording says so), and it stores the load before and
+after, and the commit."""
+
+import pathlib
+import sys
+
+import pytest
+
+BENCHMARKS = pathlib.Path(__file__).resolve().parents[1] / "benchmarks"
+sys.path.insert(0, str(BENCHMARKS))
+import recording  # noqa: E402
+
+SCRIPTS = ["bench_claims.py", "bench_decoding.py", "bench_generation.py", "bench_training.py"]
+
+
+def test_refuses_a_busy_machine_unless_forced(monkeypatch, capsys):
+    monkeypatch.setattr(recording.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(recording.os, "getloadavg", lambda: (1.5, 1.0, 0.5))
+    with pytest.raises(SystemExit, match=r"load average is 1.50, above half the cores \(1\).*pass --force"):
+        recording.quiet_or_exit("bench_x", force=False)
+    assert recording.quiet_or_exit("bench_x", force=True) == [1.5, 1.0, 0.5]
+    assert "recording anyway (--force)" in capsys.readouterr().err
+    environment = recording.stamp({}, [1.5, 1.0, 0.5], force=True)
+    assert environment["forced"] is True and environment["load_average_before"] == [1.5, 1.0, 0.5]
+    monkeypatch.setattr(recording.os, "getloadavg", lambda: (0.9, 1.0, 0.5))
+    assert recording.quiet_or_exit("bench_x", force=False) == [0.9, 1.0, 0.5]
+    environment = recording.stamp({}, [0.9, 1.0, 0.5], force=False)
+    assert environment["forced"] is False and environment["load_average_after"] == [0.9, 1.0, 0.5]
+    assert "commit" in environment
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_every_recording_script_checks_the_load_and_stamps_its_recording(script):
+    text = (BENCHMARKS / script).read_text()
+    assert "quiet_or_exit(" in text and "stamp(" in text and '"--force"' in text
