@@ -20,11 +20,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
 import statistics
 from pathlib import Path
 
 import torch
+from recording import quiet_or_exit, stamp
 
 from attnbook import mechanisms
 from attnbook.lab import corpus, lm
@@ -47,6 +47,7 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--threads", type=int, default=1, help="CPU threads (default 1)")
     parser.add_argument("--out-dir", type=Path, default=Path(__file__).parent / "results" / "ch07")
+    parser.add_argument("--force", action="store_true", help="record even when the machine is busy")
     parser.add_argument(
         "--step-times",
         action="store_true",
@@ -60,17 +61,16 @@ def main() -> None:
     path = args.out_dir / f"lm_training_{torch.device(args.device).type}_{args.size}.json"
     if args.step_times:
         result = json.loads(path.read_text())
-        load = list(os.getloadavg())
+        load = quiet_or_exit("bench_lm_training", args.force)
         result["step_time_s"] = lm.step_seconds(names, data, setup, device=args.device)
-        result["step_time_environment"] = {**environment(args.device), "load_average_before": load}
+        result["step_time_environment"] = stamp(environment(args.device), load, args.force)
         path.write_text(json.dumps(result, indent=1) + "\n")
         for m, t in result["step_time_s"].items():
             print(f"  {m:8s} one training step: fastest {1e3 * t['min']:.0f} ms, median {1e3 * t['median']:.0f} ms")
         return
-    load_before = list(os.getloadavg())
+    load_before = quiet_or_exit("bench_lm_training", args.force)
     runs = lm.race(names, data, setup, seeds=args.seeds, device=args.device)
-    env = environment(args.device)
-    env["load_average_before"], env["load_average_after"] = load_before, list(os.getloadavg())
+    env = stamp(environment(args.device), load_before, args.force)
     prompt = torch.tensor([list(PROMPT)], device=args.device)
     result = {
         "kind": "attnbook.lab.lm.race",
