@@ -118,6 +118,7 @@ steps:
 lint: venv
 	$(BIN)/ruff check src tests benchmarks book
 	$(BIN)/ruff format --check src tests benchmarks book
+	$(BIN)/mypy
 	$(BIN)/nbstripout --verify --keep-id $(wildcard book/*.ipynb)
 
 unit: venv

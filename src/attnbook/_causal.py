@@ -36,6 +36,9 @@ derivative order is exact.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+from typing import Any
+
 import torch
 
 from . import _prefix
@@ -53,13 +56,16 @@ CPU_TILE = 2048
 # Elsewhere (a GPU) the operations are launched, not run, by Python: tiles as large as the memory allows.
 DEVICE_TILE = 1 << 15
 
+# A plan of tiles (:func:`_tiles`): row groups (r0, R, spans), each span (s0, m, c) a run of m chunks of c positions.
+_Plan = list[tuple[int, int, list[tuple[int, int, int]]]]
+
 
 def tile_positions(device: torch.device) -> int:
     """Positions per tile on ``device``."""
     return CPU_TILE if device.type == "cpu" else DEVICE_TILE
 
 
-def _tiles(rows: int, N: int, C: int, positions: int):
+def _tiles(rows: int, N: int, C: int, positions: int) -> _Plan:
     """The tiles of a (rows, N) problem in chunks of C <= N: a list of row groups (r0, R, spans), each span
     (s0, m, c) a run of m chunks of c positions from position s0, in forward time order.
 
@@ -77,16 +83,21 @@ def _tiles(rows: int, N: int, C: int, positions: int):
     return [(r, 1, spans) for r in range(rows)]
 
 
-def _tiler(tensors, rows: int, N: int, C: int):
+def _tiler(
+    tensors: Sequence[torch.Tensor | None], rows: int, N: int, C: int
+) -> Callable[[int, int, int, int, int], list[Any]]:
     """A function of a tile (r0, R, s0, m, c) that gives each of ``tensors`` ((rows, N, .), or None) as the
     tile's batch of chunks (R m, c, .): when every chunk is whole, one slice of a view made once (a tile's
-    chunks are consecutive in memory), else a slice and a view (:func:`_tile`)."""
+    chunks are consecutive in memory), else a slice and a view (:func:`_tile`).
+
+    The tiles are typed Any: each is a tensor, or None where its tensor is None (the optional masks and
+    reciprocals), which the caller knows position by position."""
     if N % C:
         return lambda r0, R, s0, m, c: [None if x is None else _tile(x, r0, R, s0, m, c) for x in tensors]
     n = N // C
     chunks = [None if x is None else x.view(rows * n, C, x.shape[-1]) for x in tensors]
 
-    def tile(r0, R, s0, m, c):
+    def tile(r0: int, R: int, s0: int, m: int, c: int) -> list[Any]:
         a = r0 * n + s0 // C
         return [None if x is None else x[a : a + R * m] for x in chunks]
 
@@ -99,7 +110,7 @@ def _tile(x: torch.Tensor, r0: int, R: int, s0: int, m: int, c: int) -> torch.Te
     return x[r0 : r0 + R, s0 : s0 + m * c].view(R * m, c, x.shape[-1])
 
 
-def _rows(x: torch.Tensor, R: int):
+def _rows(x: torch.Tensor, R: int) -> tuple[torch.Tensor, ...]:
     """A tile's batch of chunks (R m, ...) as its R rows' batches (m, ...)."""
     return (x,) if R == 1 else x.view(R, -1, *x.shape[1:]).unbind(0)
 
@@ -126,7 +137,7 @@ class _Workspace:
     chunks) in slot j + 1 and the earlier tile's carry in slot 0. m is the most chunks of a tile of the call;
     a tile with fewer uses the first slots, so the carry's slot does not depend on the tile's shape."""
 
-    def __init__(self, q: torch.Tensor, plan, D: int, Dv: int, kind: str | None, grad: bool):
+    def __init__(self, q: torch.Tensor, plan: _Plan, D: int, Dv: int, kind: str | None, grad: bool):
         self.R = max(R for _, R, _ in plan)
         self.m = max(m for _, _, spans in plan for _, m, _ in spans)
         most = max(R * m * c for _, R, spans in plan for _, m, c in spans)  # positions of the largest tile
@@ -142,26 +153,28 @@ class _Workspace:
             "S": slots * D * Dv,
             "Z": slots * D,
         }
-        block, start, self.flat = q.new_empty(sum(sizes.values())), 0, {}
+        self.flat: dict[str, torch.Tensor] = {}
+        block, start = q.new_empty(sum(sizes.values())), 0
         for name, size in sizes.items():
             self.flat[name] = block[start : start + size]
             start += size
         self.S = self.flat["S"].view(self.R, self.m + 1, D, Dv)
         self.Z = self.flat["Z"].view(self.R, self.m + 1, D)
         self.slots, self.zslots = self.S.unbind(1), self.Z.unbind(1)  # (R, D, Dv) and (R, D) each
-        self.kind, self.D, self.Dv, self.grad, self._views = kind, D, Dv, grad, {}
+        self._views: dict[tuple[int, int, int], _TileViews] = {}
+        self.kind, self.D, self.Dv, self.grad = kind, D, Dv, grad
 
-    def views(self, R: int, m: int, c: int):
+    def views(self, R: int, m: int, c: int) -> _TileViews:
         """The views of a tile of R rows of m chunks of c positions (a namespace), made once per shape."""
         key = (R, m, c)
         if key not in self._views:
             self._views[key] = self._make_views(R, m, c)
         return self._views[key]
 
-    def _make_views(self, R: int, m: int, c: int):
+    def _make_views(self, R: int, m: int, c: int) -> _TileViews:
         t, D, Dv, w = R * m, self.D, self.Dv, _TileViews()
 
-        def take(name, *shape):
+        def take(name: str, *shape: int) -> torch.Tensor:
             n = 1
             for size in shape:
                 n *= size
@@ -191,19 +204,76 @@ class _Workspace:
 class _TileViews:
     """Views of a :class:`_Workspace` for one tile shape (attributes set by :meth:`_Workspace._make_views`)."""
 
+    # the features' buffers and their views (built-in kinds only; None otherwise), elu + 1's x + 1
+    fq: torch.Tensor | None
+    fk: torch.Tensor | None
+    tmp: torch.Tensor | None
+    fq_rows: tuple[torch.Tensor, ...]
+    fk_rows: tuple[torch.Tensor, ...]
+    fkT: torch.Tensor
+    fkT_rows: tuple[torch.Tensor, ...]
+    # the masked C x C matrices, the normaliser (a column and a row per chunk), dL/dnum and its product
+    scores: torch.Tensor
+    den: torch.Tensor
+    den_rows: tuple[torch.Tensor, ...]
+    denT_rows: tuple[torch.Tensor, ...]
+    gn: torch.Tensor
+    gn_out: torch.Tensor
+    gn_rows: tuple[torch.Tensor, ...]
+    # per row of the tile: the state slots after and before each chunk, transposed, and the sums' slots
+    hi: list[torch.Tensor]
+    lo: list[torch.Tensor]
+    hiT: list[torch.Tensor]
+    loT: list[torch.Tensor]
+    zhi: list[torch.Tensor]
+    zlo: list[torch.Tensor]
+    zhi_row: list[torch.Tensor]
+    zlo_row: list[torch.Tensor]
+    S_run: torch.Tensor
+    Z_run: torch.Tensor
 
-def _feature_views(fq: torch.Tensor, fk: torch.Tensor, R: int):
+
+def _feature_views(
+    fq: torch.Tensor, fk: torch.Tensor, R: int
+) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...], torch.Tensor, tuple[torch.Tensor, ...]]:
     """The views of a tile's features (t, c, D) that the products take: phi(q) and phi(k) per row,
     phi(k)^T, and phi(k)^T per row."""
     fkT = fk.transpose(1, 2)
     return _rows(fq, R), _rows(fk, R), fkT, _rows(fkT, R)
 
 
-def _features(kind: str | None, w, qt, kt, dt, R: int):
+# A tile's features: phi(q), phi(k), phi(q) and phi(k) per row, phi(k)^T, and phi(k)^T per row.
+_Features = tuple[
+    torch.Tensor,
+    torch.Tensor,
+    tuple[torch.Tensor, ...],
+    tuple[torch.Tensor, ...],
+    torch.Tensor,
+    tuple[torch.Tensor, ...],
+]
+
+
+# A tile's features, then the gradients gn = g r of the numerator and gd = -(gn . out) of the normaliser.
+_TileInputs = tuple[
+    torch.Tensor,
+    torch.Tensor,
+    tuple[torch.Tensor, ...],
+    tuple[torch.Tensor, ...],
+    torch.Tensor,
+    tuple[torch.Tensor, ...],
+    torch.Tensor,
+    torch.Tensor,
+]
+
+
+def _features(
+    kind: str | None, w: _TileViews, qt: torch.Tensor, kt: torch.Tensor, dt: torch.Tensor | None, R: int
+) -> _Features:
     """A tile's features and their views (:func:`_feature_views`): made into ``w``'s buffers for a built-in
     ``kind`` (padded keys', marked by ``dt``, zeroed), else q and k themselves."""
     if kind is None:
         return (qt, kt, *_feature_views(qt, kt, R))
+    assert w.fq is not None and w.fk is not None  # the workspace makes feature buffers for a built-in kind
     features_into(kind, qt, w.fq, w.tmp)
     features_into(kind, kt, w.fk, w.tmp)
     if dt is not None:
@@ -211,7 +281,7 @@ def _features(kind: str | None, w, qt, kt, dt, R: int):
     return w.fq, w.fk, w.fq_rows, w.fk_rows, w.fkT, w.fkT_rows
 
 
-def _carry(ws: _Workspace, into: int, source: int | None):
+def _carry(ws: _Workspace, into: int, source: int | None) -> None:
     """Puts the carry into slot ``into`` of ``ws``'s states: from slot ``source`` (where the tile before left
     it), or zero for a row group's first tile (``source`` None)."""
     for slots in (ws.slots, ws.zslots):
@@ -221,7 +291,7 @@ def _carry(ws: _Workspace, into: int, source: int | None):
             slots[into].copy_(slots[source])
 
 
-def _running_sum(ws: _Workspace, w, m: int, reverse: bool, loop: bool):
+def _running_sum(ws: _Workspace, w: _TileViews, m: int, reverse: bool, loop: bool) -> None:
     """The running sum over slots 0 .. m of the states (``S`` and ``Z``), in place: forwards, or from the end
     when ``reverse``. ``loop`` (:func:`attnbook._prefix.by_additions`): one in-place addition per slot of
     ``S``, on views made once; else (and always for the small ``Z``) one cumsum."""
@@ -284,7 +354,17 @@ def forward(
     return out
 
 
-def backward(q, k, v, out, recip, g, kind, drop, C):
+def backward(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    recip: torch.Tensor,
+    g: torch.Tensor,
+    kind: str | None,
+    drop: torch.Tensor | None,
+    C: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv) of :func:`forward` for the output gradient g (rows, N, Dv): the two passes of the module
     docstring, one row group after the other, each tile's features made again (but for the last tile of a
     group, which the pass back starts with while they are still in the buffers). With a built-in ``kind``
@@ -298,7 +378,16 @@ def backward(q, k, v, out, recip, g, kind, drop, C):
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     tiles = _tiler([q, k, v, out, recip, g, drop, dq, dk, dv], rows, N, C)
 
-    def tile_inputs(w, qt, kt, dt, gt, rt, ot, R):
+    def tile_inputs(
+        w: _TileViews,
+        qt: torch.Tensor,
+        kt: torch.Tensor,
+        dt: torch.Tensor | None,
+        gt: torch.Tensor,
+        rt: torch.Tensor,
+        ot: torch.Tensor,
+        R: int,
+    ) -> _TileInputs:
         features = _features(kind, w, qt, kt, dt, R)
         gn = torch.mul(gt, rt, out=w.gn)  # dL/dnum
         torch.sum(torch.mul(gn, ot, out=w.gn_out), -1, keepdim=True, out=w.den).neg_()  # dL/dden = -(gn . out)
@@ -355,8 +444,19 @@ class _CausalLinear(torch.autograd.Function):
     """Causal linear attention with the tiled backward of the module docstring; q, k raw inputs of a built-in
     ``kind`` or features (``kind`` None); all (rows, N, .) contiguous, one (accumulation) dtype."""
 
+    # ctx: torch's FunctionCtx, which also carries this Function's own attributes (kind, drop, C, eps); torch
+    # declares neither those nor the context's type in forward and backward, hence Any.
     @staticmethod
-    def forward(ctx, q, k, v, kind, drop, C, eps):
+    def forward(
+        ctx: Any,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        kind: str | None,
+        drop: torch.Tensor | None,
+        C: int,
+        eps: float,
+    ) -> torch.Tensor:
         with autocast_disabled(q.device):
             out, recip = v.new_empty(v.shape), v.new_empty(*v.shape[:-1], 1)
             forward(q, k, v, kind, drop, C, eps, out, recip)
@@ -365,7 +465,7 @@ class _CausalLinear(torch.autograd.Function):
         return out
 
     @staticmethod
-    def backward(ctx, g):
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         q, k, v, out, recip = ctx.saved_tensors
         need = ctx.needs_input_grad[:3]
         if torch.is_grad_enabled():  # a graph of the backward is being built: differentiate a recomputation
@@ -381,7 +481,17 @@ class _CausalLinear(torch.autograd.Function):
         return (*(x if n else None for x, n in zip(grads, need, strict=True)), None, None, None, None)
 
 
-def _differentiable_grads(q, k, v, g, kind, drop, C, eps, need):
+def _differentiable_grads(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    kind: str | None,
+    drop: torch.Tensor | None,
+    C: int,
+    eps: float,
+    need: tuple[bool, ...],
+) -> tuple[torch.Tensor | None, ...]:
     """The first derivatives as a graph (for ``create_graph=True``): the output recomputed through
     differentiable operations (:func:`attnbook._prefix.normalised_attention`) and differentiated."""
     fq, fk = (q, k) if kind is None else (FEATURE_MAPS[kind](q), FEATURE_MAPS[kind](k))
@@ -393,8 +503,12 @@ def _differentiable_grads(q, k, v, g, kind, drop, C, eps, need):
     return tuple(next(grads) if n else None for n in need)
 
 
-def attention(q, k, v, kind: str | None, drop: torch.Tensor | None, C: int, eps: float) -> torch.Tensor:
+def attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kind: str | None, drop: torch.Tensor | None, C: int, eps: float
+) -> torch.Tensor:
     """Causal linear attention on q, k (rows, N, D), v (rows, N, Dv) of one accumulation dtype, validated:
     differentiable any number of times. ``kind`` and ``drop`` as in :func:`forward`."""
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-    return _CausalLinear.apply(q, k, v, kind, drop, C, eps)
+    # torch's Function.apply is untyped (no-untyped-call)
+    out: torch.Tensor = _CausalLinear.apply(q, k, v, kind, drop, C, eps)  # type: ignore[no-untyped-call]
+    return out

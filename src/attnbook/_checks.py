@@ -29,12 +29,16 @@ from __future__ import annotations
 import math
 import numbers
 import warnings
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence, Sized
+from typing import TYPE_CHECKING, Any, Literal, NoReturn, TypeVar, overload
 
 import torch
 from torch import nn
 
 from ._runtime import accumulation_dtype, autocast_dtype, result_dtype, tracing
+
+if TYPE_CHECKING:  # for annotations only: attnbook.softmax imports this module
+    from .softmax import KVCache
 
 __all__ = [
     "shape_str",
@@ -96,10 +100,15 @@ __all__ = [
     "check_module",
     "check_callables",
     "check_found",
+    "check_supported",
     "accumulation_dtype",  # decided in attnbook._runtime; re-exported for the modules that import it from here
 ]
 
 _FLOAT32 = torch.finfo(torch.float32)
+
+# A check that returns what it was given returns it with the type it was given (a choice, a callable, a sequence).
+T = TypeVar("T")
+SizedT = TypeVar("SizedT", bound=Sized)
 
 
 def shape_str(x: torch.Tensor) -> str:
@@ -107,7 +116,7 @@ def shape_str(x: torch.Tensor) -> str:
     return "(" + ", ".join(str(s) for s in x.shape) + ")"
 
 
-def describe(value) -> str:
+def describe(value: object) -> str:
     """How a received value is quoted: tensors by dtype and shape (and device when not the CPU), arrays and
     containers by type and size, everything else by ``repr`` (shortened)."""
     if isinstance(value, torch.Tensor):
@@ -128,7 +137,7 @@ def describe(value) -> str:
 
 
 def check_int(
-    value, arg: str, *, name: str, minimum: int | None = None, maximum: int | None = None, why: str = ""
+    value: object, arg: str, *, name: str, minimum: int | None = None, maximum: int | None = None, why: str = ""
 ) -> int:
     """``value`` as an int in [minimum, maximum]; bools, floats (even 3.0), strings and tensors are refused.
 
@@ -149,7 +158,7 @@ def check_int(
 
 
 def check_number(
-    value,
+    value: object,
     arg: str,
     *,
     name: str,
@@ -180,14 +189,14 @@ def check_number(
     return value
 
 
-def check_bool(value, arg: str, *, name: str) -> bool:
+def check_bool(value: object, arg: str, *, name: str) -> bool:
     """``value`` if it is a bool (``True``/``False``); the string ``"False"`` or the int 1 are refused."""
     if not isinstance(value, bool):
         raise TypeError(f"{name}: {arg} must be True or False, got {describe(value)}")
     return value
 
 
-def check_probability(value, arg: str, *, name: str) -> float:
+def check_probability(value: object, arg: str, *, name: str) -> float:
     """A dropout-like probability in [0, 1)."""
     return check_number(value, arg, name=name, minimum=0.0, maximum=1.0, strict_maximum=True)
 
@@ -197,7 +206,7 @@ def check_probability(value, arg: str, *, name: str) -> float:
 EPS_MAX = 1.0
 
 
-def check_eps(eps, *, name: str) -> float:
+def check_eps(eps: object, *, name: str) -> float:
     """The eps of a normaliser: 0, or a number from float32's smallest normal number (about 1.2e-38: eps is
     added in at least float32, where a smaller one would be 0 or a denormal) to :data:`EPS_MAX`."""
     eps = check_number(eps, "eps", name=name, minimum=0.0)
@@ -214,7 +223,7 @@ def check_eps(eps, *, name: str) -> float:
     return eps
 
 
-def check_scale(scale, *, name: str) -> float | None:
+def check_scale(scale: object, *, name: str) -> float | None:
     """A softmax scale: None (1 / sqrt(D)) or a positive number that float32 holds as a normal number.
 
     Smaller scales underflow to 0 in the kernels (0 * -inf = NaN rows), larger ones overflow to inf.
@@ -230,12 +239,12 @@ def check_scale(scale, *, name: str) -> float | None:
     return scale
 
 
-def check_chunk_size(chunk_size, *, name: str) -> int:
+def check_chunk_size(chunk_size: object, *, name: str) -> int:
     """The chunk (block) length of a causal algorithm: an int >= 1."""
     return check_int(chunk_size, "chunk_size", name=name, minimum=1)
 
 
-def check_choice(value, arg: str, choices: Sequence, *, name: str, why: str = ""):
+def check_choice(value: T, arg: str, choices: Sequence[object], *, name: str, why: str = "") -> T:
     """``value`` if it is one of ``choices`` (compared with ==, of the same type); ``why`` explains the choices."""
     for choice in choices:
         if type(value) is type(choice) and value == choice:
@@ -246,33 +255,41 @@ def check_choice(value, arg: str, choices: Sequence, *, name: str, why: str = ""
     raise error(f"{name}: {arg} must be {'one of ' if len(choices) > 1 else ''}{listed}{why}, got {describe(value)}")
 
 
-def check_instance(value, arg: str, cls: type | tuple[type, ...], *, name: str, what: str):
+@overload
+def check_instance(value: object, arg: str, cls: type[T], *, name: str, what: str) -> T: ...
+
+
+@overload
+def check_instance(value: object, arg: str, cls: tuple[type[T], ...], *, name: str, what: str) -> T: ...
+
+
+def check_instance(value: object, arg: str, cls: type[T] | tuple[type[T], ...], *, name: str, what: str) -> T:
     """``value`` if it is an instance of ``cls`` (``what`` words the expectation), else TypeError."""
     if not isinstance(value, cls):
         raise TypeError(f"{name}: {arg} must be {what}, got {describe(value)}")
     return value
 
 
-def check_callable(value, arg: str, *, name: str, what: str = "a callable") -> Callable:
+def check_callable(value: T, arg: str, *, name: str, what: str = "a callable") -> T:
     """``value`` if it can be called."""
     if not callable(value):
         raise TypeError(f"{name}: {arg} must be {what}, got {describe(value)}")
     return value
 
 
-def check_seed(seed, *, name: str, arg: str = "seed") -> int:
+def check_seed(seed: object, *, name: str, arg: str = "seed") -> int:
     """A random seed: an int in 0..2**64 - 1 (what ``torch.Generator.manual_seed`` accepts)."""
     return check_int(seed, arg, name=name, minimum=0, maximum=2**64 - 1)
 
 
-def check_generator(generator, *, name: str, arg: str = "generator") -> torch.Generator | None:
+def check_generator(generator: object, *, name: str, arg: str = "generator") -> torch.Generator | None:
     """None or a ``torch.Generator`` (an int seed is not a generator: pass it as ``seed=``)."""
     if generator is None:
         return None
     return check_instance(generator, arg, torch.Generator, name=name, what="a torch.Generator or None")
 
 
-def check_device(device, *, name: str, arg: str = "device") -> torch.device | None:
+def check_device(device: object, *, name: str, arg: str = "device") -> torch.device | None:
     """None, a ``torch.device`` or a device string such as ``"cuda:0"``; returns a ``torch.device``."""
     if device is None or isinstance(device, torch.device):
         return device
@@ -286,7 +303,7 @@ def check_device(device, *, name: str, arg: str = "device") -> torch.device | No
         raise ValueError(f"{name}: {arg} must be a device string such as 'cpu' or 'cuda:0', got {device!r}") from None
 
 
-def check_dtype(dtype, arg: str, *, name: str, floating: bool = True) -> torch.dtype:
+def check_dtype(dtype: object, arg: str, *, name: str, floating: bool = True) -> torch.dtype:
     """A ``torch.dtype`` (a floating one when ``floating``)."""
     if not isinstance(dtype, torch.dtype):
         raise TypeError(f"{name}: {arg} must be a torch.dtype, got {describe(dtype)}")
@@ -295,7 +312,7 @@ def check_dtype(dtype, arg: str, *, name: str, floating: bool = True) -> torch.d
     return dtype
 
 
-def check_exclusive(first: bool, second: bool, first_arg: str, second_arg: str, *, name: str, why: str = ""):
+def check_exclusive(first: bool, second: bool, first_arg: str, second_arg: str, *, name: str, why: str = "") -> None:
     """Two flags that cannot both be True: ``second`` must be False when ``first`` is (``why`` says why)."""
     if first and second:
         raise ValueError(f"{name}: {second_arg} must be False with {first_arg}=True{why}, got {second_arg}=True")
@@ -310,8 +327,15 @@ def _plural(n: int, item: str) -> str:
 
 
 def check_count(
-    items, arg: str, *, name: str, minimum: int = 1, maximum: int | None = None, item: str = "entry", why: str = ""
-):
+    items: SizedT,
+    arg: str,
+    *,
+    name: str,
+    minimum: int = 1,
+    maximum: int | None = None,
+    item: str = "entry",
+    why: str = "",
+) -> SizedT:
     """``items`` (anything with a length: a list, a dict, an array, a 1-D tensor) holds ``minimum`` to
     ``maximum`` entries, each called an ``item`` in the message; returns ``items``."""
     n = len(items)
@@ -329,7 +353,7 @@ def check_count(
 
 
 def check_sequence(
-    value,
+    value: T,
     arg: str,
     *,
     name: str,
@@ -338,7 +362,7 @@ def check_sequence(
     minimum: int = 0,
     maximum: int | None = None,
     item: str = "entry",
-):
+) -> T:
     """``value`` if it is a sequence (a list, a tuple, a range; not a string) or, with ``mapping``, a mapping
     (``what`` words the expectation) of ``minimum`` to ``maximum`` entries (:func:`check_count`)."""
     kind = Mapping if mapping else Sequence
@@ -350,21 +374,21 @@ def check_sequence(
     return value
 
 
-def check_subset(values: Iterable, arg: str, allowed: Iterable, *, name: str) -> None:
+def check_subset(values: Iterable[object], arg: str, allowed: Iterable[object], *, name: str) -> None:
     """Every one of ``values`` (names, keys) is among ``allowed``; the message lists the unknown ones."""
-    allowed = list(allowed)
-    unknown = [v for v in values if v not in allowed]
+    known = list(allowed)
+    unknown = [v for v in values if v not in known]
     if unknown:
-        listed = ", ".join(repr(a) for a in allowed)
+        listed = ", ".join(repr(a) for a in known)
         raise ValueError(f"{name}: {arg} must be among {listed}, got unknown {arg} {unknown!r}")
 
 
-def check_all_equal(values: dict, arg: str, *, name: str, what: str) -> None:
+def check_all_equal(values: Mapping[str, object], arg: str, *, name: str, what: str) -> None:
     """Every value of ``values`` (label -> value) is equal to the first: ``arg`` must ``what``."""
     labels = list(values)
     first = values[labels[0]] if labels else None
 
-    def shown(value) -> str:  # the values themselves (describe() would give only a list's length)
+    def shown(value: object) -> str:  # the values themselves (describe() would give only a list's length)
         text = repr(value)
         return text if len(text) <= 80 else text[:77] + "..."
 
@@ -379,7 +403,7 @@ def check_all_equal(values: dict, arg: str, *, name: str, what: str) -> None:
 
 
 def check_tensor(
-    x, arg: str, *, name: str, dims: int | None = None, layout: str = "", floating: bool = True
+    x: object, arg: str, *, name: str, dims: int | None = None, layout: str = "", floating: bool = True
 ) -> torch.Tensor:
     """``x`` if it is a tensor (floating-point when ``floating``) with ``dims`` dimensions (named by ``layout``)."""
     if not isinstance(x, torch.Tensor):
@@ -399,7 +423,7 @@ def check_last_dim(x: torch.Tensor, arg: str, size: int, *, name: str, what: str
     return x
 
 
-def check_dims(x, arg: str, dims: int, *, name: str, layout: str = "", at_least: bool = False):
+def check_dims(x: T, arg: str, dims: int, *, name: str, layout: str = "", at_least: bool = False) -> T:
     """An array or tensor (anything with ``ndim``) with ``dims`` dimensions, or at least ``dims``."""
     ndim = getattr(x, "ndim", None)
     if not isinstance(ndim, int):
@@ -438,16 +462,18 @@ def check_same_shape(x: torch.Tensor, y: torch.Tensor, x_arg: str, y_arg: str, *
         raise ValueError(f"{name}: {y_arg} must have the shape {shape_str(x)} of {x_arg}, got {describe(y)}")
 
 
-def check_max_size(x: torch.Tensor, arg: str, dim: int, maximum: int, *, name: str, label: str, why: str = ""):
+def check_max_size(
+    x: torch.Tensor, arg: str, dim: int, maximum: int, *, name: str, label: str, why: str = ""
+) -> torch.Tensor:
     """Dimension ``dim`` of x (called ``label``: ``"N"``) has at most ``maximum`` entries."""
     if x.shape[dim] > maximum:
         raise ValueError(f"{name}: {arg} must have {label} <= {maximum}{why}, got {describe(x)}")
     return x
 
 
-def check_unbatched(x, arg: str, *, name: str, layout: str = "(H, N, D)") -> torch.Tensor:
+def check_unbatched(x: object, arg: str, *, name: str, layout: str = "(H, N, D)") -> torch.Tensor:
     """One example: a floating tensor ``layout`` or the same with a leading batch of 1; returned with the batch."""
-    check_tensor(x, arg, name=name)
+    x = check_tensor(x, arg, name=name)
     if x.dim() == len(layout.split(",")):
         return x[None]
     if x.dim() == len(layout.split(",")) + 1 and x.shape[0] == 1:
@@ -456,14 +482,14 @@ def check_unbatched(x, arg: str, *, name: str, layout: str = "(H, N, D)") -> tor
 
 
 def check_not_both(
-    first, second, first_arg: str, second_arg: str, *, name: str, why: str = " (pass one of them)"
+    first: object, second: object, first_arg: str, second_arg: str, *, name: str, why: str = " (pass one of them)"
 ) -> None:
     """At most one of two alternatives is given (``why`` replaces the default explanation)."""
     if first is not None and second is not None:
         raise ValueError(f"{name}: {second_arg} must be None when {first_arg} is given{why}, got {describe(second)}")
 
 
-def check_sizes(tensors: dict[str, torch.Tensor], labels: dict[str, tuple[str, ...]], *, name: str) -> None:
+def check_sizes(tensors: Mapping[str, torch.Tensor], labels: Mapping[str, tuple[str, ...]], *, name: str) -> None:
     """Every size of every tensor is at least 1; ``labels[arg]`` names the dimensions of ``tensors[arg]``."""
     for arg, x in tensors.items():
         for label, size in zip(labels[arg], x.shape, strict=True):
@@ -477,7 +503,7 @@ def _same_dtype(xs: Iterable[torch.Tensor]) -> bool:
     return len({result_dtype(x) for x in xs}) == 1
 
 
-def _dtypes_and_devices(tensors: dict[str, torch.Tensor], *, name: str) -> None:
+def _dtypes_and_devices(tensors: Mapping[str, torch.Tensor], *, name: str) -> None:
     xs = list(tensors.values())
     labels = ", ".join(tensors)
     if not _same_dtype(xs):
@@ -537,16 +563,16 @@ def check_step_inputs(
 
 
 def check_state(
-    state,
-    cls: type,
-    fields: dict[str, tuple[int, ...]],
+    state: object,
+    cls: type[T],
+    fields: Mapping[str, tuple[int, ...]],
     *,
     name: str,
     dtype: torch.dtype,
     device: torch.device,
     counts: Mapping[str, tuple[int, ...]] | None = None,
     arg: str = "state",
-):
+) -> T:
     """A recurrent state: an instance of the NamedTuple ``cls`` (a plain tuple is refused), each tensor field
     of the shape ``fields[field]``, in ``dtype`` on ``device``; each field of ``counts`` (field -> shape) an int64
     tensor of token counts, on ``device``. ``arg`` names the state in messages (``"initial_state"``)."""
@@ -595,16 +621,18 @@ def _mask_4d(mask: torch.Tensor, target: tuple[int, int, int, int], *, name: str
     return mask.reshape(shape)
 
 
-def check_bool_mask(mask, target: tuple[int, int, int, int], *, name: str, arg: str = "mask") -> torch.Tensor:
+def check_bool_mask(mask: object, target: tuple[int, int, int, int], *, name: str, arg: str = "mask") -> torch.Tensor:
     """A bool mask broadcastable to ``target`` (B, H, N, M), True = may attend; returned as a 4-D view (each
     dimension 1 or full size, not expanded)."""
-    check_tensor(mask, arg, name=name, floating=False)
+    mask = check_tensor(mask, arg, name=name, floating=False)
     if mask.dtype != torch.bool:
         raise TypeError(f"{name}: {arg} must be a bool tensor (True = may attend), got {describe(mask)}")
     return _mask_4d(mask, target, name=name, arg=arg)
 
 
-def check_attn_mask(mask, target: tuple[int, int, int, int], *, name: str, arg: str = "attn_mask") -> torch.Tensor:
+def check_attn_mask(
+    mask: object, target: tuple[int, int, int, int], *, name: str, arg: str = "attn_mask"
+) -> torch.Tensor:
     """An ``attn_mask`` as ``scaled_dot_product_attention`` takes it: bool (True = may attend) or floating (added
     to the scores; -inf forbids), broadcastable to ``target`` (B, H, N, M); returned as a 4-D view."""
     if not isinstance(mask, torch.Tensor):
@@ -617,7 +645,7 @@ def check_attn_mask(mask, target: tuple[int, int, int, int], *, name: str, arg: 
     return _mask_4d(mask, target, name=name, arg=arg)
 
 
-def check_key_padding_mask(mask, B: int, M: int, *, name: str, floating: bool = False) -> torch.Tensor:
+def check_key_padding_mask(mask: object, B: int, M: int, *, name: str, floating: bool = False) -> torch.Tensor:
     """A (B, M) ``key_padding_mask`` as ``nn.MultiheadAttention`` takes it: bool, True = padding (the key is
     ignored); with ``floating`` also a float mask, added to the scores of those keys."""
     kinds = (
@@ -625,7 +653,7 @@ def check_key_padding_mask(mask, B: int, M: int, *, name: str, floating: bool = 
         if floating
         else ("a bool tensor (True = padding, as in nn.MultiheadAttention)")
     )
-    check_tensor(mask, "key_padding_mask", name=name, floating=False)
+    mask = check_tensor(mask, "key_padding_mask", name=name, floating=False)
     if mask.dtype != torch.bool and not (floating and mask.is_floating_point()):
         why = "" if floating else " (this mechanism has no scores to add a float mask to)"
         raise TypeError(f"{name}: key_padding_mask must be {kinds}{why}, got {describe(mask)}")
@@ -634,16 +662,16 @@ def check_key_padding_mask(mask, B: int, M: int, *, name: str, floating: bool = 
     return mask
 
 
-def check_no_attn_mask(mask, *, name: str, why: str) -> None:
+def check_no_attn_mask(mask: object, *, name: str, why: str) -> None:
     """A mechanism that cannot honour an arbitrary ``attn_mask`` (``why`` says why and what to use instead)."""
     if mask is not None:
         raise ValueError(f"{name}: attn_mask must be None{why}, got {describe(mask)}")
 
 
-def check_is_causal(is_causal, causal=None, *, name: str) -> bool:
+def check_is_causal(is_causal: object, causal: object = None, *, name: str) -> bool:
     """``is_causal`` (torch's name), or the deprecated ``causal`` that attnbook 0.1 used for it."""
     if causal is not None:
-        check_bool(causal, "causal", name=name)
+        causal = check_bool(causal, "causal", name=name)
         if is_causal:
             raise ValueError(f"{name}: causal must be None with is_causal=True (causal is its old name), got {causal}")
         if not tracing():
@@ -657,7 +685,7 @@ def check_is_causal(is_causal, causal=None, *, name: str) -> bool:
 
 
 def check_state_call(
-    causal: bool, initial_state, output_final_state: bool, *, name: str, self_attention: bool = True
+    causal: bool, initial_state: object, output_final_state: bool, *, name: str, self_attention: bool = True
 ) -> None:
     """A call with a recurrent state (``initial_state`` given or ``output_final_state``) must be causal (a state
     sums up the tokens before a position) and, for a layer, self-attention (the state holds its own keys)."""
@@ -678,7 +706,7 @@ def check_state_call(
         )
 
 
-def check_kv_cache(cache, cls: type, k: torch.Tensor, v: torch.Tensor, *, name: str, arg: str) -> None:
+def check_kv_cache(cache: object, cls: type[KVCache], k: torch.Tensor, v: torch.Tensor, *, name: str, arg: str) -> None:
     """A KV cache (an instance of ``cls``) whose keys and values continue k (B, H, n, D) and v (B, H, n, Dv)."""
     if not isinstance(cache, cls):
         raise TypeError(
@@ -701,7 +729,9 @@ def check_kv_cache(cache, cls: type, k: torch.Tensor, v: torch.Tensor, *, name: 
             )
 
 
-def check_same_value(first, second, first_arg: str, second_arg: str, *, name: str, why: str = "") -> None:
+def check_same_value(
+    first: object, second: object, first_arg: str, second_arg: str, *, name: str, why: str = ""
+) -> None:
     """Two names for one setting (``why`` says why both exist): when both are given they must agree."""
     if first is not None and second is not None and first != second:
         raise ValueError(
@@ -734,9 +764,11 @@ def _check_layer_dtype(x: torch.Tensor, arg: str, like: torch.Tensor, *, name: s
         raise ValueError(f"{name}: {arg} must be on the layer's device {like.device}, got {describe(x)}")
 
 
-def check_tokens(x, arg: str, *, name: str, width: int, like: torch.Tensor, width_name: str = "dim") -> torch.Tensor:
+def check_tokens(
+    x: object, arg: str, *, name: str, width: int, like: torch.Tensor, width_name: str = "dim"
+) -> torch.Tensor:
     """Tokens x (B, N, width) for a layer whose parameter ``like`` fixes dtype and device."""
-    check_tensor(x, arg, name=name, dims=3, layout=f"(B, N, {width_name})")
+    x = check_tensor(x, arg, name=name, dims=3, layout=f"(B, N, {width_name})")
     if x.shape[-1] != width:
         raise ValueError(f"{name}: {arg} must have the last dimension {width_name} = {width}, got {describe(x)}")
     check_sizes({arg: x}, {arg: ("B", "N", width_name)}, name=name)
@@ -744,9 +776,9 @@ def check_tokens(x, arg: str, *, name: str, width: int, like: torch.Tensor, widt
     return x
 
 
-def check_step_token(x, arg: str, *, name: str, width: int, like: torch.Tensor) -> torch.Tensor:
+def check_step_token(x: object, arg: str, *, name: str, width: int, like: torch.Tensor) -> torch.Tensor:
     """One token of a layer's recurrent step: x (B, width) with the dtype and device of the parameter ``like``."""
-    check_tensor(x, arg, name=name, dims=2, layout="(B, d_input)")
+    x = check_tensor(x, arg, name=name, dims=2, layout="(B, d_input)")
     if x.shape[-1] != width:
         raise ValueError(f"{name}: {arg} must have the last dimension d_input = {width}, got {describe(x)}")
     check_sizes({arg: x}, {arg: ("B", "d_input")}, name=name)
@@ -754,7 +786,7 @@ def check_step_token(x, arg: str, *, name: str, width: int, like: torch.Tensor) 
     return x
 
 
-def check_token_ids(tokens, arg: str, *, name: str, vocab: int, layout: str = "(B, N)") -> torch.Tensor:
+def check_token_ids(tokens: object, arg: str, *, name: str, vocab: int, layout: str = "(B, N)") -> torch.Tensor:
     """Integer token ids of a language model: a non-empty tensor with ``layout``'s dimensions, ids in 0..vocab-1.
 
     Reading the range needs the values on the host (one synchronisation), which is fine at a model's input.
@@ -775,7 +807,15 @@ def check_token_ids(tokens, arg: str, *, name: str, vocab: int, layout: str = "(
 
 
 def check_layer_inputs(
-    queries, keys, values, *, name: str, d_input: int, like: torch.Tensor, same_length: bool = False, why: str = ""
+    queries: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    *,
+    name: str,
+    d_input: int,
+    like: torch.Tensor,
+    same_length: bool = False,
+    why: str = "",
 ) -> None:
     """queries (B, L, d_input), keys and values (B, S, d_input) for a layer whose parameter ``like`` fixes dtype
     and device; ``same_length`` demands L == S (``why`` says why)."""
@@ -807,12 +847,12 @@ def check_layer_inputs(
 # Feature maps
 
 
-def _lead_shape(x: torch.Tensor, lead: tuple) -> str:
+def _lead_shape(x: torch.Tensor, lead: tuple[int, ...]) -> str:
     """x's shape with its leading dimensions (rows of B H) replaced by ``lead``, as the caller passed them."""
     return "(" + ", ".join(str(s) for s in (*lead, *x.shape[-2:])) + ")" if lead else shape_str(x)
 
 
-def check_features(fx, x: torch.Tensor, *, name: str, label: str, lead: tuple = ()) -> torch.Tensor:
+def check_features(fx: object, x: torch.Tensor, *, name: str, label: str, lead: tuple[int, ...] = ()) -> torch.Tensor:
     """phi(x) keeps x's leading dimensions and is a floating tensor. ``lead`` replaces the leading dimensions
     (rows of B H) in messages, so they quote the shapes the caller passed."""
     if not isinstance(fx, torch.Tensor) or not fx.is_floating_point():
@@ -828,7 +868,14 @@ def check_features(fx, x: torch.Tensor, *, name: str, label: str, lead: tuple = 
     return fx
 
 
-def check_feature_widths(fq: torch.Tensor, fk: torch.Tensor, *, name: str, labels=("q", "k"), lead: tuple = ()):
+def check_feature_widths(
+    fq: torch.Tensor,
+    fk: torch.Tensor,
+    *,
+    name: str,
+    labels: tuple[str, str] = ("q", "k"),
+    lead: tuple[int, ...] = (),
+) -> None:
     """The features of queries and keys have one width R."""
     if fq.shape[-1] != fk.shape[-1]:
         raise ValueError(
@@ -847,7 +894,7 @@ def check_drawn_width(drawn: int, D: int, *, name: str, got: str | Callable[[], 
         )
 
 
-def check_feature_map(spec, known: Sequence[str], *, name: str):
+def check_feature_map(spec: T, known: Sequence[str], *, name: str) -> T:
     """A feature-map spec: one of the ``known`` names or a callable; returns it unchanged."""
     expected = ", ".join(repr(n) for n in known) + ", a callable or a PerformerFeatures"
     if isinstance(spec, str):
@@ -863,7 +910,7 @@ def check_feature_map(spec, known: Sequence[str], *, name: str):
 # Mixture of heads
 
 
-def check_moh_heads(num_heads, shared_head, routed_head, *, name: str) -> tuple[int, int, int]:
+def check_moh_heads(num_heads: object, shared_head: object, routed_head: object, *, name: str) -> tuple[int, int, int]:
     """Mixture-of-head head counts (Jin et al. 2024): H heads, h_s shared, each token routes to k of the rest.
 
     Valid: ``routed_head = 0`` with every head shared (``shared_head = num_heads``), or ``routed_head >= 1`` with
@@ -903,7 +950,7 @@ def check_moh_routed(num_heads: int, shared_head: int, *, name: str, why: str = 
         )
 
 
-def check_head_dim(head_dim, dim: int, num_heads: int, *, name: str) -> int:
+def check_head_dim(head_dim: object, dim: int, num_heads: int, *, name: str) -> int:
     """A head width: given (an int >= 1), or ``dim // num_heads``, which must not be 0."""
     if head_dim is None:
         if dim < num_heads:
@@ -915,7 +962,7 @@ def check_head_dim(head_dim, dim: int, num_heads: int, *, name: str) -> int:
     return check_int(head_dim, "head_dim", name=name, minimum=1)
 
 
-def check_norm_layer(norm_layer, width: int, *, name: str, **factory) -> nn.Module:
+def check_norm_layer(norm_layer: object, width: int, *, name: str, **factory: Any) -> nn.Module:
     """``norm_layer(width, **factory)``: a normalisation class or factory (such as ``nn.LayerNorm``) built for
     ``width``; ``factory`` (``device``, ``dtype``) is passed on when any of it is set."""
     what = "a normalisation class or factory such as nn.LayerNorm, called as norm_layer(head_dim)"
@@ -928,7 +975,7 @@ def check_norm_layer(norm_layer, width: int, *, name: str, **factory) -> nn.Modu
     return layer
 
 
-def check_callables(fns, arg: str, *, name: str) -> dict:
+def check_callables(fns: object, arg: str, *, name: str) -> dict[str, Callable[[], Any]]:
     """A non-empty dict of zero-argument callables (name -> callable)."""
     if not isinstance(fns, dict):
         raise TypeError(f"{name}: {arg} must be a dict of name -> zero-argument callable, got {describe(fns)}")
@@ -939,13 +986,29 @@ def check_callables(fns, arg: str, *, name: str) -> dict:
     return fns
 
 
-def check_module(model, arg: str, *, name: str) -> nn.Module:
+def check_module(model: object, arg: str, *, name: str) -> nn.Module:
     """``model`` if it is an ``nn.Module``."""
     return check_instance(model, arg, nn.Module, name=name, what="an nn.Module")
 
 
-def check_found(items: Sequence, arg: str, *, name: str, expected: str, got: str, minimum: int = 1) -> Sequence:
+def check_found(items: SizedT, arg: str, *, name: str, expected: str, got: str, minimum: int = 1) -> SizedT:
     """``items`` (e.g. the layers of a kind found in a model) holds at least ``minimum`` entries."""
     if len(items) < minimum:
         raise ValueError(f"{name}: {arg} must {expected}, got {got}")
     return items
+
+
+@overload
+def check_supported(supported: Literal[False], arg: str, *, name: str, expected: str, got: str) -> NoReturn: ...
+
+
+@overload
+def check_supported(supported: bool, arg: str, *, name: str, expected: str, got: str) -> None: ...
+
+
+def check_supported(supported: bool, arg: str, *, name: str, expected: str, got: str) -> None:
+    """A capability the object may lack (``supported``: whether it has it), e.g. a layer without a recurrent step;
+    worded as :func:`check_found` words a missing item. ``check_supported(False, ...)`` always raises, and
+    says so to a type checker (``NoReturn``)."""
+    if not supported:
+        raise ValueError(f"{name}: {arg} must {expected}, got {got}")

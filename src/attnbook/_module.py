@@ -29,7 +29,7 @@ device of the parameters (under autocast any floating dtype but float64 is accep
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, cast, overload
 
 import torch
 from torch import nn
@@ -48,8 +48,12 @@ from ._runtime import linear_in_range
 
 __all__ = ["ProjectedAttention"]
 
+#: The recurrent state of a layer's causal self-attention: :class:`attnbook.KVCache` (softmax),
+#: :class:`attnbook.LinearState`, :class:`attnbook.FlowState`.
+StateT = TypeVar("StateT")
 
-class ProjectedAttention(nn.Module):
+
+class ProjectedAttention(nn.Module, Generic[StateT]):
     """Project, split into heads, attend, merge heads, project out, dropout.
 
     Args:
@@ -64,6 +68,10 @@ class ProjectedAttention(nn.Module):
     Shape:
         queries (B, L, d_input), keys (B, S, d_input), values (B, S, d_input) -> (B, L, d_output);
         ``layer(x)`` with x (B, L, d_input) is self-attention. Every size must be at least 1.
+
+    Typing: ``ProjectedAttention[StateT]``, ``StateT`` the type of the recurrent state that
+    ``forward(..., output_final_state=True)`` and :meth:`step` return (``LinearAttention`` is a
+    ``ProjectedAttention[LinearState]``).
     """
 
     #: The heads pair query i with key i, so queries and keys need one length (L == S).
@@ -117,7 +125,50 @@ class ProjectedAttention(nn.Module):
         x to float16, where it may exceed 65504), dropout."""
         B, H, L, D = x.shape
         x = x.transpose(1, 2).reshape(B, L, H * D)  # (B, L, d_model)
-        return self.dropout(linear_in_range(self.out_projection, x, dtype))  # (B, L, d_output)
+        y: torch.Tensor = self.dropout(linear_in_range(self.out_projection, x, dtype))  # (B, L, d_output)
+        return y
+
+    @overload
+    def forward(
+        self,
+        queries: torch.Tensor,
+        keys: torch.Tensor | None = ...,
+        values: torch.Tensor | None = ...,
+        *,
+        attn_mask: torch.Tensor | None = ...,
+        key_padding_mask: torch.Tensor | None = ...,
+        is_causal: bool = ...,
+        initial_state: StateT | None = ...,
+        output_final_state: Literal[False] = ...,
+    ) -> torch.Tensor: ...
+
+    @overload
+    def forward(
+        self,
+        queries: torch.Tensor,
+        keys: torch.Tensor | None = ...,
+        values: torch.Tensor | None = ...,
+        *,
+        attn_mask: torch.Tensor | None = ...,
+        key_padding_mask: torch.Tensor | None = ...,
+        is_causal: bool = ...,
+        initial_state: StateT | None = ...,
+        output_final_state: Literal[True],
+    ) -> tuple[torch.Tensor, StateT]: ...
+
+    @overload
+    def forward(
+        self,
+        queries: torch.Tensor,
+        keys: torch.Tensor | None = ...,
+        values: torch.Tensor | None = ...,
+        *,
+        attn_mask: torch.Tensor | None = ...,
+        key_padding_mask: torch.Tensor | None = ...,
+        is_causal: bool = ...,
+        initial_state: StateT | None = ...,
+        output_final_state: bool,
+    ) -> torch.Tensor | tuple[torch.Tensor, StateT]: ...
 
     def forward(
         self,
@@ -128,9 +179,9 @@ class ProjectedAttention(nn.Module):
         attn_mask: torch.Tensor | None = None,
         key_padding_mask: torch.Tensor | None = None,
         is_causal: bool = False,
-        initial_state: Any = None,
+        initial_state: StateT | None = None,
         output_final_state: bool = False,
-    ) -> Any:
+    ) -> torch.Tensor | tuple[torch.Tensor, StateT]:
         """Attention of ``queries`` over ``keys`` / ``values``; ``layer(x)`` is self-attention (keys = values = x).
 
         ``values`` defaults to ``keys``, and ``keys`` to ``queries``.
@@ -181,11 +232,14 @@ class ProjectedAttention(nn.Module):
             output_final_state=output_final_state,
         )  # (B, H, L, D) in q's dtype or a wider (accumulation) one [, state]
         if output_final_state:
-            x, state = result
+            x, state = cast("tuple[torch.Tensor, StateT]", result)
             return self._out(x, q.dtype), state
-        return self._out(result, q.dtype)
+        return self._out(cast(torch.Tensor, result), q.dtype)
 
-    def step(self, x_t: torch.Tensor, state: Any = None) -> tuple[torch.Tensor, Any]:
+    if TYPE_CHECKING:  # layer(...) is typed as forward(...) (torch types nn.Module.__call__ as returning Any)
+        __call__ = forward
+
+    def step(self, x_t: torch.Tensor, state: StateT | None = None) -> tuple[torch.Tensor, StateT]:
         """One token of causal self-attention: x_t (B, d_input) after the tokens summed up in ``state``.
 
         ``state`` is None before the first token, or what the previous :meth:`step` (or a forward with
@@ -202,8 +256,8 @@ class ProjectedAttention(nn.Module):
         k = self.key_projection(x_t).view(B, self.n_heads, -1)  # (B, H, D)
         v = self.value_projection(x_t).view(B, self.n_heads, -1)  # (B, H, Dv)
         out, state = self.attend_step(q, k, v, state)  # (B, H, Dv)
-        y = self.dropout(linear_in_range(self.out_projection, out.reshape(B, -1), q.dtype))  # (B, d_output)
-        return y, state
+        y = linear_in_range(self.out_projection, out.reshape(B, -1), q.dtype)  # (B, d_output)
+        return self.dropout(y), state
 
     def attend(
         self,
@@ -215,9 +269,9 @@ class ProjectedAttention(nn.Module):
         key_padding_mask: torch.Tensor | None = None,
         self_attention: bool = True,
         is_causal: bool | None = None,
-        initial_state: Any = None,
+        initial_state: StateT | None = None,
         output_final_state: bool = False,
-    ) -> Any:
+    ) -> torch.Tensor | tuple[torch.Tensor, StateT]:
         """Per-head attention: q (B,H,L,D), k (B,H,S,D), v (B,H,S,D) -> (B,H,L,D) [, final state].
 
         ``is_causal=None`` takes the layer's own ``causal``; the other arguments as in :meth:`forward`, whose
@@ -225,7 +279,7 @@ class ProjectedAttention(nn.Module):
         raise NotImplementedError
 
     def attend_step(
-        self, q_t: torch.Tensor, k_t: torch.Tensor, v_t: torch.Tensor, state: Any
-    ) -> tuple[torch.Tensor, Any]:
+        self, q_t: torch.Tensor, k_t: torch.Tensor, v_t: torch.Tensor, state: StateT | None
+    ) -> tuple[torch.Tensor, StateT]:
         """One token: q_t, k_t (B, H, D), v_t (B, H, Dv) and the state before it -> (out (B, H, Dv), new state)."""
         raise NotImplementedError

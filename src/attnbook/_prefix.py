@@ -34,11 +34,14 @@ prefix sums than k v^T, and compute the in-block masked product themselves.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 
 from ._checks import check_chunk_size, check_qkv
-from ._runtime import accumulation_dtype, autocast_disabled, chunk_count
+from ._runtime import accumulation_dtype, autocast_disabled, chunk_count, tracing
 
 __all__ = ["causal_dot_product", "prefix_product", "normalised_attention", "chunked_product"]
 
@@ -63,7 +66,7 @@ def _plan(rows: int, N: int, C: int, per_chunk: int, budget: int) -> tuple[int, 
     return 1, max(1, min(full, per_block))
 
 
-def _blocks(rows: int, N: int, C: int, per_chunk: int, reverse: bool):
+def _blocks(rows: int, N: int, C: int, per_chunk: int, reverse: bool) -> Iterator[tuple[slice, int, slice, int, bool]]:
     """The blocks of the chunked algorithm, in the order they are computed: (rows, r, span, c, first).
 
     ``rows`` a slice of r rows of (B H), ``span`` a slice of positions holding whole chunks of ``c``
@@ -86,7 +89,7 @@ def _blocks(rows: int, N: int, C: int, per_chunk: int, reverse: bool):
             yield group, n, slice(0, part) if reverse else slice(full * C, N), part, first
 
 
-def _states(x: torch.Tensor, carry: torch.Tensor | None, reverse: bool):
+def _states(x: torch.Tensor, carry: torch.Tensor | None, reverse: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-chunk states of a block and the state after it, from x (r, g, ...), each chunk's own sum.
 
     states[:, c] = carry + the sum of x over the chunks before c (after c when ``reverse``): a cumulative sum
@@ -107,7 +110,9 @@ def _states(x: torch.Tensor, carry: torch.Tensor | None, reverse: bool):
     return states, states[:, last : last + 1] + x[:, last : last + 1]
 
 
-def _add_state_products(o: torch.Tensor, a: torch.Tensor, x: torch.Tensor, carry: torch.Tensor | None, reverse: bool):
+def _add_state_products(
+    o: torch.Tensor, a: torch.Tensor, x: torch.Tensor, carry: torch.Tensor | None, reverse: bool
+) -> torch.Tensor:
     """o[c] += a[c] @ state(c) for every chunk c of a block, o (r g, c, E) and a (r g, c, F) batches of chunks;
     state(c) as in :func:`_states` from x (r, g, F, E), each chunk's own sum (overwritten), and ``carry``
     (r, 1, F, E) or None. Returns the new carry (r, 1, F, E), a new tensor.
@@ -206,10 +211,12 @@ def _chunk_numbers(C: int, D: int, Dv: int) -> int:
     return max(C * C, 2 * D * Dv) + 2 * (C + D)
 
 
-def _product(q, k, v, C: int, reverse: bool) -> torch.Tensor:
+def _product(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, C: int, reverse: bool) -> torch.Tensor:
     """The prefix product, recorded for autograd when grad mode is on (inside a backward with create_graph)."""
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        return _CausalDotProduct.apply(q, k, v, C, reverse)
+        # torch's Function.apply is untyped (no-untyped-call)
+        out: torch.Tensor = _CausalDotProduct.apply(q, k, v, C, reverse)  # type: ignore[no-untyped-call]
+        return out
     return prefix_product(q, k, v, C, reverse)
 
 
@@ -220,15 +227,21 @@ class _CausalDotProduct(torch.autograd.Function):
     is being built (``create_graph=True``), so every derivative order is exact.
     """
 
+    # ctx: torch's FunctionCtx, which also carries this Function's own attributes (chunk_size, reverse); torch
+    # declares neither those nor the context's type in forward and backward, hence Any.
     @staticmethod
-    def forward(ctx, q, k, v, chunk_size, reverse):
+    def forward(
+        ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chunk_size: int, reverse: bool
+    ) -> torch.Tensor:
         ctx.save_for_backward(q, k, v)
         ctx.chunk_size, ctx.reverse = chunk_size, reverse
         with autocast_disabled(q.device):
             return prefix_product(q, k, v, chunk_size, reverse)
 
     @staticmethod
-    def backward(ctx, grad):
+    def backward(
+        ctx: Any, grad: torch.Tensor
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None, None, None]:
         q, k, v = ctx.saved_tensors
         C, rev = ctx.chunk_size, ctx.reverse
         grad = grad.contiguous()
@@ -239,7 +252,9 @@ class _CausalDotProduct(torch.autograd.Function):
         return dq, dk, dv, None, None
 
 
-def normalised_attention(fq: torch.Tensor, fk: torch.Tensor, v: torch.Tensor, chunk_size: int, eps: float):
+def normalised_attention(
+    fq: torch.Tensor, fk: torch.Tensor, v: torch.Tensor, chunk_size: int, eps: float
+) -> torch.Tensor:
     """Causal linear attention on features, sum_{j <= i} (fq_i . fk_j) v_j / (sum_{j <= i} fq_i . fk_j + eps),
     for fq, fk (..., N, R), v (..., N, Dv) of one (accumulation) dtype, validated, as differentiable
     operations: one prefix product of the values with a column of ones appended gives numerator and
@@ -278,7 +293,9 @@ def chunked_product(
     """
     *lead, N, R = q.shape
     Dv = v.shape[-1]
-    n = chunk_count(N, C)
+    # Traced, one more chunk than needed: with at least two chunks no graph depends on whether there is one
+    # (a lone chunk reshapes differently, and a dynamic graph would be compiled again for it).
+    n = chunk_count(N, C) + (1 if tracing() else 0)
     pad = n * C - N
     qc, kc = (F.pad(x, (0, 0, 0, pad)).reshape(*lead, n, C, R) for x in (q, k))  # (..., n, C, R)
     vc = F.pad(v, (0, 0, 0, pad)).reshape(*lead, n, C, Dv)  # (..., n, C, Dv)

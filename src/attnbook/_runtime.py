@@ -24,6 +24,7 @@ Every mechanism follows the same rules, written once here:
 from __future__ import annotations
 
 import contextlib
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -69,7 +70,7 @@ def result_dtype(x: torch.Tensor) -> torch.dtype:
     return x.dtype
 
 
-def autocast_disabled(device: torch.device):
+def autocast_disabled(device: torch.device) -> contextlib.AbstractContextManager[object]:
     """A context in which autocast is off on ``device`` (a no-op context when it is off already)."""
     if autocast_dtype(device) is None:
         return contextlib.nullcontext()
@@ -90,7 +91,7 @@ def exporting() -> bool:
     return bool(is_exporting is not None and is_exporting())
 
 
-def chunk_count(N, C: int):
+def chunk_count(N: int, C: int) -> int:
     """ceil(N / C), the chunks of a chunked algorithm over N positions, as a size every tracer handles.
 
     Eagerly and under ``torch.compile`` a plain int (a symbolic one under dynamic shapes). Under ``torch.export``
@@ -101,14 +102,15 @@ def chunk_count(N, C: int):
     """
     if not exporting():
         return (N + C - 1) // C
-    n = torch.scalar_tensor(N, dtype=torch.int64).add(C - 1).div(C, rounding_mode="floor").item()
+    # an int64 tensor's item() is an int (an unbacked symbolic one here: int() would make the tracer guard on it)
+    n = cast(int, torch.scalar_tensor(N, dtype=torch.int64).add(C - 1).div(C, rounding_mode="floor").item())
     torch._check(n >= 1)
     torch._check(n * C >= N)
     torch._check(n * C < N + C)
     return n
 
 
-def needs_autograd(*xs) -> bool:
+def needs_autograd(*xs: object) -> bool:
     """True when a graph will be recorded through any of ``xs`` (tensors, or modules with parameters)."""
     if not torch.is_grad_enabled():
         return False
@@ -159,7 +161,8 @@ def linear_in_range(layer: nn.Linear, x: torch.Tensor, dtype: torch.dtype) -> to
     has float32's range) are a plain cast and ``layer(x)``.
     """
     if dtype != torch.float16 or x.dtype == torch.float16:
-        return layer(x.to(dtype))
+        y: torch.Tensor = layer(x.to(dtype))  # nn.Module.__call__ is untyped in torch
+        return y
     wide = x.dtype
     peak = x.detach().abs().amax(dim=-1, keepdim=True)  # (..., 1)
     peak = torch.nan_to_num(peak, nan=1.0, posinf=1.0).clamp_min(1.0)  # non-finite rows stay non-finite below

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -54,7 +55,9 @@ def elu_feature_map(x: torch.Tensor) -> torch.Tensor:
     if tracing():
         return F.elu(x) + 1.0
     if torch.is_grad_enabled() and x.requires_grad:
-        return _EluPlusOne.apply(x)
+        # torch's Function.apply is untyped (no-untyped-call)
+        phi: torch.Tensor = _EluPlusOne.apply(x)  # type: ignore[no-untyped-call]
+        return phi
     return elu_plus_one(x)
 
 
@@ -135,14 +138,16 @@ class _EluPlusOne(torch.autograd.Function):
     """elu(x) + 1 with its derivative min(phi, 1) formed from the saved output, in differentiable operations
     (so the second derivative, phi for x < 0 and 0 for x > 0, is exact too)."""
 
+    # ctx: torch's FunctionCtx, whose type torch's forward and backward do not declare, hence Any.
     @staticmethod
-    def forward(ctx, x):
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
         phi = elu_plus_one(x)  # a Function's forward runs without autograd
         ctx.save_for_backward(phi)
         return phi
 
     @staticmethod
-    def backward(ctx, grad):
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        phi: torch.Tensor
         (phi,) = ctx.saved_tensors
         slope = phi.clamp(max=1.0)  # phi'(x)
         # in place unless a graph of the backward is being built (double backward needs slope itself)
@@ -167,12 +172,13 @@ def _orthogonal_gaussian(
     """
     n_blocks = -(-num_features // dim)
     g = torch.randn(n_blocks, dim, dim, generator=generator, device=device, dtype=torch.float64)
-    qmat, r = torch.linalg.qr(g)  # (n_blocks, D, D), orthonormal columns
+    qmat, r = torch.linalg.qr(g)  # (n_blocks, D, D), orthonormal columns (torch types qr's result as Any)
     # Fix the signs QR leaves arbitrary: only then is qmat uniformly (Haar) distributed, and the estimator
     # unbiased (Mezzadri, "How to generate random matrices from the classical compact groups", 2007).
     qmat = qmat * torch.sign(torch.diagonal(r, dim1=-2, dim2=-1)).unsqueeze(-2)  # (n_blocks, D, D)
-    w = qmat.transpose(-2, -1).reshape(n_blocks * dim, dim)[:num_features]  # (R, D), unit rows
-    norms = torch.randn(num_features, dim, generator=generator, device=device, dtype=torch.float64).norm(dim=-1)
+    w: torch.Tensor = qmat.transpose(-2, -1).reshape(n_blocks * dim, dim)[:num_features]  # (R, D), unit rows
+    gaussian = torch.randn(num_features, dim, generator=generator, device=device, dtype=torch.float64)
+    norms: torch.Tensor = gaussian.norm(dim=-1)  # (R,); Tensor.norm is untyped in torch
     return w * norms[:, None]  # (R, D)
 
 

@@ -46,7 +46,7 @@ N x N and no N x D x Dv tensor is built (the published causal code builds (B, H,
 
 from __future__ import annotations
 
-from typing import Any, Literal, NamedTuple, overload
+from typing import Literal, NamedTuple, cast, overload
 
 import torch
 
@@ -137,7 +137,8 @@ class FlowState(NamedTuple):
 
 def _rowdot_eps(x: torch.Tensor, y: torch.Tensor, eps: float) -> torch.Tensor:
     """(x_n + eps) . (y_n + eps) row by row for x, y (..., N, D) -> (..., N)."""
-    return torch.linalg.vecdot(x + eps, y + eps)  # (..., N)
+    dots: torch.Tensor = torch.linalg.vecdot(x + eps, y + eps)  # (..., N); torch types vecdot's result as Any
+    return dots
 
 
 def _rows_dot(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -159,7 +160,8 @@ def _reciprocal(x: torch.Tensor, keep: torch.Tensor | None) -> torch.Tensor:
     flow may be 0 (eps = 0): its reciprocal is never formed, so neither the result nor the gradient sees inf."""
     if keep is None:
         return x.reciprocal()
-    return torch.where(keep, torch.where(keep, x, 1.0).reciprocal(), 0.0)
+    r: torch.Tensor = torch.where(keep, torch.where(keep, x, 1.0).reciprocal(), 0.0)  # torch.where(c, x, 0.0): Any
+    return r
 
 
 def _zero_padded(stats: FlowStats, qkeep: torch.Tensor | None, kkeep: torch.Tensor | None) -> FlowStats:
@@ -168,14 +170,24 @@ def _zero_padded(stats: FlowStats, qkeep: torch.Tensor | None, kkeep: torch.Tens
     if qkeep is None and kkeep is None:
         return stats
     sinks = {"incoming", "conserved_incoming", "allocation"}
-    fields = {}
+    fields: dict[str, torch.Tensor] = {}
     for field, x in stats._asdict().items():
         keep = qkeep if field in sinks else kkeep
         fields[field] = x if keep is None else torch.where(keep, x, 0.0)
     return FlowStats(**fields)
 
 
-def _flow_full(qs, ks, v, eps, qkeep=None, kkeep=None, competition=True, allocation=True, out=None):
+def _flow_full(
+    qs: torch.Tensor,
+    ks: torch.Tensor,
+    v: torch.Tensor,
+    eps: float,
+    qkeep: torch.Tensor | None = None,
+    kkeep: torch.Tensor | None = None,
+    competition: bool = True,
+    allocation: bool = True,
+    out: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, FlowStats]:
     """Non-causal Flow-Attention on sigmoid features in the accumulation dtype; returns (out, FlowStats).
 
     ``qkeep`` (..., N) and ``kkeep`` (..., M) bool (True = real) mark padding, whose features and values must
@@ -214,7 +226,7 @@ def _flow_full(qs, ks, v, eps, qkeep=None, kkeep=None, competition=True, allocat
     elif kkeep is None:
         a = torch.sigmoid(conserved_incoming * (n / M))  # (B, H, N)
     else:
-        a = torch.sigmoid(conserved_incoming * (n / m.clamp(min=1)))  # (B, H, N)
+        a = torch.sigmoid(conserved_incoming * (n / cast(torch.Tensor, m).clamp(min=1)))  # (B, H, N); m counts kkeep
     scale = (a * r_in).unsqueeze(-1)  # (B, H, N, 1): a_i / I_i (0 at a padded sink)
     if out is None:
         out = (qs @ kv) * scale  # (B, H, N, Dv)
@@ -233,16 +245,16 @@ def _initial_state(x: torch.Tensor, B: int, H: int, D: int, Dv: int, acc: torch.
 
 def _causal_block(
     state: FlowState,
-    q,
-    k,
-    v,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
     eps: float,
     tril: torch.Tensor | None,
     keep: torch.Tensor | None = None,
     competition: bool = True,
     allocation: bool = True,
     chunk: int | None = None,
-):
+) -> tuple[torch.Tensor, FlowStats, FlowState]:
     """Advance causal Flow-Attention over the next c tokens, q, k (B, H, c, D), v (B, H, c, Dv).
 
     Every causal quantity of a token is a prefix sum, so a block needs only the state before it: inside the
@@ -260,7 +272,7 @@ def _causal_block(
     va = v.to(acc)  # (B, H, c, Dv)
     if keep is None:
         steps = torch.arange(1, c + 1, device=qs.device, dtype=acc)  # (c,): 1, 2, ..., c
-        seen = c
+        seen: int | torch.Tensor = c
     else:  # a padded position sends and receives nothing, and does not count
         real = keep.unsqueeze(-1)  # (B, 1, c, 1)
         qs, ks, va = (torch.where(real, x, 0.0) for x in (qs, ks, va))
@@ -319,7 +331,20 @@ def _causal_block(
     return out, _zero_padded(stats, keep, keep), new_state
 
 
-def _flow_causal(q, k, v, eps, chunk_size, acc, dtype, return_flows, keep, state, competition, allocation):
+def _flow_causal(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    eps: float,
+    chunk_size: int,
+    acc: torch.dtype,
+    dtype: torch.dtype,
+    return_flows: bool,
+    keep: torch.Tensor | None,
+    state: FlowState,
+    competition: bool,
+    allocation: bool,
+) -> tuple[torch.Tensor, FlowStats | None, FlowState]:
     """Causal Flow-Attention (N == M) from ``state``: block by block, O(B H C (C + D + Dv)) memory beside the
     output, which is in ``dtype``; traced (torch.compile, torch.export), one block of the whole sequence with a
     chunked output product. ``keep`` (B, 1, N) bool marks the real positions. Returns (out, stats or None,
@@ -327,12 +352,13 @@ def _flow_causal(q, k, v, eps, chunk_size, acc, dtype, return_flows, keep, state
     B, H, N, D = q.shape
     options = {"competition": competition, "allocation": allocation}
     if tracing():
-        out, stats, state = _causal_block(state, q, k, v, eps, None, keep, chunk=chunk_size, **options)
-        return out.to(dtype), stats if return_flows else None, state
+        whole, stats, state = _causal_block(state, q, k, v, eps, None, keep, chunk=chunk_size, **options)
+        return whole.to(dtype), stats if return_flows else None, state
     C = min(chunk_size, N)
     tril = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
     record = needs_autograd(q, k, v)
-    outs, blocks = [], []
+    outs: list[torch.Tensor] = []
+    blocks: list[FlowStats] = []
     out = None if record else q.new_empty(B, H, N, v.shape[-1], dtype=dtype)  # without autograd: block by block
     for start in range(0, N, C):
         sl = slice(start, start + C)
@@ -343,18 +369,22 @@ def _flow_causal(q, k, v, eps, chunk_size, acc, dtype, return_flows, keep, state
         if record:
             outs.append(block.to(dtype))  # (B, H, c, Dv)
         else:
+            assert out is not None  # made above when nothing is recorded
             out[..., sl, :] = block  # (B, H, c, Dv), cast to the result dtype
         if return_flows:
             blocks.append(stats)
     if record:
         out = torch.cat(outs, dim=-2)  # (B, H, N, Dv)
+    assert out is not None  # the output of the blocks, concatenated or written
     if not return_flows:
         return out, None, state
     stats = FlowStats(*(torch.cat(parts, dim=-1) for parts in zip(*blocks, strict=True)))  # each (B, H, N)
     return out, stats, state
 
 
-def _check_flow_state(state, B: int, H: int, D: int, Dv: int, acc: torch.dtype, device, *, name: str, arg: str):
+def _check_flow_state(
+    state: object, B: int, H: int, D: int, Dv: int, acc: torch.dtype, device: torch.device, *, name: str, arg: str
+) -> FlowState:
     vectors = (B, H, D)
     fields = dict(
         key_sum=vectors,
@@ -455,6 +485,55 @@ def flow_attention(
 ) -> tuple[torch.Tensor, FlowStats, FlowState]: ...
 
 
+@overload
+def flow_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    is_causal: bool = ...,
+    attn_mask: torch.Tensor | None = ...,
+    key_padding_mask: torch.Tensor | None = ...,
+    query_padding_mask: torch.Tensor | None = ...,
+    eps: float = ...,
+    return_flows: Literal[False] = ...,
+    chunk_size: int = ...,
+    out_dtype: torch.dtype | None = ...,
+    competition: bool = ...,
+    allocation: bool = ...,
+    initial_state: FlowState | None = ...,
+    output_final_state: bool,
+    causal: bool | None = ...,
+) -> torch.Tensor | tuple[torch.Tensor, FlowState]: ...
+
+
+@overload
+def flow_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    is_causal: bool = ...,
+    attn_mask: torch.Tensor | None = ...,
+    key_padding_mask: torch.Tensor | None = ...,
+    query_padding_mask: torch.Tensor | None = ...,
+    eps: float = ...,
+    return_flows: bool = ...,
+    chunk_size: int = ...,
+    out_dtype: torch.dtype | None = ...,
+    competition: bool = ...,
+    allocation: bool = ...,
+    initial_state: FlowState | None = ...,
+    output_final_state: bool = ...,
+    causal: bool | None = ...,
+) -> (
+    torch.Tensor
+    | tuple[torch.Tensor, FlowStats]
+    | tuple[torch.Tensor, FlowState]
+    | tuple[torch.Tensor, FlowStats, FlowState]
+): ...
+
+
 def flow_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -473,7 +552,12 @@ def flow_attention(
     initial_state: FlowState | None = None,
     output_final_state: bool = False,
     causal: bool | None = None,
-) -> Any:
+) -> (
+    torch.Tensor
+    | tuple[torch.Tensor, FlowStats]
+    | tuple[torch.Tensor, FlowState]
+    | tuple[torch.Tensor, FlowStats, FlowState]
+):
     """Flow-Attention (Wu et al., "Flowformer", ICML 2022): linear attention with flow conservation.
 
     ``out_i = a_i (q~_i / I_i) . sum_j k~_j (c_j v_j)^T`` with q~ = sigmoid(q), k~ = sigmoid(k), incoming flow
@@ -551,6 +635,8 @@ def flow_attention(
         qkeep = ~check_key_padding_mask(query_padding_mask, B, N, name=name).to(q.device)[:, None, :]  # (B, N) too
     check_state_call(causal, initial_state, output_final_state, name=name)
     options = {"competition": competition, "allocation": allocation}
+    state: FlowState | None = None
+    stats: FlowStats | None
     with autocast_disabled(q.device):
         if causal:
             if initial_state is None:
@@ -561,7 +647,6 @@ def flow_attention(
                 q, k, v, eps, chunk_size, acc, dtype, return_flows, kkeep, state, **options
             )
         else:
-            state = None
             if needs_autograd(q, k, v) or tracing() or qkeep is not None or kkeep is not None:
                 qs, ks, va = torch.sigmoid(q.to(acc)), torch.sigmoid(k.to(acc)), v.to(acc)  # (B, H, N|M, D|Dv)
                 if qkeep is not None:
@@ -569,15 +654,31 @@ def flow_attention(
                 if kkeep is not None:
                     ks = torch.where(kkeep.unsqueeze(-1), ks, 0.0)
                     va = torch.where(kkeep.unsqueeze(-1), va, 0.0)
-                out, stats = _flow_full(qs, ks, va, eps, qkeep, kkeep, **options)
+                out, stats = _flow_full(qs, ks, va, eps, qkeep, kkeep, competition, allocation)
                 out = out.to(dtype)
             else:
                 out, stats = _flow_full_by_rows(q, k, v, eps, acc, dtype, return_flows, **options)
-    result: tuple = (out,) + ((stats,) if return_flows else ()) + ((state,) if output_final_state else ())
-    return result[0] if len(result) == 1 else result
+    # the statistics exist when asked for (every path computes them then); a state call is causal
+    if return_flows and output_final_state:
+        return out, cast(FlowStats, stats), cast(FlowState, state)
+    if return_flows:
+        return out, cast(FlowStats, stats)
+    if output_final_state:
+        return out, cast(FlowState, state)
+    return out
 
 
-def _flow_full_by_rows(q, k, v, eps, acc, dtype, return_flows, competition=True, allocation=True):
+def _flow_full_by_rows(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    eps: float,
+    acc: torch.dtype,
+    dtype: torch.dtype,
+    return_flows: bool,
+    competition: bool = True,
+    allocation: bool = True,
+) -> tuple[torch.Tensor, FlowStats | None]:
     """Non-causal Flow-Attention without autograd, a few (b, h) rows at a time (the rows are independent).
 
     Same numbers as :func:`_flow_full` on the whole batch; the features and temporaries of one group are small
@@ -588,7 +689,7 @@ def _flow_full_by_rows(q, k, v, eps, acc, dtype, return_flows, competition=True,
     rows = B * H
     q, k, v = q.reshape(rows, N, D), k.reshape(rows, M, D), v.reshape(rows, M, Dv)
     out = q.new_empty(rows, N, Dv, dtype=acc)  # (B H, N, Dv)
-    parts = []
+    parts: list[FlowStats] = []
     step = rows_per_group(q, max(N, M), rows)
     for r0 in range(0, rows, step):
         r = slice(r0, r0 + step)
@@ -658,7 +759,7 @@ def flow_attention_step(
     return out.squeeze(-2).to(dtype), new_state  # (B, H, Dv)
 
 
-class FlowAttention(ProjectedAttention):
+class FlowAttention(ProjectedAttention[FlowState]):
     """Multi-head Flow-Attention with the module family's projections (Wu et al., ICML 2022).
 
     Parameter names and shapes are those of the published ``Flow_Attention`` module (``query_projection``,
@@ -719,17 +820,17 @@ class FlowAttention(ProjectedAttention):
 
     def attend(
         self,
-        q,
-        k,
-        v,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
         *,
-        attn_mask=None,
-        key_padding_mask=None,
-        self_attention=True,
-        is_causal=None,
-        initial_state=None,
-        output_final_state=False,
-    ):
+        attn_mask: torch.Tensor | None = None,
+        key_padding_mask: torch.Tensor | None = None,
+        self_attention: bool = True,
+        is_causal: bool | None = None,
+        initial_state: FlowState | None = None,
+        output_final_state: bool = False,
+    ) -> torch.Tensor | tuple[torch.Tensor, FlowState]:
         is_causal = self.causal if is_causal is None else is_causal
         # the accumulation dtype: the out-projection rounds (attnbook.ProjectedAttention)
         query_padding = key_padding_mask if self_attention and not is_causal else None
@@ -749,7 +850,9 @@ class FlowAttention(ProjectedAttention):
             output_final_state=output_final_state,
         )
 
-    def attend_step(self, q_t, k_t, v_t, state):
+    def attend_step(
+        self, q_t: torch.Tensor, k_t: torch.Tensor, v_t: torch.Tensor, state: FlowState | None
+    ) -> tuple[torch.Tensor, FlowState]:
         return flow_attention_step(
             q_t, k_t, v_t, state, eps=self.eps, competition=self.competition, allocation=self.allocation
         )

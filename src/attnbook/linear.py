@@ -16,6 +16,7 @@ The literal definitions (the normalised N x M matrix, the loop over time) are
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Literal, NamedTuple, overload
 
 import torch
@@ -57,7 +58,7 @@ _NO_ATTN_MASK = (
 )
 
 
-def _feature_map(feature_map, D: int, *, name: str, got) -> FeatureMap:
+def _feature_map(feature_map: str | FeatureMap, D: int, *, name: str, got: str | Callable[[], str]) -> FeatureMap:
     """The resolved feature map; Performer features must be drawn for width D."""
     phi = resolve_feature_map(feature_map, name=name)
     if isinstance(phi, PerformerFeatures):
@@ -101,6 +102,25 @@ def linear_attention(
     output_final_state: Literal[True],
     causal: bool | None = ...,
 ) -> tuple[torch.Tensor, LinearState]: ...
+
+
+@overload
+def linear_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    is_causal: bool = ...,
+    attn_mask: torch.Tensor | None = ...,
+    key_padding_mask: torch.Tensor | None = ...,
+    feature_map: str | FeatureMap = ...,
+    eps: float = ...,
+    chunk_size: int = ...,
+    out_dtype: torch.dtype | None = ...,
+    initial_state: LinearState | None = ...,
+    output_final_state: bool,
+    causal: bool | None = ...,
+) -> torch.Tensor | tuple[torch.Tensor, LinearState]: ...
 
 
 def linear_attention(
@@ -222,7 +242,17 @@ def linear_attention(
         return out.view(B, H, N, Dv).to(dtype)
 
 
-def _causal_with_state(q, k, v, keep, phi, eps, chunk_size, initial_state, name):
+def _causal_with_state(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    keep: torch.Tensor | None,
+    phi: FeatureMap,
+    eps: float,
+    chunk_size: int,
+    initial_state: LinearState | None,
+    name: str,
+) -> tuple[torch.Tensor, LinearState]:
     """Causal linear attention from an initial state (or zeros) that also gives the final state, on q, k, v
     (B, H, N, .) in the accumulation dtype: every chunk at once (:func:`attnbook._prefix.chunked_product`).
 
@@ -246,7 +276,16 @@ def _causal_with_state(q, k, v, keep, phi, eps, chunk_size, initial_state, name)
     return out, LinearState(final[..., :-1], final[..., -1])
 
 
-def _causal_attention(q, k, v, keep, phi, eps, chunk_size, name):
+def _causal_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    keep: torch.Tensor | None,
+    phi: FeatureMap,
+    eps: float,
+    chunk_size: int,
+    name: str,
+) -> torch.Tensor:
     """Causal linear attention (:mod:`attnbook._causal`) on q, k, v (B, H, N, .) in the accumulation dtype.
 
     The built-in maps are made inside its tiles from q and k (padded keys' features zeroed there); other maps'
@@ -284,7 +323,9 @@ def _causal_attention(q, k, v, keep, phi, eps, chunk_size, name):
     return out.view(B, H, N, Dv)
 
 
-def _feature_pair(q, k, keep, phi, name, lead):
+def _feature_pair(
+    q: torch.Tensor, k: torch.Tensor, keep: torch.Tensor | None, phi: FeatureMap, name: str, lead: tuple[int, ...]
+) -> tuple[torch.Tensor, torch.Tensor]:
     """phi(q) and phi(k), checked, padded keys' features zero; k's padded keys are zero already (zeroed
     *before* phi: a huge padded key must not become inf * 0 = NaN)."""
     fq = _features(phi, q, name=name, label="q", lead=lead)  # (..., N, R)
@@ -294,10 +335,12 @@ def _feature_pair(q, k, keep, phi, name, lead):
 
 
 # The built-in maps, made inside the kernels (into buffers, or tile by tile in the causal one), by name.
-_KINDS = {phi: name for name, phi in FEATURE_MAPS.items()}
+_KINDS: dict[FeatureMap, str] = {phi: name for name, phi in FEATURE_MAPS.items()}
 
 
-def _features(phi, x, *, name, label, lead, into=None):
+def _features(
+    phi: FeatureMap, x: torch.Tensor, *, name: str, label: str, lead: tuple[int, ...], into: torch.Tensor | None = None
+) -> torch.Tensor:
     """phi(x) checked, in x's dtype. Without autograd the built-in maps write into ``into`` (a flat buffer
     of at least x's size, x's dtype); other maps ignore it."""
     if into is not None and phi in _KINDS:
@@ -305,7 +348,18 @@ def _features(phi, x, *, name, label, lead, into=None):
     return check_features(phi(x), x, name=name, label=label, lead=lead).to(x.dtype)
 
 
-def _attend(q, k, v, keep, phi, eps, name, lead, out=None, work=None):
+def _attend(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    keep: torch.Tensor | None,
+    phi: FeatureMap,
+    eps: float,
+    name: str,
+    lead: tuple[int, ...],
+    out: torch.Tensor | None = None,
+    work: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Non-causal linear attention on q (..., N, D), k (..., M, D), v (..., M, Dv) in the accumulation dtype.
 
     ``keep`` (..., M, 1) bool marks real keys. With ``out`` (contiguous (..., N, Dv)) and no autograd, the
@@ -317,6 +371,7 @@ def _attend(q, k, v, keep, phi, eps, name, lead, out=None, work=None):
         k = torch.where(keep, k, 0.0)  # (..., M, D)
         v = torch.where(keep, v, 0.0)  # (..., M, Dv)
     if work is not None:  # built-in map: phi(k), summed up, then phi(q)
+        assert out is not None  # the no-autograd path passes its output with the buffer
         return _in_pieces(q, k, v, keep, phi, eps, name, lead, out, work)
     fq, fk = _feature_pair(q, k, keep, phi, name, lead)  # (..., N, R), (..., M, R)
     kv, z = fk.transpose(-2, -1) @ v, fk.sum(dim=-2).unsqueeze(-1)  # (..., R, Dv), (..., R, 1)
@@ -326,7 +381,18 @@ def _attend(q, k, v, keep, phi, eps, name, lead, out=None, work=None):
     return torch.matmul(fq, kv, out=out).mul_(den.add_(eps).reciprocal_())  # (..., N, Dv), in place
 
 
-def _in_pieces(q, k, v, keep, phi, eps, name, lead, out, buf):
+def _in_pieces(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    keep: torch.Tensor | None,
+    phi: FeatureMap,
+    eps: float,
+    name: str,
+    lead: tuple[int, ...],
+    out: torch.Tensor,
+    buf: torch.Tensor,
+) -> torch.Tensor:
     """Non-causal linear attention without autograd, for a built-in feature map, into ``out`` (rows, N, Dv):
 
         z = sum_j phi(k_j),   S = sum_j phi(k_j) v_j^T,   out_i = (phi(q_i) / (phi(q_i) . z + eps))^T S
@@ -360,13 +426,20 @@ def _piece_rows(N: int, M: int, D: int) -> int:
     return max(1, feature_maps.ELU_PIECE // (max(N, M) * D))
 
 
-def _dots(fq, z):
+def _dots(fq: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
     """fq @ z, (..., N, R) @ (..., R, 1) -> (..., N, 1), computed as (z^T fq^T)^T: the same dot products, but
     a product with one row runs about twice as fast on the CPU as one with one column (one pass over fq)."""
     return (z.transpose(-2, -1) @ fq.transpose(-2, -1)).transpose(-2, -1)
 
 
-def _keys(phi, k, keep, name, lead, into=None):
+def _keys(
+    phi: FeatureMap,
+    k: torch.Tensor,
+    keep: torch.Tensor | None,
+    name: str,
+    lead: tuple[int, ...],
+    into: torch.Tensor | None = None,
+) -> torch.Tensor:
     """phi(k) (..., M, R), zero at padded keys (``keep`` (..., M, 1) False): phi(0) need not be 0. Features
     written into the buffer ``into`` (built-in maps, no autograd) are zeroed there, in place."""
     fk = _features(phi, k, name=name, label="k", lead=lead, into=into)
@@ -439,7 +512,7 @@ def linear_attention_step(
         return (num / (den + eps)).to(dtype), LinearState(S, z)
 
 
-class LinearAttention(ProjectedAttention):
+class LinearAttention(ProjectedAttention[LinearState]):
     """Multi-head kernelized linear attention with the module family's projections.
 
     Args:
@@ -500,17 +573,17 @@ class LinearAttention(ProjectedAttention):
 
     def attend(
         self,
-        q,
-        k,
-        v,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
         *,
-        attn_mask=None,
-        key_padding_mask=None,
-        self_attention=True,
-        is_causal=None,
-        initial_state=None,
-        output_final_state=False,
-    ):
+        attn_mask: torch.Tensor | None = None,
+        key_padding_mask: torch.Tensor | None = None,
+        self_attention: bool = True,
+        is_causal: bool | None = None,
+        initial_state: LinearState | None = None,
+        output_final_state: bool = False,
+    ) -> torch.Tensor | tuple[torch.Tensor, LinearState]:
         is_causal = self.causal if is_causal is None else is_causal
         return linear_attention(
             q,
@@ -527,6 +600,8 @@ class LinearAttention(ProjectedAttention):
             output_final_state=output_final_state,
         )
 
-    def attend_step(self, q_t, k_t, v_t, state):
+    def attend_step(
+        self, q_t: torch.Tensor, k_t: torch.Tensor, v_t: torch.Tensor, state: LinearState | None
+    ) -> tuple[torch.Tensor, LinearState]:
         out, state = linear_attention_step(q_t, k_t, v_t, state, feature_map=self.feature_map, eps=self.eps)
         return out, state

@@ -19,18 +19,26 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, Literal, TypeAlias
 
-from torch import nn
+import torch
 
 from . import reference
 from ._checks import check_bool, check_choice, check_int
-from .flow import FlowAttention, flow_attention, flow_attention_step
-from .linear import LinearAttention, linear_attention, linear_attention_step
+from ._module import ProjectedAttention
+from .flow import FlowAttention, FlowState, flow_attention, flow_attention_step
+from .linear import LinearAttention, LinearState, linear_attention, linear_attention_step
 from .mobile import MobileAttention, mobile_attention
-from .moh import MoHAttention
+from .moh import MoHAttention, default_heads
 from .softmax import SoftmaxAttention, softmax_attention
 
 __all__ = ["Mechanism", "MECHANISMS", "get", "names"]
+
+#: What an entry's ``module`` builds: a layer of the module family or an MoH layer. Its recurrent state is the
+#: layer's own (a KVCache, a LinearState or a FlowState), so the family's state parameter is Any here.
+Layer: TypeAlias = "ProjectedAttention[Any] | MoHAttention"
+#: The state an entry's ``step`` carries.
+RecurrentState: TypeAlias = "LinearState | FlowState"
 
 
 @dataclass(frozen=True)
@@ -50,20 +58,24 @@ class Mechanism:
         module: ``module(dim, n_heads, causal=False, **kwargs)`` -> a self-attention layer, ``layer(x)``.
         step: the recurrent one-token form ``step(q_t, k_t, v_t, state) -> (out_t, state)`` of the causal
             mechanism, or None when generation needs a cache of past keys and values.
+
+    The callables are typed by the calls above: ``function`` and ``reference`` return the output tensor (the
+    options that return more, such as ``return_flows``, are for the functions themselves), ``module`` a
+    :data:`Layer`, ``step`` ``(out_t, state)``.
     """
 
     name: str
     title: str
     chapter: int
-    inputs: str
+    inputs: Literal["qkv", "x"]
     causal: bool
     same_length: bool
-    function: Callable | None
-    reference: Callable
-    module: Callable[..., nn.Module]
-    step: Callable | None = None
+    function: Callable[..., torch.Tensor] | None
+    reference: Callable[..., torch.Tensor]
+    module: Callable[..., Layer]
+    step: Callable[..., tuple[torch.Tensor, RecurrentState]] | None = None
 
-    def __call__(self, *args, **kwargs):
+    def __call__(self, *args: Any, **kwargs: Any) -> torch.Tensor:
         """Call the fast function (``"qkv"`` mechanisms only)."""
         if self.function is None:
             raise TypeError(
@@ -73,10 +85,10 @@ class Mechanism:
         return self.function(*args, **kwargs)
 
 
-def _family(cls, key: str, **fixed) -> Callable[..., nn.Module]:
+def _family(cls: type[ProjectedAttention[Any]], key: str, **fixed: Any) -> Callable[..., ProjectedAttention[Any]]:
     """Factory for the softmax / linear / flow / mobile module family: (dim, n_heads, causal) -> layer."""
 
-    def make(dim: int, n_heads: int, causal: bool = False, **kwargs) -> nn.Module:
+    def make(dim: int, n_heads: int, causal: bool = False, **kwargs: Any) -> ProjectedAttention[Any]:
         options = {"drop_out": 0.0, **fixed, **kwargs}
         if check_bool(causal, "causal", name=f"MECHANISMS[{key!r}].module"):
             options["causal"] = True
@@ -86,7 +98,7 @@ def _family(cls, key: str, **fixed) -> Callable[..., nn.Module]:
     return make
 
 
-def _mobile_module(dim: int, n_heads: int, causal: bool = False, **kwargs) -> nn.Module:
+def _mobile_module(dim: int, n_heads: int, causal: bool = False, **kwargs: Any) -> MobileAttention:
     """MobileAttention(dim, dim, dim, n_heads, drop_out=0.0); it has no causal form."""
     check_choice(
         causal,
@@ -102,20 +114,24 @@ def _mobile_module(dim: int, n_heads: int, causal: bool = False, **kwargs) -> nn
 
 
 def moh_heads(n_heads: int) -> dict[str, int]:
-    """The MoH head split the registry uses: a quarter of the heads shared, each token picks half the rest."""
+    """The MoH head split the registry uses (:func:`attnbook.moh.default_heads`): a quarter of the heads shared,
+    each token picks half the rest."""
     n_heads = check_int(n_heads, "n_heads", name="moh_heads", minimum=1)
-    return {"shared_head": max(1, n_heads // 4), "routed_head": max(1, n_heads // 2)}
+    shared, routed = default_heads(n_heads)
+    return {"shared_head": shared, "routed_head": routed}
 
 
-def _moh_module(dim: int, n_heads: int, causal: bool = False, **kwargs) -> nn.Module:
+def _moh_module(dim: int, n_heads: int, causal: bool = False, **kwargs: Any) -> MoHAttention:
     """MoHAttention(dim, n_heads, qkv_bias=True, causal=causal, **moh_heads(n_heads))."""
     check_int(n_heads, "n_heads", name="MECHANISMS['moh'].module", minimum=1)
     return MoHAttention(dim, n_heads, **{"qkv_bias": True, **moh_heads(n_heads), "causal": causal, **kwargs})
 
 
-def _moh_reference(layer: MoHAttention, x, *, is_causal: bool | None = None, **masks):
+def _moh_reference(
+    layer: MoHAttention, x: torch.Tensor, *, is_causal: bool | None = None, **masks: Any
+) -> torch.Tensor:
     """The output of :func:`attnbook.reference.moh_layer` (float64); ``masks``: ``attn_mask``,
-    ``key_padding_mask``."""
+    ``key_padding_mask`` (Any: passed on as they are, the deprecated ``mask`` too)."""
     return reference.moh_layer(layer, x, is_causal=is_causal, **masks)[0]
 
 

@@ -35,7 +35,7 @@ float16 first.
 
 from __future__ import annotations
 
-from typing import Any, Literal, overload
+from typing import Literal, NoReturn, overload
 
 import torch
 
@@ -44,11 +44,11 @@ from ._checks import (
     check_choice,
     check_dtype,
     check_eps,
-    check_found,
     check_is_causal,
     check_key_padding_mask,
     check_no_attn_mask,
     check_qkv,
+    check_supported,
 )
 from ._module import ProjectedAttention
 from ._runtime import accumulation_dtype, autocast_disabled, needs_autograd, result_dtype, rows_per_group, tracing
@@ -109,6 +109,21 @@ def mobile_attention(
 ) -> tuple[torch.Tensor, FlowStats]: ...
 
 
+@overload
+def mobile_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    attn_mask: torch.Tensor | None = ...,
+    key_padding_mask: torch.Tensor | None = ...,
+    is_causal: bool = ...,
+    eps: float = ...,
+    return_flows: bool,
+    out_dtype: torch.dtype | None = ...,
+) -> torch.Tensor | tuple[torch.Tensor, FlowStats]: ...
+
+
 def mobile_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -120,7 +135,7 @@ def mobile_attention(
     eps: float = 1e-6,
     return_flows: bool = False,
     out_dtype: torch.dtype | None = None,
-) -> Any:
+) -> torch.Tensor | tuple[torch.Tensor, FlowStats]:
     """Mobile-Attention (Yao et al., ICML 2024): Flow-Attention with the heads competing for each token.
 
     ``out_hi = a_hi (q~_hi / I_hi) . sum_j k~_hj (c_hj v_hj)^T``, the flows I, O, I^, O^ summed over the heads
@@ -176,7 +191,7 @@ def mobile_attention(
             # element are not): the temporaries of a group stay small enough to remain in cache.
             B, H, N, _ = q.shape
             out = q.new_empty(B, H, N, v.shape[-1], dtype=acc)  # (B, H, N, Dv)
-            parts = []
+            parts: list[FlowStats] = []
             step = rows_per_group(q, H * N, B)
             for b0 in range(0, B, step):
                 b = slice(b0, b0 + step)
@@ -184,11 +199,20 @@ def mobile_attention(
                 if return_flows:
                     parts.append(stats)
             out = out.to(dtype)
-            stats = FlowStats(*(torch.cat(p) for p in zip(*parts, strict=True))) if return_flows else None
+            if return_flows:
+                stats = FlowStats(*(torch.cat(p) for p in zip(*parts, strict=True)))
     return (out, stats) if return_flows else out
 
 
-def _mobile(q, k, v, eps, acc, out=None, keep=None):
+def _mobile(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    eps: float,
+    acc: torch.dtype,
+    out: torch.Tensor | None = None,
+    keep: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, FlowStats]:
     """Mobile-Attention on q, k (B, H, N, D), v (B, H, N, Dv); returns (out, FlowStats), out in the
     accumulation dtype, written to ``out`` (no autograd) when given. ``keep`` (B, 1, N) bool marks the real
     positions among padding."""
@@ -197,7 +221,7 @@ def _mobile(q, k, v, eps, acc, out=None, keep=None):
     va = v.to(acc)  # (B, H, M, Dv)
     N, M, D = qs.shape[-2], ks.shape[-2], qs.shape[-1]
     at = None  # (B, N, 1): real positions, in the (B, N, H) layout of the flows
-    m = M
+    m: int | torch.Tensor = M
     if keep is not None:
         real = keep.unsqueeze(-1)  # (B, 1, N, 1)
         qs, ks, va = (torch.where(real, x, 0.0) for x in (qs, ks, va))
@@ -252,7 +276,7 @@ def _mobile(q, k, v, eps, acc, out=None, keep=None):
     return out, FlowStats(*(x.contiguous() for x in stats))
 
 
-class MobileAttention(ProjectedAttention):
+class MobileAttention(ProjectedAttention[NoReturn]):
     """Multi-head Mobile-Attention with the module family's projections (Yao et al., ICML 2024).
 
     Parameter names and shapes are those of the published ``Mobile_Attention`` module, so its checkpoints load
@@ -300,17 +324,17 @@ class MobileAttention(ProjectedAttention):
 
     def attend(
         self,
-        q,
-        k,
-        v,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
         *,
-        attn_mask=None,
-        key_padding_mask=None,
-        self_attention=True,
-        is_causal=None,
-        initial_state=None,
-        output_final_state=False,
-    ):
+        attn_mask: torch.Tensor | None = None,
+        key_padding_mask: torch.Tensor | None = None,
+        self_attention: bool = True,
+        is_causal: bool | None = None,
+        initial_state: None = None,
+        output_final_state: bool = False,
+    ) -> torch.Tensor:
         is_causal = self.causal if is_causal is None else is_causal
         check_choice(is_causal, "is_causal", (False,), name=type(self).__name__, why=_NO_CAUSAL)
         # the accumulation dtype: the output can exceed float16's range where the projected output does not
@@ -324,9 +348,9 @@ class MobileAttention(ProjectedAttention):
             out_dtype=accumulation_dtype(q.dtype),
         )
 
-    def attend_step(self, q_t, k_t, v_t, state):
-        check_found(
-            [],
+    def attend_step(self, q_t: torch.Tensor, k_t: torch.Tensor, v_t: torch.Tensor, state: None) -> NoReturn:
+        check_supported(
+            False,
             "the layer",
             name=f"{type(self).__name__}.step",
             expected=f"have a recurrent step{_NO_CAUSAL}",

@@ -49,7 +49,8 @@ it saves no FLOPs. Real savings would need gathering each head's selected tokens
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, cast, overload
 
 import torch
 import torch.nn.functional as F
@@ -74,10 +75,19 @@ from ._checks import (
     check_step_token,
     check_tokens,
 )
-from ._runtime import accumulation_dtype, autocast_disabled, linear_in_range
+from ._runtime import accumulation_dtype, autocast_disabled, exporting, linear_in_range
 from .softmax import _NO_MASK_WITH_CACHE, KVCache, cached_attention, combine_masks, softmax_attention, zero_unseen_keys
 
-__all__ = ["HeadRouting", "MoHAttention", "moh_load_balancing_loss"]
+__all__ = ["HeadRouting", "MoHAttention", "moh_load_balancing_loss", "default_heads"]
+
+
+def default_heads(num_heads: int) -> tuple[int, int]:
+    """(shared_head, routed_head) of an :class:`MoHAttention` built without either: a quarter of the heads shared
+    (at least one), each token routed to half of them (at least one); a single head is shared.
+    """
+    if num_heads == 1:
+        return 1, 0
+    return max(1, num_heads // 4), max(1, num_heads // 2)
 
 
 class HeadRouting(NamedTuple):
@@ -138,7 +148,9 @@ class MoHAttention(nn.Module):
         proj_drop: dropout after the output projection.
         norm_layer: the normalisation used when ``qk_norm`` or ``scale_norm`` is set (None: ``nn.LayerNorm``).
         shared_head: number of shared heads h_s (always active), the first heads.
-        routed_head: number k of routed heads each token activates (top-k of the router).
+        routed_head: number k of routed heads each token activates (top-k of the router). When neither is
+            given, :func:`default_heads` (a quarter of the heads shared, each token routed to half of them);
+            when one is given, the other is 0.
         head_dim: width D of a head; defaults to ``dim // num_heads`` (as in the reference, ``dim`` need not be
             divisible by ``num_heads``; the projections map ``dim`` to ``H * D`` and back).
         causal: make every forward causal (token t attends to tokens <= t), as ``is_causal=True`` does per call.
@@ -192,9 +204,9 @@ class MoHAttention(nn.Module):
         qk_norm: bool = False,
         attn_drop: float = 0.0,
         proj_drop: float = 0.0,
-        norm_layer: Any = None,
-        shared_head: int = 0,
-        routed_head: int = 0,
+        norm_layer: Callable[..., nn.Module] | None = None,
+        shared_head: int | None = None,
+        routed_head: int | None = None,
         head_dim: int | None = None,
         causal: bool = False,
         *,
@@ -209,6 +221,10 @@ class MoHAttention(nn.Module):
         super().__init__()
         name = type(self).__name__
         dim = check_int(dim, "dim", name=name, minimum=1)
+        if shared_head is None and routed_head is None:  # neither given (timm builds the layer so): the default split
+            shared_head, routed_head = default_heads(check_int(num_heads, "num_heads", name=name, minimum=1))
+        shared_head = 0 if shared_head is None else shared_head
+        routed_head = 0 if routed_head is None else routed_head
         num_heads, shared_head, routed_head = check_moh_heads(num_heads, shared_head, routed_head, name=name)
         if attn_head_dim is not None:
             why = " (attn_head_dim is timm's name for head_dim)"
@@ -261,7 +277,8 @@ class MoHAttention(nn.Module):
         """Draw every weight again with torch's default initialisation of its layer (``nn.Linear``, the norms)."""
         for module in self.modules():
             if module is not self and hasattr(module, "reset_parameters"):
-                module.reset_parameters()
+                reset = cast(Callable[[], None], module.reset_parameters)  # torch types it as Tensor | Module
+                reset()
 
     def extra_repr(self) -> str:
         return (
@@ -345,6 +362,89 @@ class MoHAttention(nn.Module):
             routed_weight=routed_weight,
         )
 
+    @overload
+    def forward(
+        self,
+        x: torch.Tensor,
+        attn_mask: torch.Tensor | None = ...,
+        is_causal: bool = ...,
+        return_routing: Literal[False] = ...,
+        *,
+        key_padding_mask: torch.Tensor | None = ...,
+        initial_state: KVCache | None = ...,
+        output_final_state: Literal[False] = ...,
+    ) -> torch.Tensor: ...
+
+    @overload
+    def forward(
+        self,
+        x: torch.Tensor,
+        attn_mask: torch.Tensor | None = ...,
+        is_causal: bool = ...,
+        *,
+        return_routing: Literal[True],
+        key_padding_mask: torch.Tensor | None = ...,
+        initial_state: KVCache | None = ...,
+        output_final_state: Literal[False] = ...,
+    ) -> tuple[torch.Tensor, HeadRouting]: ...
+
+    @overload
+    def forward(
+        self,
+        x: torch.Tensor,
+        attn_mask: torch.Tensor | None = ...,
+        is_causal: bool = ...,
+        return_routing: Literal[False] = ...,
+        *,
+        key_padding_mask: torch.Tensor | None = ...,
+        initial_state: KVCache | None = ...,
+        output_final_state: Literal[True],
+    ) -> tuple[torch.Tensor, KVCache]: ...
+
+    @overload
+    def forward(
+        self,
+        x: torch.Tensor,
+        attn_mask: torch.Tensor | None = ...,
+        is_causal: bool = ...,
+        *,
+        return_routing: Literal[True],
+        key_padding_mask: torch.Tensor | None = ...,
+        initial_state: KVCache | None = ...,
+        output_final_state: Literal[True],
+    ) -> tuple[torch.Tensor, HeadRouting, KVCache]: ...
+
+    @overload
+    def forward(
+        self,
+        x: torch.Tensor,
+        attn_mask: torch.Tensor | None = ...,
+        is_causal: bool = ...,
+        return_routing: Literal[False] = ...,
+        *,
+        key_padding_mask: torch.Tensor | None = ...,
+        initial_state: KVCache | None = ...,
+        output_final_state: bool,
+    ) -> torch.Tensor | tuple[torch.Tensor, KVCache]: ...
+
+    @overload
+    def forward(
+        self,
+        x: torch.Tensor,
+        attn_mask: torch.Tensor | None = ...,
+        is_causal: bool = ...,
+        return_routing: bool = ...,
+        *,
+        key_padding_mask: torch.Tensor | None = ...,
+        initial_state: KVCache | None = ...,
+        output_final_state: bool = ...,
+    ) -> (
+        torch.Tensor
+        | tuple[torch.Tensor, HeadRouting]
+        | tuple[torch.Tensor, KVCache]
+        | tuple[torch.Tensor, HeadRouting, KVCache]
+    ): ...
+
     def forward(
         self,
         x: torch.Tensor,
@@ -355,7 +455,12 @@ class MoHAttention(nn.Module):
         key_padding_mask: torch.Tensor | None = None,
         initial_state: KVCache | None = None,
         output_final_state: bool = False,
-    ) -> Any:
+    ) -> (
+        torch.Tensor
+        | tuple[torch.Tensor, HeadRouting]
+        | tuple[torch.Tensor, KVCache]
+        | tuple[torch.Tensor, HeadRouting, KVCache]
+    ):
         """Gated multi-head self-attention of x (B, N, dim) -> (B, N, dim_out) [, HeadRouting] [, KVCache].
 
         The signature of timm's ``Attention.forward`` (plus ``return_routing`` and the keywords below), so the
@@ -409,9 +514,15 @@ class MoHAttention(nn.Module):
                 q, k, v, attn_mask, is_causal=causal, scale=self.scale, key_padding_mask=key_padding_mask
             )  # (B, H, N, D)
         out = self._gated_output(heads, routing.gates, dtype)  # (B, N, dim_out)
-        self.load_balancing_loss = routing.loss if self.training and self.routed_head > 0 else None
-        result: tuple = (out,) + ((routing,) if return_routing else ()) + ((cache,) if output_final_state else ())
-        return result[0] if len(result) == 1 else result
+        if not exporting():  # an exported program holds no module state (its loss is in the routing it returns)
+            self.load_balancing_loss = routing.loss if self.training and self.routed_head > 0 else None
+        if output_final_state:
+            assert cache is not None  # output_final_state made the call stateful
+            return (out, routing, cache) if return_routing else (out, cache)
+        return (out, routing) if return_routing else out
+
+    if TYPE_CHECKING:  # layer(...) is typed as forward(...) (torch types nn.Module.__call__ as returning Any)
+        __call__ = forward
 
     def _gated_output(self, heads: torch.Tensor, gates: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """heads (B, H, N, D) times gates (B, N, H), merged, normalised (``scale_norm``), projected, dropout."""
@@ -419,7 +530,8 @@ class MoHAttention(nn.Module):
         with autocast_disabled(heads.device):
             gated = heads.transpose(1, 2).to(gates.dtype) * gates.unsqueeze(-1)  # (B, N, H, D)
         merged = self.norm(gated.reshape(B, N, H * D))  # (B, N, H D)
-        return self.proj_drop(linear_in_range(self.proj, merged, dtype))  # (B, N, dim_out)
+        out: torch.Tensor = self.proj_drop(linear_in_range(self.proj, merged, dtype))  # (B, N, dim_out)
+        return out
 
     def step(self, x_t: torch.Tensor, state: KVCache | None = None) -> tuple[torch.Tensor, KVCache]:
         """One token of causal MoH: x_t (B, dim) after the tokens held in ``state`` (a KV cache, or None).
@@ -441,7 +553,15 @@ class MoHAttention(nn.Module):
         heads, cache = cached_attention(q, k, v, state, scale=self.scale, name=name, arg="state")  # (B, H, 1, D)
         return self._gated_output(heads, gates, v.dtype)[:, 0], cache  # (B, dim_out)
 
-    def _explicit_attention(self, q, k, v, attn_mask, key_padding_mask, causal: bool) -> torch.Tensor:
+    def _explicit_attention(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        attn_mask: torch.Tensor | None,
+        key_padding_mask: torch.Tensor | None,
+        causal: bool,
+    ) -> torch.Tensor:
         """timm's unfused path, the (B, H, N, N) matrix written out, in the accumulation dtype; also the path
         for dropout on the weights together with a mask. Same mask rules as :func:`attnbook.softmax_attention`."""
         N = q.shape[-2]
@@ -463,9 +583,10 @@ class MoHAttention(nn.Module):
             weights = scores.softmax(dim=-1)
             if visible is not None:  # a row with nothing allowed: zero weights (a NaN from the inputs stays)
                 weights = torch.where(visible.any(dim=-1, keepdim=True), weights, 0.0)
-            return self.attn_drop(weights) @ v  # (B, H, N, D)
+            dropped: torch.Tensor = self.attn_drop(weights)  # (B, H, N, N)
+            return dropped @ v  # (B, H, N, D)
 
-    def __getstate__(self):
+    def __getstate__(self) -> dict[str, Any]:
         # The last training loss is attached to that forward's autograd graph, which cannot be copied or
         # pickled; it is not part of the layer's state either. Dropping it keeps copy.deepcopy (EMA
         # models) and pickling working after a training step.
@@ -502,7 +623,7 @@ def moh_load_balancing_loss(model: nn.Module, reduction: str = "mean") -> torch.
         expected="contain a MoHAttention layer",
         got=f"a {type(model).__name__} without one",
     )
-    losses = []
+    losses: list[torch.Tensor] = []
     for name, m in layers:
         if m.routed_head == 0:
             continue
@@ -513,7 +634,7 @@ def moh_load_balancing_loss(model: nn.Module, reduction: str = "mean") -> torch.
             expected="have run a forward in training mode (model.train()) before its loss is gathered",
             got="no load-balancing loss",
         )
-        losses.append(m.load_balancing_loss)
+        losses.append(cast(torch.Tensor, m.load_balancing_loss))  # not None: checked above
     if not losses:
         return next(layers[0][1].parameters()).new_zeros((), dtype=torch.float32)
     total = torch.stack([loss.to(losses[0].dtype) for loss in losses]).sum()

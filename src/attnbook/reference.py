@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import copy
 import math
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Literal, cast, overload
 
 import torch
 
@@ -20,6 +22,14 @@ from ._checks import (
     check_not_both,
     check_qkv,
 )
+
+if TYPE_CHECKING:  # result and argument types only: the oracles compute everything themselves
+    from .feature_maps import FeatureMap
+    from .flow import FlowStats
+    from .moh import MoHAttention
+
+# A q/k or scale normalisation of moh_attention: a callable on the last dimension.
+_Norm = Callable[[torch.Tensor], torch.Tensor]
 
 __all__ = [
     "softmax_attention",
@@ -35,6 +45,54 @@ def _f64(*xs: torch.Tensor) -> list[torch.Tensor]:
     return [x.to(torch.float64) for x in xs]
 
 
+@overload
+def softmax_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    is_causal: bool = ...,
+    attn_mask: torch.Tensor | None = ...,
+    key_padding_mask: torch.Tensor | None = ...,
+    scale: float | None = ...,
+    return_weights: Literal[False] = ...,
+    causal: bool | None = ...,
+    mask: torch.Tensor | None = ...,
+) -> torch.Tensor: ...
+
+
+@overload
+def softmax_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    is_causal: bool = ...,
+    attn_mask: torch.Tensor | None = ...,
+    key_padding_mask: torch.Tensor | None = ...,
+    scale: float | None = ...,
+    return_weights: Literal[True],
+    causal: bool | None = ...,
+    mask: torch.Tensor | None = ...,
+) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
+@overload
+def softmax_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    is_causal: bool = ...,
+    attn_mask: torch.Tensor | None = ...,
+    key_padding_mask: torch.Tensor | None = ...,
+    scale: float | None = ...,
+    return_weights: bool,
+    causal: bool | None = ...,
+    mask: torch.Tensor | None = ...,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]: ...
+
+
 def softmax_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -47,7 +105,7 @@ def softmax_attention(
     return_weights: bool = False,
     causal: bool | None = None,
     mask: torch.Tensor | None = None,
-):
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """out_i = sum_j A_ij v_j with A_ij = exp(s_ij) / sum_j' exp(s_ij') over allowed j, s_ij = scale q_i . k_j + m_ij.
 
     Masks as torch takes them: ``attn_mask`` bool (True = may attend) or float (m_ij, added; -inf forbids),
@@ -89,14 +147,60 @@ def softmax_attention(
     return (out, weights) if return_weights else out
 
 
-def _linear_phi(feature_map, x: torch.Tensor) -> torch.Tensor:
+def _linear_phi(feature_map: str | FeatureMap, x: torch.Tensor) -> torch.Tensor:
     """The feature map written out for the oracles: elu(x) + 1, max(x, 0), or the given callable."""
     check_feature_map(feature_map, ("elu", "relu"), name="reference")
     if feature_map == "elu":
         return torch.where(x > 0, x + 1, torch.exp(x))
     if feature_map == "relu":
         return torch.clamp(x, min=0)
+    assert not isinstance(feature_map, str)  # check_feature_map accepts no other name
     return feature_map(x).to(torch.float64)
+
+
+@overload
+def linear_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    is_causal: bool = ...,
+    feature_map: str | FeatureMap = ...,
+    key_padding_mask: torch.Tensor | None = ...,
+    eps: float = ...,
+    return_weights: Literal[False] = ...,
+    causal: bool | None = ...,
+) -> torch.Tensor: ...
+
+
+@overload
+def linear_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    is_causal: bool = ...,
+    feature_map: str | FeatureMap = ...,
+    key_padding_mask: torch.Tensor | None = ...,
+    eps: float = ...,
+    return_weights: Literal[True],
+    causal: bool | None = ...,
+) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
+@overload
+def linear_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    is_causal: bool = ...,
+    feature_map: str | FeatureMap = ...,
+    key_padding_mask: torch.Tensor | None = ...,
+    eps: float = ...,
+    return_weights: bool,
+    causal: bool | None = ...,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]: ...
 
 
 def linear_attention(
@@ -105,12 +209,12 @@ def linear_attention(
     v: torch.Tensor,
     *,
     is_causal: bool = False,
-    feature_map="elu",
+    feature_map: str | FeatureMap = "elu",
     key_padding_mask: torch.Tensor | None = None,
     eps: float = 1e-6,
     return_weights: bool = False,
     causal: bool | None = None,
-):
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """out_i = sum_j A_ij v_j,  A_ij = phi(q_i).phi(k_j) / (sum_j' phi(q_i).phi(k_j') + eps) over allowed j.
 
     The normalised N x M kernel matrix written out (Katharopoulos et al., ICML 2020, Eq. 4; eps in the
@@ -141,7 +245,7 @@ def linear_attention_loop(
     k: torch.Tensor,
     v: torch.Tensor,
     *,
-    feature_map="elu",
+    feature_map: str | FeatureMap = "elu",
     key_padding_mask: torch.Tensor | None = None,
     eps: float = 1e-6,
 ) -> torch.Tensor:
@@ -189,15 +293,15 @@ def moh_attention(
     wg: torch.Tensor | None = None,
     wg_0: torch.Tensor | None = None,
     wg_1: torch.Tensor | None = None,
-    q_norm=None,
-    k_norm=None,
+    q_norm: _Norm | None = None,
+    k_norm: _Norm | None = None,
     attn_mask: torch.Tensor | None = None,
     is_causal: bool = False,
     key_padding_mask: torch.Tensor | None = None,
-    scale_norm=None,
+    scale_norm: _Norm | None = None,
     causal: bool | None = None,
     mask: torch.Tensor | None = None,
-):
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Mixture-of-head attention (Jin et al., arXiv:2410.11842) written out head by head, token by token.
 
     ``out_t = sum_h g_{t,h} head_h(t) W_O^h + b_O`` where ``W_O^h`` are the columns of the output projection
@@ -235,28 +339,30 @@ def moh_attention(
     E = H - s if k > 0 else 0
 
     # Gates, one token at a time.
-    gates, kept_rows, prob_rows = [], [], []
+    gate_rows: list[torch.Tensor] = []
+    kept_rows: list[list[float]] = []
+    prob_rows: list[torch.Tensor] = []
     for b in range(B):
         for n in range(N):
             xt = x[b, n]  # (C,)
             shared = [torch.ones((), dtype=x.dtype)] * s
             if s > 1:
-                shared = list(_softmax_literal(wg_1.double() @ xt) * s)
-            routed = []
+                shared = list(_softmax_literal(cast(torch.Tensor, wg_1).double() @ xt) * s)
+            routed: list[torch.Tensor] = []
             if k > 0:
-                p = _softmax_literal(wg.double() @ xt)  # (E,)
+                p = _softmax_literal(cast(torch.Tensor, wg).double() @ xt)  # (E,)
                 order = sorted(range(E), key=lambda i: -float(p[i].detach()))
                 keep = set(order[:k])
-                denom = torch.clamp(sum(p[i] for i in keep), min=torch.finfo(torch.float64).eps)
+                denom = torch.clamp(cast(torch.Tensor, sum(p[i] for i in keep)), min=torch.finfo(torch.float64).eps)
                 routed = [k * p[i] / denom if i in keep else p[i] * 0 for i in range(E)]
                 kept_rows.append([float(i in keep) for i in range(E)])
                 prob_rows.append(p)
                 if s > 0:
-                    a = _softmax_literal(wg_0.double() @ xt) * 2
+                    a = _softmax_literal(cast(torch.Tensor, wg_0).double() @ xt) * 2
                     shared = [a[0] * g for g in shared]
                     routed = [a[1] * g for g in routed]
-            gates.append(torch.stack(shared + routed))  # (H,)
-    gates = torch.stack(gates).reshape(B, N, H)
+            gate_rows.append(torch.stack(shared + routed))  # (H,)
+    gates = torch.stack(gate_rows).reshape(B, N, H)
 
     # Heads, one at a time, then the output as a sum over heads of gated head outputs.
     out = x.new_zeros(B, N, proj_weight.shape[0])
@@ -269,7 +375,7 @@ def moh_attention(
         if qkv_bias is not None:
             q, kk, v = (t + qkv_bias.double()[r] for t, r in zip((q, kk, v), rows, strict=True))
         if q_norm is not None:
-            q, kk = q_norm(q), k_norm(kk)
+            q, kk = q_norm(q), cast(_Norm, k_norm)(kk)  # k_norm is given with q_norm
         head_mask = None
         if attn_mask is not None:
             head_mask = attn_mask.reshape((1,) * (4 - attn_mask.dim()) + tuple(attn_mask.shape))
@@ -298,7 +404,7 @@ def moh_attention(
     return out, gates, loss
 
 
-def _float64_copy(norm):
+def _float64_copy(norm: torch.nn.Module) -> torch.nn.Module | None:
     """A float64 copy of a q/k norm module (the layer itself is left as it is), None for ``nn.Identity``."""
     if isinstance(norm, torch.nn.Identity):
         return None
@@ -306,7 +412,7 @@ def _float64_copy(norm):
 
 
 def moh_layer(
-    layer,
+    layer: MoHAttention,
     x: torch.Tensor,
     *,
     attn_mask: torch.Tensor | None = None,
@@ -314,7 +420,7 @@ def moh_layer(
     key_padding_mask: torch.Tensor | None = None,
     mask: torch.Tensor | None = None,
     causal: bool | None = None,
-):
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """:func:`moh_attention` with the weights of an :class:`attnbook.MoHAttention` ``layer`` (read, not run).
 
     ``is_causal`` defaults to the layer's own ``causal`` flag (``is_causal=True`` in a call to a non-causal
@@ -354,6 +460,51 @@ def _flow_dot(x: torch.Tensor, y: torch.Tensor, eps: float) -> torch.Tensor:
     return ((x + eps) * (y + eps)).sum(-1)
 
 
+@overload
+def flow_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    is_causal: bool = ...,
+    eps: float = ...,
+    return_flows: Literal[False] = ...,
+    competition: bool = ...,
+    allocation: bool = ...,
+    causal: bool | None = ...,
+) -> torch.Tensor: ...
+
+
+@overload
+def flow_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    is_causal: bool = ...,
+    eps: float = ...,
+    return_flows: Literal[True],
+    competition: bool = ...,
+    allocation: bool = ...,
+    causal: bool | None = ...,
+) -> tuple[torch.Tensor, FlowStats]: ...
+
+
+@overload
+def flow_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    is_causal: bool = ...,
+    eps: float = ...,
+    return_flows: bool,
+    competition: bool = ...,
+    allocation: bool = ...,
+    causal: bool | None = ...,
+) -> torch.Tensor | tuple[torch.Tensor, FlowStats]: ...
+
+
 def flow_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -365,7 +516,7 @@ def flow_attention(
     competition: bool = True,
     allocation: bool = True,
     causal: bool | None = None,
-):
+) -> torch.Tensor | tuple[torch.Tensor, FlowStats]:
     """Flow-Attention (Wu et al., ICML 2022) term by term, with the N x M flow matrix written out.
 
     Non-causal: I_i = (q~_i+eps).(sum_j k~_j+eps), O_j = (k~_j+eps).(sum_i q~_i+eps),
@@ -386,19 +537,18 @@ def flow_attention(
     q, k, v = _f64(q, k, v)
     qs, ks = torch.sigmoid(q), torch.sigmoid(k)
     N, M = qs.shape[-2], ks.shape[-2]
-    competition_on, allocation_on = competition, allocation
     if not causal:
         incoming = _flow_dot(qs, ks.sum(-2, keepdim=True), eps)  # (B, H, N)
         outgoing = _flow_dot(ks, qs.sum(-2, keepdim=True), eps)  # (B, H, M)
         conserved_incoming = _flow_dot(qs, (ks / outgoing[..., None]).sum(-2, keepdim=True), eps)
         raw = _flow_dot(ks, (qs / incoming[..., None]).sum(-2, keepdim=True), eps)
         conserved_outgoing = raw.clamp(-1.0, 1.0)
-        allocation = torch.sigmoid(conserved_incoming * N / M)
+        alloc = torch.sigmoid(conserved_incoming * N / M)
         e = torch.exp(conserved_outgoing)
-        competition = e / e.sum(-1, keepdim=True) * M
-        competition = competition if competition_on else torch.ones_like(competition)
-        allocation = allocation if allocation_on else torch.ones_like(allocation)
-        flow = (allocation / incoming)[..., :, None] * (qs @ ks.transpose(-2, -1)) * competition[..., None, :]
+        comp = e / e.sum(-1, keepdim=True) * M
+        comp = comp if competition else torch.ones_like(comp)
+        alloc = alloc if allocation else torch.ones_like(alloc)
+        flow = (alloc / incoming)[..., :, None] * (qs @ ks.transpose(-2, -1)) * comp[..., None, :]
     else:
         I, O = [], []
         for i in range(N):
@@ -413,22 +563,55 @@ def flow_attention(
             Oh.append(_flow_dot(ks[..., i, :], (qs[..., :t, :] / incoming[..., :t, None]).sum(-2), eps) / t)
         conserved_incoming, raw = torch.stack(Ih, -1), torch.stack(Oh, -1)
         conserved_outgoing = raw.clamp(-1.0, 1.0)
-        allocation = torch.sigmoid(conserved_incoming)
+        alloc = torch.sigmoid(conserved_incoming)
         e = torch.exp(conserved_outgoing)
         for j in range(N):
             C.append(e[..., j] / e[..., : j + 1].sum(-1) * (j + 1))
-        competition = torch.stack(C, -1)
-        competition = competition if competition_on else torch.ones_like(competition)
-        allocation = allocation if allocation_on else torch.ones_like(allocation)
-        t = torch.arange(1, N + 1, dtype=torch.float64, device=q.device)
+        comp = torch.stack(C, -1)
+        comp = comp if competition else torch.ones_like(comp)
+        alloc = alloc if allocation else torch.ones_like(alloc)
+        ts = torch.arange(1, N + 1, dtype=torch.float64, device=q.device)  # t_i
         mask = torch.ones(N, N, dtype=torch.bool, device=q.device).tril()
         scores = (qs @ ks.transpose(-2, -1)).masked_fill(~mask, 0.0)  # (B, H, N, N)
-        flow = (allocation / (incoming * t))[..., :, None] * scores * competition[..., None, :]
+        flow = (alloc / (incoming * ts))[..., :, None] * scores * comp[..., None, :]
     out = flow @ v  # (B, H, N, Dv)
     if not return_flows:
         return out
-    stats = FlowStats(incoming, outgoing, conserved_incoming, conserved_outgoing, competition, allocation, raw)
+    stats = FlowStats(incoming, outgoing, conserved_incoming, conserved_outgoing, comp, alloc, raw)
     return out, stats
+
+
+@overload
+def mobile_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    eps: float = ...,
+    return_flows: Literal[False] = ...,
+) -> torch.Tensor: ...
+
+
+@overload
+def mobile_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    eps: float = ...,
+    return_flows: Literal[True],
+) -> tuple[torch.Tensor, FlowStats]: ...
+
+
+@overload
+def mobile_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    eps: float = ...,
+    return_flows: bool,
+) -> torch.Tensor | tuple[torch.Tensor, FlowStats]: ...
 
 
 def mobile_attention(
@@ -438,7 +621,7 @@ def mobile_attention(
     *,
     eps: float = 1e-6,
     return_flows: bool = False,
-):
+) -> torch.Tensor | tuple[torch.Tensor, FlowStats]:
     """Mobile-Attention (Yao et al., ICML 2024) term by term: flow sums over the heads at each position.
 
     I_hi = (q~_hi+eps).(sum_h' k~_h'i+eps), O_hj = (k~_hj+eps).(sum_h' q~_h'j+eps),

@@ -8,27 +8,44 @@ thousand terms; the half types are compared with their own resolution in mind.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TypedDict
+
 import torch
 
 from ._checks import check_choice
 
 __all__ = ["TOLERANCES", "tol", "assert_matches_reference"]
 
-TOLERANCES: dict[torch.dtype, dict[str, float]] = {
-    torch.float64: dict(rtol=1e-9, atol=1e-11),
-    torch.float32: dict(rtol=2e-4, atol=2e-5),
-    torch.bfloat16: dict(rtol=3e-2, atol=3e-2),
-    torch.float16: dict(rtol=5e-3, atol=5e-3),
+
+class Tolerance(TypedDict):
+    """The keywords of ``torch.testing.assert_close`` for one dtype: ``assert_close(a, b, **tol(dtype))``."""
+
+    rtol: float
+    atol: float
+
+
+TOLERANCES: dict[torch.dtype, Tolerance] = {
+    torch.float64: Tolerance(rtol=1e-9, atol=1e-11),
+    torch.float32: Tolerance(rtol=2e-4, atol=2e-5),
+    torch.bfloat16: Tolerance(rtol=3e-2, atol=3e-2),
+    torch.float16: Tolerance(rtol=5e-3, atol=5e-3),
 }
 
 
-def tol(dtype: torch.dtype) -> dict[str, float]:
+def tol(dtype: torch.dtype) -> Tolerance:
     """``{"rtol": ..., "atol": ...}`` for ``dtype``; a ValueError naming the known dtypes otherwise."""
-    return dict(TOLERANCES[check_choice(dtype, "dtype", tuple(TOLERANCES), name="tol")])
+    return TOLERANCES[check_choice(dtype, "dtype", tuple(TOLERANCES), name="tol")].copy()
 
 
 def assert_matches_reference(
-    fast_fn, ref_fn, inputs: list[torch.Tensor], *, dtype: torch.dtype, baseline=None, factor: float = 2.0
+    fast_fn: Callable[..., torch.Tensor],
+    ref_fn: Callable[..., torch.Tensor],
+    inputs: list[torch.Tensor],
+    *,
+    dtype: torch.dtype,
+    baseline: Callable[..., torch.Tensor] | None = None,
+    factor: float = 2.0,
 ) -> None:
     """Outputs and every input gradient of ``fast_fn`` (run in ``dtype``) against ``ref_fn`` in float64.
 
@@ -47,7 +64,7 @@ def assert_matches_reference(
     ref = ref_fn(*ref_in)
     assert out.dtype == dtype, f"output dtype {out.dtype}, expected the input dtype {dtype}"
     upstream = torch.randn_like(ref)
-    lows = [None] * (1 + len(fast_in))  # the baseline's output and gradients
+    lows: list[torch.Tensor | None] = [None] * (1 + len(fast_in))  # the baseline's output and gradients
     if baseline is not None:  # the definition itself in dtype: its error is what dtype can do here
         low_in = [x.detach().to(dtype).requires_grad_(x.is_floating_point()) for x in inputs]
         low = baseline(*low_in)
@@ -60,7 +77,7 @@ def assert_matches_reference(
         _close(g, r, lows[1 + i], factor, f"grad of input {i}")
 
 
-def _close(got, ref, low, factor, what: str) -> None:
+def _close(got: torch.Tensor, ref: torch.Tensor, low: torch.Tensor | None, factor: float, what: str) -> None:
     """assert_close(got, ref) with the table's tolerance, or ``got``'s largest error within ``factor`` times
     that of ``low`` (the reference run in ``got``'s dtype)."""
     try:
