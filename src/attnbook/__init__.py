@@ -26,6 +26,16 @@ Rules every function, step and layer follows:
   depend on it are NaN (see :mod:`attnbook.softmax` for the exact rule).
 * **Derivatives.** Every function is differentiable twice (``gradgradcheck`` passes), except softmax
   attention on torch's fused SDPA kernels, which raise on a second derivative (the math backend works).
+
+Example:
+    >>> import torch, attnbook
+    >>> q, k, v = (torch.randn(2, 4, 16, 8) for _ in range(3))  # (B, H, N, D)
+    >>> fns = attnbook.softmax_attention, attnbook.linear_attention, attnbook.flow_attention
+    >>> [tuple(f(q, k, v, is_causal=True).shape) for f in fns]  # one call, three mechanisms
+    [(2, 4, 16, 8), (2, 4, 16, 8), (2, 4, 16, 8)]
+    >>> layer = attnbook.FlowAttention(32, 32, 32, n_heads=4, causal=True)  # a drop-in layer, (B, N, C)
+    >>> layer(torch.randn(2, 16, 32)).shape
+    torch.Size([2, 16, 32])
 """
 
 from importlib import metadata as _metadata

@@ -72,6 +72,15 @@ class ProjectedAttention(nn.Module, Generic[StateT]):
     Typing: ``ProjectedAttention[StateT]``, ``StateT`` the type of the recurrent state that
     ``forward(..., output_final_state=True)`` and :meth:`step` return (``LinearAttention`` is a
     ``ProjectedAttention[LinearState]``).
+
+    Example:
+        >>> import torch, attnbook
+        >>> layer = attnbook.SoftmaxAttention(32, 64, 16, n_heads=4)  # 32 -> 4 heads of 16 -> 16
+        >>> queries, memory = torch.randn(2, 5, 32), torch.randn(2, 9, 32)
+        >>> layer(queries, memory).shape  # cross-attention: 5 queries over 9 keys and values
+        torch.Size([2, 5, 16])
+        >>> isinstance(layer, attnbook.ProjectedAttention), layer.n_heads
+        (True, 4)
     """
 
     #: The heads pair query i with key i, so queries and keys need one length (L == S).
@@ -199,6 +208,15 @@ class ProjectedAttention(nn.Module, Generic[StateT]):
 
         Returns:
             (B, L, d_output), or ``(output, final_state)`` with ``output_final_state``.
+
+        Example:
+            >>> import torch, attnbook
+            >>> layer = attnbook.FlowAttention(16, 16, 16, n_heads=2, drop_out=0.0, causal=True)
+            >>> x = torch.randn(1, 6, 16)
+            >>> y, state = layer(x[:, :4], output_final_state=True)  # a prompt of 4 tokens, prefilled
+            >>> rest = layer(x[:, 4:], initial_state=state)  # the next 2, from its state
+            >>> torch.allclose(torch.cat([y, rest], dim=1), layer(x), atol=1e-5)
+            True
         """
         name = type(self).__name__
         self_attention = keys is None
@@ -248,6 +266,16 @@ class ProjectedAttention(nn.Module, Generic[StateT]):
 
         Returns:
             ``(y_t (B, d_output), new state)``.
+
+        Example:
+            >>> import torch, attnbook
+            >>> layer = attnbook.LinearAttention(16, 16, 16, n_heads=2, causal=True)
+            >>> x = torch.randn(1, 5, 16)
+            >>> state = None
+            >>> for t in range(5):  # one token at a time, from no state
+            ...     y_t, state = layer.step(x[:, t], state)
+            >>> torch.allclose(y_t, layer(x)[:, -1], atol=1e-5)
+            True
         """
         name = f"{type(self).__name__}.step"
         check_step_token(x_t, "x_t", name=name, width=self.d_input, like=self.query_projection.weight)

@@ -6,6 +6,15 @@ to choose a size; everything calls :func:`fast` or :func:`pick`.
 
 ``ATTNBOOK_FAST=1`` forces small sizes, ``ATTNBOOK_FAST=0`` forces full sizes; unset, sizes are full on a
 GPU and small otherwise.
+
+Example:
+    >>> import os
+    >>> from unittest import mock
+    >>> from attnbook import config
+    >>> with mock.patch.dict(os.environ, {config.ENV_VAR: "1"}):  # as ATTNBOOK_FAST=1 would
+    ...     N = config.pick(small=256, full=4096)
+    >>> N
+    256
 """
 
 from __future__ import annotations
@@ -30,6 +39,17 @@ def fast() -> bool:
     """True when problem sizes should be small (CPU, CI), False for full size (GPU).
 
     Read at every call, so a test or a notebook can change ``ATTNBOOK_FAST`` on the fly.
+
+    Example:
+        >>> import os
+        >>> from unittest import mock
+        >>> from attnbook import config
+        >>> with mock.patch.dict(os.environ, {"ATTNBOOK_FAST": "0"}):
+        ...     config.fast()
+        False
+        >>> with mock.patch.dict(os.environ, {"ATTNBOOK_FAST": "yes"}):
+        ...     config.fast()
+        True
     """
     raw = os.environ.get(ENV_VAR, "").strip().lower()
     if raw in _TRUE:
@@ -48,10 +68,27 @@ def fast() -> bool:
 
 
 def pick(small: T, full: T) -> T:
-    """``small`` when :func:`fast` is true, else ``full``."""
+    """``small`` when :func:`fast` is true, else ``full``.
+
+    Example:
+        >>> import os
+        >>> from unittest import mock
+        >>> from attnbook import config
+        >>> with mock.patch.dict(os.environ, {"ATTNBOOK_FAST": "0"}):
+        ...     config.pick(small=(2, 64), full=(8, 1024))  # (batch, length) at full size
+        (8, 1024)
+    """
     return small if fast() else full
 
 
 def device() -> torch.device:
-    """``cuda`` when a GPU is available, else ``cpu``."""
+    """``cuda`` when a GPU is available, else ``cpu``.
+
+    Example:
+        >>> import torch
+        >>> from attnbook import config
+        >>> x = torch.zeros(3, device=config.device())
+        >>> x.device.type == ("cuda" if torch.cuda.is_available() else "cpu")
+        True
+    """
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")

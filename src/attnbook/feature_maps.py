@@ -12,6 +12,14 @@ sim(q, k) = phi(q) . phi(k), with phi mapping the last dimension D to R non-nega
 * :func:`resolve_feature_map` turns a spec ("elu", "relu", a callable) into a callable.
 
 A feature map is any callable taking (..., D) to (..., R) that keeps the leading dimensions.
+
+Example:
+    >>> import torch, attnbook
+    >>> from attnbook.feature_maps import PerformerFeatures
+    >>> q, k, v = (torch.randn(1, 2, 10, 8) for _ in range(3))
+    >>> phi = PerformerFeatures(num_features=32, dim=8, seed=0)  # R = 32 random features for D = 8
+    >>> attnbook.linear_attention(q, k, v, feature_map=phi).shape
+    torch.Size([1, 2, 10, 8])
 """
 
 from __future__ import annotations
@@ -50,6 +58,12 @@ def elu_feature_map(x: torch.Tensor) -> torch.Tensor:
     inf gives inf.
     Differentiable any number of times: phi'(x) = min(phi(x), 1). Traced (``torch.compile``, ``torch.export``)
     it is ``F.elu(x) + 1``, which a compiler fuses into one kernel with its derivative.
+
+    Example:
+        >>> import torch
+        >>> from attnbook.feature_maps import elu_feature_map
+        >>> elu_feature_map(torch.tensor([-1.0, 0.0, 2.0]))  # exp(x) below 0, x + 1 above
+        tensor([0.3679, 1.0000, 3.0000])
     """
     check_tensor(x, "x", name="elu_feature_map")
     if tracing():
@@ -155,7 +169,14 @@ class _EluPlusOne(torch.autograd.Function):
 
 
 def relu_feature_map(x: torch.Tensor) -> torch.Tensor:
-    """phi(x) = max(x, 0): non-negative, (..., D) -> (..., D). Rows can be all zero; eps keeps them finite."""
+    """phi(x) = max(x, 0): non-negative, (..., D) -> (..., D). Rows can be all zero; eps keeps them finite.
+
+    Example:
+        >>> import torch
+        >>> from attnbook.feature_maps import relu_feature_map
+        >>> relu_feature_map(torch.tensor([-1.0, 0.0, 2.0]))
+        tensor([0., 0., 2.])
+    """
     check_tensor(x, "x", name="relu_feature_map")
     return F.relu(x)
 
@@ -211,6 +232,15 @@ class PerformerFeatures(nn.Module):
 
     Shape:
         (..., D) -> (..., R). The buffer ``projection`` (R, D) moves with ``.to(device)``.
+
+    Example:
+        >>> import torch
+        >>> from attnbook.feature_maps import PerformerFeatures
+        >>> phi = PerformerFeatures(num_features=8192, dim=4, seed=0)
+        >>> q, k = torch.tensor([0.5, -0.2, 0.1, 0.3]), torch.tensor([0.4, 0.1, -0.3, 0.2])
+        >>> estimate, exact = phi(q) @ phi(k), torch.exp(q @ k / 4**0.5)  # the softmax kernel, estimated
+        >>> bool(abs(estimate - exact) < 0.05 * exact), tuple(phi(torch.randn(2, 5, 4)).shape)
+        (True, (2, 5, 8192))
     """
 
     projection: torch.Tensor
@@ -273,6 +303,14 @@ def resolve_feature_map(spec: str | FeatureMap, *, name: str = "resolve_feature_
 
     Raises ``ValueError`` for an unknown name and ``TypeError`` for anything else, listing the accepted names;
     ``name`` is the caller quoted in the message.
+
+    Example:
+        >>> import torch
+        >>> from attnbook.feature_maps import FEATURE_MAPS, resolve_feature_map
+        >>> resolve_feature_map("elu") is FEATURE_MAPS["elu"]
+        True
+        >>> resolve_feature_map(torch.sigmoid) is torch.sigmoid  # a callable is its own feature map
+        True
     """
     spec = check_feature_map(spec, sorted(FEATURE_MAPS), name=name)
     return FEATURE_MAPS[spec] if isinstance(spec, str) else spec

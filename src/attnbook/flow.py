@@ -95,6 +95,15 @@ class FlowStats(NamedTuple):
             (B, H, M); 1 with ``competition=False``.
         allocation: a_i = sigmoid(I^_i N / M) (causal: sigmoid(I^_i)), (B, H, N); 1 with ``allocation=False``.
         conserved_outgoing_raw: O^_j before the clamp, (B, H, M); ``(raw > 1).sum()`` counts clipped sources.
+
+    Example:
+        >>> import torch, attnbook
+        >>> q, k, v = (torch.randn(1, 2, 10, 4) for _ in range(3))
+        >>> _, flows = attnbook.flow_attention(q, k, v, return_flows=True)
+        >>> tuple(flows.incoming.shape), bool((flows.incoming > 0).all())  # every sink receives flow
+        ((1, 2, 10), True)
+        >>> bool(flows.conserved_outgoing.abs().max() <= 1)  # O^ after the clamp
+        True
     """
 
     incoming: torch.Tensor
@@ -124,6 +133,15 @@ class FlowState(NamedTuple):
             [1/e, e] for any sequence length; the parallel form updates it once per block with the same
             formula, m <- m + sum_j (exp(O^_j) - m) / t.
         kv: sum_{j<=t} k~_j (c_j v_j)^T, (B, H, D, Dv).
+
+    Example:
+        >>> import torch, attnbook
+        >>> q, k, v = (torch.randn(2, 2, 7, 4) for _ in range(3))
+        >>> _, state = attnbook.flow_attention(q, k, v, is_causal=True, output_final_state=True)
+        >>> state.t.tolist(), tuple(state.kv.shape)  # 7 tokens seen in each sequence; kv (B, H, D, Dv)
+        ([7, 7], (2, 2, 4, 4))
+        >>> torch.allclose(state.key_sum, torch.sigmoid(k).sum(2))  # the prefix sum of the key features
+        True
     """
 
     t: torch.Tensor

@@ -454,6 +454,16 @@ class LinearState(NamedTuple):
     """The recurrent state of causal linear attention after t tokens.
 
     S = sum_{j<=t} phi(k_j) v_j^T (B, H, R, Dv) and z = sum_{j<=t} phi(k_j) (B, H, R), in at least float32.
+
+    Example:
+        >>> import torch, attnbook
+        >>> from attnbook.feature_maps import elu_feature_map
+        >>> q, k, v = (torch.randn(1, 2, 6, 4) for _ in range(3))
+        >>> _, state = attnbook.linear_attention(q, k, v, is_causal=True, output_final_state=True)
+        >>> torch.allclose(state.z, elu_feature_map(k).sum(2), atol=1e-5)  # z: the keys' features, summed
+        True
+        >>> torch.allclose(state.S, elu_feature_map(k).transpose(-2, -1) @ v, atol=1e-5)  # S: phi(k)^T v
+        True
     """
 
     S: torch.Tensor
@@ -488,6 +498,17 @@ def linear_attention_step(
     Returns:
         (out_t (B, H, Dv) in the input dtype (under autocast: the autocast dtype), the new
         :class:`LinearState` in the accumulation dtype).
+
+    Example:
+        >>> import torch, attnbook
+        >>> q, k, v = (torch.randn(1, 2, 5, 4) for _ in range(3))
+        >>> state = None
+        >>> for t in range(5):  # an RNN over the tokens
+        ...     out_t, state = attnbook.linear_attention_step(q[:, :, t], k[:, :, t], v[:, :, t], state)
+        >>> torch.allclose(out_t, attnbook.linear_attention(q, k, v, is_causal=True)[:, :, -1], atol=1e-5)
+        True
+        >>> tuple(state.S.shape), tuple(state.z.shape)  # the same size after any number of tokens
+        ((1, 2, 4, 4), (1, 2, 4))
     """
     name = "linear_attention_step"
     B, H, D, Dv = check_step_inputs(q_t, k_t, v_t, name=name)

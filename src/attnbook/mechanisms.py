@@ -13,6 +13,15 @@ Two kinds of input exist:
 
 Every entry's ``module(dim, n_heads, causal=...)`` builds a self-attention layer, ``layer(x)`` with x (B, N, dim)
 -> (B, N, dim), without dropout, so that all mechanisms can be swapped inside one model.
+
+Example:
+    >>> import torch
+    >>> from attnbook.mechanisms import MECHANISMS
+    >>> [(m.name, m.chapter, m.inputs) for m in MECHANISMS.values()]
+    [('softmax', 1, 'qkv'), ('linear', 2, 'qkv'), ('flow', 3, 'qkv'), ('mobile', 4, 'qkv'), ('moh', 5, 'x')]
+    >>> x = torch.randn(2, 10, 32)
+    >>> {name: tuple(m.module(32, 4)(x).shape) for name, m in MECHANISMS.items()}  # swapped by name
+    {'softmax': (2, 10, 32), 'linear': (2, 10, 32), 'flow': (2, 10, 32), 'mobile': (2, 10, 32), 'moh': (2, 10, 32)}
 """
 
 from __future__ import annotations
@@ -62,6 +71,18 @@ class Mechanism:
     The callables are typed by the calls above: ``function`` and ``reference`` return the output tensor (the
     options that return more, such as ``return_flows``, are for the functions themselves), ``module`` a
     :data:`Layer`, ``step`` ``(out_t, state)``.
+
+    Example:
+        >>> import torch
+        >>> from attnbook.mechanisms import MECHANISMS
+        >>> flow = MECHANISMS["flow"]
+        >>> flow.title, flow.chapter, flow.inputs, flow.causal
+        ('Flow-Attention', 3, 'qkv', True)
+        >>> q, k, v = (torch.randn(1, 2, 8, 4) for _ in range(3))
+        >>> torch.allclose(flow(q, k, v, is_causal=True), flow.reference(q, k, v, is_causal=True).float(), atol=1e-5)
+        True
+        >>> flow.module(16, 2, causal=True)(torch.randn(1, 8, 16)).shape
+        torch.Size([1, 8, 16])
     """
 
     name: str
@@ -198,7 +219,15 @@ MECHANISMS: dict[str, Mechanism] = {
 
 
 def names(*, causal: bool = False, inputs: str | None = None) -> list[str]:
-    """Names in registry order; ``causal=True`` keeps those with a causal form, ``inputs`` one input kind."""
+    """Names in registry order; ``causal=True`` keeps those with a causal form, ``inputs`` one input kind.
+
+    Example:
+        >>> from attnbook import mechanisms
+        >>> mechanisms.names(causal=True)
+        ['softmax', 'linear', 'flow', 'moh']
+        >>> mechanisms.names(inputs="x")
+        ['moh']
+    """
     check_bool(causal, "causal", name="names")
     if inputs is not None:
         check_choice(inputs, "inputs", ("qkv", "x"), name="names")
@@ -206,5 +235,13 @@ def names(*, causal: bool = False, inputs: str | None = None) -> list[str]:
 
 
 def get(name: str) -> Mechanism:
-    """The entry called ``name``; a ``ValueError`` (``TypeError`` for a non-string) listing the known names."""
+    """The entry called ``name``; a ``ValueError`` (``TypeError`` for a non-string) listing the known names.
+
+    Example:
+        >>> from attnbook import mechanisms
+        >>> mechanisms.get("mobile").title
+        'Mobile-Attention'
+        >>> mechanisms.get("mobile").step is None  # no causal form, so no recurrent step
+        True
+    """
     return MECHANISMS[check_choice(name, "name", tuple(MECHANISMS), name="mechanisms.get")]

@@ -100,6 +100,17 @@ class HeadRouting(NamedTuple):
         shared_weight: (B, N) two-stage weight ``a_1 = 2 softmax(W_h x)_1`` of the shared heads.
         routed_weight: (B, N) two-stage weight ``a_2 = 2 softmax(W_h x)_2`` of the routed heads;
             ``a_1 + a_2 = 2``. Both are 1 when the layer has no two-stage weighting (no ``wg_0``).
+
+    Example:
+        >>> import torch, attnbook
+        >>> layer = attnbook.MoHAttention(32, num_heads=4, shared_head=1, routed_head=2)
+        >>> _, routing = layer(torch.randn(2, 6, 32), return_routing=True)
+        >>> routing.selected.sum(-1).unique().tolist()  # 1 shared + 2 routed heads for every token
+        [3]
+        >>> round(float(routing.load.sum()), 4)  # the routed heads' shares of the tokens sum to k = 2
+        2.0
+        >>> torch.allclose(routing.shared_weight + routing.routed_weight, torch.tensor(2.0))
+        True
     """
 
     gates: torch.Tensor
@@ -276,6 +287,13 @@ class MoHAttention(nn.Module):
 
         Runs in ``accumulation_dtype(x.dtype)`` (at least float32), autocast disabled, so that top-k choices
         and softmaxes do not suffer from half precision.
+
+        Example:
+            >>> import torch, attnbook
+            >>> layer = attnbook.MoHAttention(32, num_heads=4, shared_head=2, routed_head=1)
+            >>> gates = layer.route(torch.randn(1, 5, 32)).gates  # (B, N, H)
+            >>> tuple(gates.shape), (gates[..., 2:] > 0).sum(-1).tolist()  # one of the two routed heads each
+            ((1, 5, 4), [[1, 1, 1, 1, 1]])
         """
         check_tokens(x, "x", name=type(self).__name__, width=self.dim, like=self.qkv.weight)
         B, N, _ = x.shape
@@ -595,6 +613,15 @@ def moh_load_balancing_loss(model: nn.Module, reduction: str = "mean") -> torch.
     Returns:
         a scalar tensor attached to the autograd graph; zero (on the model's device) when no layer has
         routed heads.
+
+    Example:
+        >>> import torch, attnbook
+        >>> model = torch.nn.Sequential(attnbook.MoHAttention(32, num_heads=4, shared_head=1, routed_head=2))
+        >>> out = model.train()(torch.randn(2, 6, 32))  # a training forward records each layer's loss
+        >>> loss = out.pow(2).mean() + 0.01 * attnbook.moh_load_balancing_loss(model)
+        >>> loss.backward()
+        >>> attnbook.moh_load_balancing_loss(model).shape
+        torch.Size([])
     """
     where = "moh_load_balancing_loss"
     check_module(model, "model", name=where)

@@ -3,6 +3,14 @@
 Each function computes its mechanism exactly as the equations read: the N x M matrix written out,
 sequences walked one step at a time. They are slow on purpose and never imported by the fast code.
 Inputs are converted to float64; results are float64.
+
+Example:
+    >>> import torch, attnbook
+    >>> from attnbook import reference
+    >>> q, k, v = (torch.randn(1, 2, 8, 4) for _ in range(3))
+    >>> fast = attnbook.linear_attention(q, k, v, is_causal=True)  # chunked, float32
+    >>> oracle = reference.linear_attention(q, k, v, is_causal=True)  # the N x N matrix, float64
+    >>> torch.testing.assert_close(fast.double(), oracle, rtol=2e-4, atol=2e-5)
 """
 
 from __future__ import annotations
@@ -113,6 +121,16 @@ def softmax_attention(
     key's scores); ``is_causal``: j <= i. q (B,H,N,D), k (B,H,M,D), v (B,H,M,Dv) -> (B,H,N,Dv) float64 (and A
     (B,H,N,M) with ``return_weights``). A row with no allowed key has all-zero weights. ``causal`` and
     ``mask`` are the deprecated names of ``is_causal`` and ``attn_mask``.
+
+    Example:
+        >>> import torch, attnbook
+        >>> from attnbook import reference
+        >>> q, k, v = (torch.randn(1, 2, 6, 4) for _ in range(3))
+        >>> out, weights = reference.softmax_attention(q, k, v, is_causal=True, return_weights=True)
+        >>> out.dtype, bool((weights.triu(1) == 0).all())  # float64; no weight above the diagonal
+        (torch.float64, True)
+        >>> torch.allclose(out.float(), attnbook.softmax_attention(q, k, v, is_causal=True), atol=1e-5)
+        True
     """
     name = "reference.softmax_attention"
     check_qkv(q, k, v, name=name)
@@ -222,6 +240,15 @@ def linear_attention(
     True = padding, as in ``nn.MultiheadAttention``), and j <= i when ``is_causal``. q (B,H,N,D), k (B,H,M,D),
     v (B,H,M,Dv) -> (B,H,N,Dv) float64 (and A (B,H,N,M) with ``return_weights``). ``causal`` is the deprecated
     name of ``is_causal``.
+
+    Example:
+        >>> import torch
+        >>> from attnbook import reference
+        >>> q, k, v = (torch.randn(1, 2, 6, 4) for _ in range(3))
+        >>> pad = torch.tensor([[False] * 4 + [True] * 2])  # (B, M): the last two keys are padding
+        >>> _, weights = reference.linear_attention(q, k, v, key_padding_mask=pad, return_weights=True)
+        >>> bool((weights[..., 4:] == 0).all()), torch.allclose(weights.sum(-1), torch.ones(1, 2, 6).double())
+        (True, True)
     """
     causal = check_is_causal(is_causal, causal, name="reference.linear_attention")
     check_qkv(q, k, v, name="reference.linear_attention", same_length=causal)
@@ -255,6 +282,14 @@ def linear_attention_loop(
 
     q, k (B,H,N,D), v (B,H,N,Dv) -> (B,H,N,Dv) float64. Padded keys (``key_padding_mask`` (B, N) True, as in
     ``nn.MultiheadAttention``) are skipped.
+
+    Example:
+        >>> import torch
+        >>> from attnbook import reference
+        >>> q, k, v = (torch.randn(1, 2, 6, 4) for _ in range(3))
+        >>> loop = reference.linear_attention_loop(q, k, v)  # the RNN, one token after the other
+        >>> torch.allclose(loop, reference.linear_attention(q, k, v, is_causal=True))  # the masked matrix
+        True
     """
     check_qkv(q, k, v, name="reference.linear_attention_loop", same_length=True)
     q, k, v = _f64(q, k, v)
@@ -326,6 +361,20 @@ def moh_attention(
 
     Returns:
         ``(out, gates, loss)``: out (B, N, C_out), gates (B, N, H), loss () (0 without routed heads), float64.
+
+    Example:
+        >>> import torch, attnbook
+        >>> from attnbook import reference
+        >>> _ = torch.manual_seed(0)  # a fixed draw: the router's top-k choices are compared
+        >>> layer = attnbook.MoHAttention(16, num_heads=4, shared_head=1, routed_head=2)
+        >>> w = {name: p.detach() for name, p in layer.named_parameters()}
+        >>> x = torch.randn(1, 5, 16)
+        >>> out, gates, loss = reference.moh_attention(
+        ...     x, num_heads=4, shared_head=1, routed_head=2, qkv_weight=w["qkv.weight"],
+        ...     proj_weight=w["proj.weight"], proj_bias=w["proj.bias"], wg=w["wg.weight"], wg_0=w["wg_0.weight"],
+        ... )
+        >>> tuple(gates.shape), torch.allclose(out.float(), layer(x), atol=1e-5)
+        ((1, 5, 4), True)
     """
     name = "reference.moh_attention"
     causal = check_is_causal(is_causal, causal, name=name)
@@ -426,6 +475,16 @@ def moh_layer(
     ``is_causal`` defaults to the layer's own ``causal`` flag (``is_causal=True`` in a call to a non-causal
     layer is causal too, as in the layer). Returns ``(out, gates, loss)`` in float64. ``mask`` and ``causal``
     are the deprecated names of ``attn_mask`` and ``is_causal``.
+
+    Example:
+        >>> import torch, attnbook
+        >>> from attnbook import reference
+        >>> _ = torch.manual_seed(0)  # a fixed draw: the router's top-k choices are compared
+        >>> layer = attnbook.MoHAttention(16, num_heads=4, shared_head=2, routed_head=1, causal=True)
+        >>> x = torch.randn(2, 5, 16)
+        >>> out, gates, loss = reference.moh_layer(layer, x)
+        >>> torch.allclose(out.float(), layer(x), atol=1e-5), torch.allclose(loss.float(), layer.route(x).loss)
+        (True, True)
     """
     name = "reference.moh_layer"
     if causal is not None:
@@ -529,6 +588,16 @@ def flow_attention(
     q (B,H,N,D), k (B,H,M,D), v (B,H,M,Dv) -> (B,H,N,Dv) float64, and a FlowStats with ``return_flows``.
     ``competition=False`` / ``allocation=False`` set c_j = 1 / a_i = 1 (the paper's ablations). ``causal`` is
     the deprecated name of ``is_causal``.
+
+    Example:
+        >>> import torch, attnbook
+        >>> from attnbook import reference
+        >>> q, k, v = (torch.randn(1, 2, 7, 4) for _ in range(3))
+        >>> out, flows = reference.flow_attention(q, k, v, is_causal=True, return_flows=True)
+        >>> torch.allclose(out.float(), attnbook.flow_attention(q, k, v, is_causal=True), atol=1e-5)
+        True
+        >>> torch.allclose(flows.competition[..., 0], torch.ones(1, 2).double())  # the first source: c = 1
+        True
     """
     from .flow import FlowStats  # the result type only
 
@@ -630,6 +699,16 @@ def mobile_attention(
     a = sigmoid(I^ N/M), c_hj = softmax over j of O^_hj times M,
     out_hi = sum_j a_hi (q~_hi.k~_hj) / I_hi c_hj v_hj.
     q, k (B,H,N,D), v (B,H,N,Dv) -> (B,H,N,Dv) float64, and a FlowStats with ``return_flows``.
+
+    Example:
+        >>> import torch, attnbook
+        >>> from attnbook import reference
+        >>> q, k, v = (torch.randn(1, 4, 6, 2) for _ in range(3))  # four heads compete at each position
+        >>> out, flows = reference.mobile_attention(q, k, v, eps=0.0, return_flows=True)
+        >>> torch.allclose(out.float(), attnbook.mobile_attention(q, k, v, eps=0.0), atol=1e-5)
+        True
+        >>> torch.allclose(flows.conserved_incoming.sum(1), torch.full((1, 6), 4.0).double())  # sum_h I^ = H
+        True
     """
     from .flow import FlowStats  # the result type only
 

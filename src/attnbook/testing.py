@@ -4,6 +4,12 @@ the exercise checkers.
 :data:`TOLERANCES` is keyed by dtype and always gives both ``rtol`` and ``atol`` (for
 ``torch.testing.assert_close``): float32 allows for summation-order differences in reductions over a few
 thousand terms; the half types are compared with their own resolution in mind.
+
+Example:
+    >>> import torch
+    >>> from attnbook import testing
+    >>> a = torch.randn(4, 4)
+    >>> torch.testing.assert_close(a + 1e-6, a, **testing.tol(torch.float32))  # within float32's tolerance
 """
 
 from __future__ import annotations
@@ -34,7 +40,14 @@ TOLERANCES: dict[torch.dtype, Tolerance] = {
 
 
 def tol(dtype: torch.dtype) -> Tolerance:
-    """``{"rtol": ..., "atol": ...}`` for ``dtype``; a ValueError naming the known dtypes otherwise."""
+    """``{"rtol": ..., "atol": ...}`` for ``dtype``; a ValueError naming the known dtypes otherwise.
+
+    Example:
+        >>> import torch
+        >>> from attnbook.testing import tol
+        >>> tol(torch.float32)
+        {'rtol': 0.0002, 'atol': 2e-05}
+    """
     return TOLERANCES[check_choice(dtype, "dtype", tuple(TOLERANCES), name="tol")].copy()
 
 
@@ -57,6 +70,17 @@ def assert_matches_reference(
     works in float64 whatever it is given). A tensor that misses the tolerance then still passes when its
     largest error is at most ``factor`` times the baseline's, as FlashAttention's tests compare against a
     low-precision reference.
+
+    Example:
+        >>> import torch, attnbook
+        >>> from attnbook import reference, testing
+        >>> q, k, v = (torch.randn(1, 2, 9, 4) for _ in range(3))
+        >>> testing.assert_matches_reference(  # raises AssertionError naming the output or gradient that differs
+        ...     lambda q, k, v: attnbook.flow_attention(q, k, v, is_causal=True),
+        ...     lambda q, k, v: reference.flow_attention(q, k, v, is_causal=True),
+        ...     [q, k, v],
+        ...     dtype=torch.float32,
+        ... )
     """
     fast_in = [x.detach().to(dtype).requires_grad_(x.is_floating_point()) for x in inputs]
     ref_in = [x.detach().to(torch.float64).requires_grad_(x.is_floating_point()) for x in inputs]
