@@ -7,6 +7,9 @@ BIN := $(VENV)/bin
 TORCH ?= torch==2.13.0
 # The exact versions of everything else the tests passed with (Python 3.11, CPU); `make lock` rewrites it.
 LOCK := requirements.lock
+# timm for the test that builds a VisionTransformer with MoHAttention, without its requirements: its torchvision
+# would be a CUDA build that does not load beside the CPU torch (tests/timm_stub.py stands in for it).
+TIMM := timm==1.0.31
 # Every chapter listed in the table of contents, in order.
 CHAPTERS := $(shell grep -oE 'book/[0-9]+_[A-Za-z0-9_]+' _toc.yml | sed 's/$$/.ipynb/')
 PYTEST_WORKERS ?= 2
@@ -55,6 +58,8 @@ $(BIN)/.installed: pyproject.toml requirements.txt $(LOCK)
 	$(BIN)/$(PIP_INSTALL) -r $(LOCK)
 	$(BIN)/$(PIP_INSTALL) --no-deps -e .
 	$(BIN)/pip check
+	@# after pip check: timm is installed without the requirements it declares (see TIMM)
+	$(BIN)/$(PIP_INSTALL) --no-deps "$(TIMM)"
 	touch $@
 
 venv: $(BIN)/.installed
@@ -64,7 +69,7 @@ lock: venv
 	$(BIN)/$(PIP_INSTALL) -r requirements.txt
 	{ echo "# Exact versions the tests passed with (Python 3.11; torch itself comes from TORCH in the Makefile)."; \
 	  echo "# Written by 'make lock' from requirements.txt and pyproject.toml: edit those, not this file."; \
-	  $(BIN)/pip freeze --exclude-editable --exclude torch; } > $(LOCK)
+	  $(BIN)/pip freeze --exclude-editable --exclude torch --exclude timm; } > $(LOCK)
 
 # MathJax 3, require.js and the ipywidgets HTML manager come from the npm registry (versions locked in
 # package-lock.json) and are served by the site itself: _config.yml copies _build/site-assets into the site
@@ -138,7 +143,9 @@ wheel-test: wheel
 	@# torch: the front-end environments' CPU build through a .pth file when it is this pin, else installed here
 	TORCH="$(TORCH)" $(WHEEL_VENV)/bin/python tests/frontend/envs.py --share-torch $(WHEEL_VENV) \
 	  || $(WHEEL_VENV)/bin/$(PIP_INSTALL) "$(TORCH)"
-	$(WHEEL_VENV)/bin/$(PIP_INSTALL) -c $(LOCK) $(DIST)/*.whl pytest pytest-xdist hypothesis
+	@# the wheel with the book's extra (the tests of attnbook.viz need it), and timm without its requirements
+	$(WHEEL_VENV)/bin/$(PIP_INSTALL) -c $(LOCK) "$$(ls $(DIST)/*.whl)[book]" pytest pytest-xdist hypothesis
+	$(WHEEL_VENV)/bin/$(PIP_INSTALL) --no-deps "$(TIMM)"
 	ATTNBOOK_TEST_INSTALLED=1 $(PARALLEL) $(WHEEL_VENV)/bin/pytest -q -n $(PYTEST_WORKERS) -m "not browser" \
 	  -p no:cacheprovider $(PACKAGE_TESTS) tests
 

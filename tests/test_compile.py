@@ -1,10 +1,11 @@
-"""Every public function and layer traces under ``torch.compile(fullgraph=True)`` as one graph, with and without
-gradients, causal and not, and the compiled call gives eager's numbers.
+"""Every public function, layer and step traces under ``torch.compile(fullgraph=True)`` at every shape: at three
+batch sizes and lengths (the second shape once broke every module: an error message was built from a symbolic
+size), and with ``dynamic=True``; the compiled calls give eager's numbers, gradients included, and a dynamic
+compile is not recompiled at further lengths.
 
 The ``eager`` backend checks tracing only (no code generation), so this is fast. ``fullgraph=True`` turns any
-graph break into an error; on a GPU a break would mean no fusion across it. The sizes are chosen so that the
-causal blocks span several rows of (B H) and several chunks (where non-contiguous ``out=`` tensors once broke
-the graph), and so that a partial chunk remains.
+graph break into an error; on a GPU a break would mean no fusion across it. The lengths put partial chunks
+and several chunks in the causal paths (chunk size 16).
 """
 
 import pytest
@@ -12,10 +13,11 @@ import torch
 from support import tol
 
 from attnbook import _prefix
+from attnbook.lm import DecoderLM
 from attnbook.mechanisms import MECHANISMS
 
-B, H, D, CHUNK = 2, 2, 8, 16
-LENGTHS = [pytest.param(64, id="whole_chunks"), pytest.param(70, id="partial_chunk")]
+H, D, CHUNK = 2, 8, 16
+SHAPES = [(2, 64), (3, 70), (1, 5)]  # (B, N): whole chunks, a partial chunk, less than a chunk
 FUNCTIONS = [
     pytest.param(n, c, id=f"{n}-causal" if c else n)
     for n, m in MECHANISMS.items()
@@ -29,6 +31,9 @@ LAYERS = [
 ]
 STEPS = [pytest.param(n, id=n) for n, m in MECHANISMS.items() if m.step is not None]
 GRAD = [pytest.param(False, id="no_grad"), pytest.param(True, id="grad")]
+# (grad, dynamic): inference compiled with dynamic=True, training with torch's default (automatic dynamic shapes:
+# the second shape recompiles with symbolic sizes); together they cover both tracers' paths at a test's cost.
+MODES = [pytest.param(False, True, id="no_grad-dynamic"), pytest.param(True, None, id="grad-automatic")]
 
 
 @pytest.fixture(autouse=True)
@@ -37,50 +42,60 @@ def _fresh_dynamo():
     torch._dynamo.reset()
 
 
-def compiled(fn):
-    return torch.compile(fn, backend="eager", fullgraph=True)
+def compiled(fn, dynamic=None):
+    return torch.compile(fn, backend="eager", fullgraph=True, dynamic=dynamic)
 
 
-def check_same(fn, inputs, grad: bool):
-    """fn(*inputs) compiled as one graph equals eager; with ``grad``, so do the gradients of its sum."""
+def check_same(fn, compiled_fn, inputs, grad: bool):
+    """compiled_fn(*inputs) equals fn(*inputs); with ``grad``, so do the gradients of a random upstream."""
     eager_in = [x.detach().clone().requires_grad_(grad) for x in inputs]
     comp_in = [x.detach().clone().requires_grad_(grad) for x in inputs]
     with torch.set_grad_enabled(grad):
         expected = fn(*eager_in)
-        got = compiled(fn)(*comp_in)
+        got = compiled_fn(*comp_in)
     torch.testing.assert_close(got, expected, **tol(torch.float32))
     if grad:
-        expected.sum().backward()
-        got.sum().backward()
+        upstream = torch.randn_like(expected)
+        expected.backward(upstream)
+        got.backward(upstream)
         for i, (a, b) in enumerate(zip(comp_in, eager_in, strict=True)):
             torch.testing.assert_close(a.grad, b.grad, **tol(torch.float32), msg=lambda m, i=i: f"grad {i}: {m}")
 
 
-def qkv(N, B=B):
-    return [torch.randn(B, H, N, D) for _ in range(3)]
+def frame_count() -> int:
+    """How many graphs dynamo has compiled so far (each recompilation adds one)."""
+    return torch._dynamo.utils.counters["stats"]["unique_graphs"]
 
 
-@pytest.mark.parametrize("grad", GRAD)
+@pytest.mark.parametrize("grad, dynamic", MODES)
 @pytest.mark.parametrize("name, causal", FUNCTIONS)
-def test_every_function_compiles_as_one_graph(name, causal, grad):
+def test_every_function_compiles_as_one_graph_at_every_shape(name, causal, grad, dynamic):
     kwargs = {"is_causal": True} if causal else {}
     if name in ("linear", "flow"):
         kwargs["chunk_size"] = CHUNK
     fn = MECHANISMS[name].function
-    check_same(lambda q, k, v: fn(q, k, v, **kwargs), qkv(64), grad)
+
+    def call(q, k, v):
+        return fn(q, k, v, **kwargs)
+
+    cfn = compiled(call, dynamic)
+    for B, N in SHAPES:
+        check_same(call, cfn, [torch.randn(B, H, N, D) for _ in range(3)], grad)
 
 
-@pytest.mark.parametrize("grad", GRAD)
+@pytest.mark.parametrize("grad, dynamic", MODES)
 @pytest.mark.parametrize("name, causal", LAYERS)
-def test_every_layer_compiles_as_one_graph(name, causal, grad):
+def test_every_layer_compiles_as_one_graph_at_every_shape(name, causal, grad, dynamic):
     layer = MECHANISMS[name].module(16, 2, causal=causal)
     if hasattr(layer, "chunk_size"):
         layer.chunk_size = CHUNK
-    x = torch.randn(B, 64, 16)
-    check_same(layer, [x], grad)  # the input's gradient
+    clayer = compiled(layer, dynamic)
+    for B, N in SHAPES:
+        check_same(layer, clayer, [torch.randn(B, N, 16)], grad)  # the input's gradient
     if grad:  # and every parameter's: compiled, then eager, on the same layer
+        x = torch.randn(2, 33, 16)
         grads = []
-        for fn in (compiled(layer), layer):
+        for fn in (clayer, layer):
             layer.zero_grad()
             fn(x).sum().backward()
             grads.append([p.grad.clone() for p in layer.parameters()])
@@ -88,29 +103,85 @@ def test_every_layer_compiles_as_one_graph(name, causal, grad):
             torch.testing.assert_close(a, b, **tol(torch.float32), msg=lambda m, pname=pname: f"{pname}: {m}")
 
 
+@pytest.mark.parametrize("name, causal", LAYERS)
+def test_a_dynamic_layer_is_not_recompiled_at_other_lengths(name, causal):
+    """After the first dynamic compile, ten more batch sizes and lengths reuse its graph (no recompilation)."""
+    layer = MECHANISMS[name].module(16, 2, causal=causal).eval()
+    clayer = compiled(layer, dynamic=True)
+    with torch.no_grad():
+        clayer(torch.randn(2, 40, 16))
+        first = frame_count()
+        for B, N in [(2, 41), (3, 17), (2, 64), (4, 65), (2, 100), (3, 2), (2, 129), (5, 33), (2, 7), (3, 256)]:
+            x = torch.randn(B, N, 16)
+            torch.testing.assert_close(clayer(x), layer(x), **tol(torch.float32))
+    assert frame_count() == first, f"{frame_count() - first} recompilations after the first dynamic graph"
+
+
 @pytest.mark.parametrize("grad", GRAD)
 @pytest.mark.parametrize("name", STEPS)
 def test_every_step_compiles_as_one_graph(name, grad):
     step = MECHANISMS[name].step
-    q, k, v = (torch.randn(B, H, D) for _ in range(3))
-    check_same(lambda q, k, v: step(q, k, v)[0], [q, k, v], grad)
+
+    def call(q, k, v):
+        return step(q, k, v)[0]
+
+    ccall = compiled(call)
+    for B in (2, 3):
+        check_same(call, ccall, [torch.randn(B, H, D) for _ in range(3)], grad)
+
+
+@pytest.mark.parametrize("name", [n for n, m in MECHANISMS.items() if m.causal and m.inputs == "qkv"] + ["moh"])
+def test_every_layer_step_and_prefill_compile(name):
+    """A causal layer's prefill (forward with output_final_state) and its one-token step compile as graphs."""
+    layer = MECHANISMS[name].module(16, 2, causal=True).eval()
+    x = torch.randn(2, 9, 16)
+    with torch.no_grad():
+        y, state = layer(x, output_final_state=True)
+        cy, cstate = compiled(lambda x: layer(x, output_final_state=True))(x)
+        torch.testing.assert_close(cy, y, **tol(torch.float32))
+        x_t = torch.randn(2, 16)
+        expected, _ = layer.step(x_t, state)
+        got, _ = compiled(layer.step)(x_t, cstate)
+    torch.testing.assert_close(got, expected, **tol(torch.float32))
+
+
+@pytest.mark.parametrize("name", [n for n, m in MECHANISMS.items() if m.causal])
+def test_the_language_model_compiles_for_training_at_every_length(name):
+    """DecoderLM's forward (token ids, no host read of their range while traced) and its gradients."""
+    torch.manual_seed(0)
+    model = DecoderLM(name, dim=16, n_heads=2, n_layers=1)
+    cmodel = compiled(model, dynamic=True)
+    for B, N in SHAPES:
+        tokens = torch.randint(0, 256, (B, N))
+        torch.testing.assert_close(cmodel(tokens), model(tokens), **tol(torch.float32))
+    model.zero_grad()
+    cmodel(tokens).logsumexp(-1).sum().backward()
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())
 
 
 @pytest.mark.parametrize("reverse", [False, True], ids=["forwards", "backwards"])
-@pytest.mark.parametrize("N", LENGTHS)
+@pytest.mark.parametrize("N", [64, 70])
 def test_the_prefix_kernel_compiles_as_one_graph(N, reverse):
-    check_same(lambda q, k, v: _prefix.prefix_product(q, k, v, CHUNK, reverse), qkv(N, B=1), False)
+    def fwd(q, k, v):
+        return _prefix.prefix_product(q, k, v, CHUNK, reverse)
+
+    check_same(fwd, compiled(fwd), [torch.randn(1, H, N, D) for _ in range(3)], False)
     if not reverse:
-        check_same(lambda q, k, v: _prefix.causal_dot_product(q, k, v, CHUNK), qkv(N, B=1), True)
+
+        def dot(q, k, v):
+            return _prefix.causal_dot_product(q, k, v, CHUNK)
+
+        check_same(dot, compiled(dot), [torch.randn(1, H, N, D) for _ in range(3)], True)
 
 
-def test_causal_linear_attention_has_no_graph_break_in_explain():
-    """The case that once broke 1 (no grad) and 4 (grad) times: torch._dynamo.explain counts zero breaks."""
-    fn = MECHANISMS["linear"].function
+@pytest.mark.parametrize("name, causal", LAYERS)
+def test_no_layer_breaks_its_graph(name, causal):
+    """Without fullgraph, torch._dynamo.explain counts zero graph breaks and one graph per layer call (once
+    three per layer: the error strings built from symbolic sizes)."""
+    layer = MECHANISMS[name].module(16, 2, causal=causal)
     for grad in (False, True):
         torch._dynamo.reset()
-        q, k, v = (x.requires_grad_(grad) for x in qkv(64))
         with torch.set_grad_enabled(grad):
-            explained = torch._dynamo.explain(lambda q, k, v: fn(q, k, v, is_causal=True, chunk_size=CHUNK))(q, k, v)
+            explained = torch._dynamo.explain(layer)(torch.randn(2, 33, 16))
         assert explained.graph_break_count == 0, [str(r.reason) for r in explained.break_reasons]
         assert explained.graph_count == 1

@@ -101,6 +101,7 @@ __all__ = [
     "check_callables",
     "check_found",
     "check_supported",
+    "check_extra",
     "accumulation_dtype",  # decided in attnbook._runtime; re-exported for the modules that import it from here
 ]
 
@@ -1012,3 +1013,18 @@ def check_supported(supported: bool, arg: str, *, name: str, expected: str, got:
     says so to a type checker (``NoReturn``)."""
     if not supported:
         raise ValueError(f"{name}: {arg} must {expected}, got {got}")
+
+
+def check_extra(modules: Sequence[str], *, extra: str, name: str) -> None:
+    """The packages of an optional extra are importable: ``attnbook.viz`` needs ``pip install 'attnbook[book]'``.
+
+    Raises ``ImportError`` naming the missing packages and the extra that brings them (the library itself needs
+    torch only)."""
+    import importlib.util
+
+    missing = [m for m in modules if importlib.util.find_spec(m) is None]
+    if missing:
+        raise ImportError(
+            f"{name} must have the packages of attnbook's '{extra}' extra (install them with "
+            f"pip install 'attnbook[{extra}]'), got no {', '.join(missing)}"
+        )

@@ -41,7 +41,7 @@ import torch
 import torch.nn.functional as F
 
 from ._checks import check_chunk_size, check_qkv
-from ._runtime import accumulation_dtype, autocast_disabled, chunk_count
+from ._runtime import accumulation_dtype, autocast_disabled, chunk_count, tracing
 
 __all__ = ["causal_dot_product", "prefix_product", "normalised_attention", "chunked_product"]
 
@@ -293,7 +293,9 @@ def chunked_product(
     """
     *lead, N, R = q.shape
     Dv = v.shape[-1]
-    n = chunk_count(N, C)
+    # Traced, one more chunk than needed: with at least two chunks no graph depends on whether there is one
+    # (a lone chunk reshapes differently, and a dynamic graph would be compiled again for it).
+    n = chunk_count(N, C) + (1 if tracing() else 0)
     pad = n * C - N
     qc, kc = (F.pad(x, (0, 0, 0, pad)).reshape(*lead, n, C, R) for x in (q, k))  # (..., n, C, R)
     vc = F.pad(v, (0, 0, 0, pad)).reshape(*lead, n, C, Dv)  # (..., n, C, Dv)

@@ -26,17 +26,19 @@ Every step's logits equal :meth:`~attnbook.lm.DecoderLM.step`'s to rounding (``t
 from __future__ import annotations
 
 import math
-from typing import Any
+from collections.abc import Callable
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from ._checks import check_bool, check_choice, check_instance, check_int, check_token_ids
 from ._runtime import accumulation_dtype
 from .feature_maps import FEATURE_MAPS
 from .flow import FlowAttention, FlowState
 from .linear import LinearAttention, LinearState
-from .lm import DecoderLM, LMState, sinusoidal_positions
+from .lm import Block, DecoderLM, LMState, sinusoidal_positions
 from .moh import MoHAttention
 from .softmax import KVCache
 
@@ -46,32 +48,39 @@ __all__ = ["StaticDecoder"]
 class _Layer:
     """One block's weights, gathered for the step: norms, the fused q/k/v projection, out projection, MLP."""
 
-    def __init__(self, block: torch.nn.Module):
+    def __init__(self, block: Block):
         attn = block.attn
         self.norm1, self.norm2 = block.norm1, block.norm2
-        first, _, second = block.mlp
+        first, second = cast(nn.Linear, block.mlp[0]), cast(nn.Linear, block.mlp[2])
         self.w1, self.b1, self.w2, self.b2 = first.weight.t(), first.bias, second.weight.t(), second.bias
         self.attn = attn
+        self.eps = 0.0
+        self.bqkv: torch.Tensor | None
+        self.phi: Callable[[torch.Tensor], torch.Tensor] = _elu_plus_one
         if isinstance(attn, MoHAttention):
             self.kind = "moh"
             self.H, self.D = attn.num_heads, attn.head_dim
             self.wqkv, self.bqkv = attn.qkv.weight.t(), attn.qkv.bias
             self.wo, self.bo = attn.proj.weight.t(), attn.proj.bias
+            self.moh = attn
             return
-        self.H = attn.n_heads
-        self.D = attn.d_model // attn.n_heads
-        projections = (attn.query_projection, attn.key_projection, attn.value_projection)
+        family = attn
+        self.H = family.n_heads
+        self.D = family.d_model // family.n_heads
+        projections = (family.query_projection, family.key_projection, family.value_projection)
         self.wqkv = torch.cat([p.weight for p in projections]).t()  # (C, 3 H D): one product for q, k and v
         self.bqkv = torch.cat([p.bias for p in projections])
-        self.wo, self.bo = attn.out_projection.weight.t(), attn.out_projection.bias
-        self.eps = getattr(attn, "eps", 0.0)
+        self.wo, self.bo = family.out_projection.weight.t(), family.out_projection.bias
         if isinstance(attn, LinearAttention):
             self.kind = "linear"
+            self.eps = attn.eps
             # the built-in maps as one operation each (the layer's own feature map checks its input first);
             # elu + 1 as F.elu(x) + 1, which differs from the layer's form by rounding only
-            self.phi = {"elu": _elu_plus_one, "relu": F.relu}.get(_BUILT_IN.get(attn.feature_map), attn.feature_map)
+            built_in: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {"elu": _elu_plus_one, "relu": F.relu}
+            self.phi = built_in.get(_BUILT_IN.get(attn.feature_map, ""), attn.feature_map)
         elif isinstance(attn, FlowAttention):
             self.kind = "flow"
+            self.eps = attn.eps
         else:
             self.kind = "softmax"
 
@@ -122,7 +131,7 @@ class StaticDecoder:
             self.embed = (weight * math.sqrt(model.dim)).detach()  # (V, C): sqrt(C) E, scaled once
             positions = torch.arange(self.capacity, device=self.device)
             self.positions = sinusoidal_positions(positions, model.dim, self.dtype)  # (capacity, C)
-            self.layers = [_Layer(block) for block in model.blocks]
+            self.layers = [_Layer(cast(Block, block)) for block in model.blocks]
             self.head = weight.detach().t()  # (C, V): the head tied to the embeddings
         self.t = 0
         self._allocate()
@@ -185,7 +194,7 @@ class StaticDecoder:
         for layer, held, layer_state in zip(self.layers, self.states, state.layers, strict=True):
             self._load(layer, held, layer_state)
         self.t = tokens.shape[1]
-        return logits
+        return cast(torch.Tensor, logits)
 
     def _load(self, layer: _Layer, held: Any, state: Any) -> None:
         B, H, D = self.batch, layer.H, layer.D
@@ -240,7 +249,9 @@ class StaticDecoder:
             out = self._cached(state, q, k, v, t, None)
         return _linear(out.reshape(B, H * D).to(h.dtype), layer.wo, layer.bo)  # (B, C)
 
-    def _linear_step(self, layer: _Layer, Sz: torch.Tensor, q, k, v) -> torch.Tensor:
+    def _linear_step(
+        self, layer: _Layer, Sz: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> torch.Tensor:
         """S += phi(k) v^T, z += phi(k) as one rank-one update of [S | z]; out = phi(q)^T S / (phi(q)^T z + eps)."""
         B, H, D = q.shape
         acc = Sz.dtype
@@ -253,7 +264,9 @@ class StaticDecoder:
         r = torch.bmm(fq, Sz)  # (B H, 1, D + 1): numerator and normaliser in one product
         return (r[..., :D] / (r[..., D:] + layer.eps)).view(B, H, D)
 
-    def _flow_step(self, layer: _Layer, s: dict, q, k, v, t: Any) -> torch.Tensor:
+    def _flow_step(
+        self, layer: _Layer, s: dict[str, torch.Tensor], q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, t: Any
+    ) -> torch.Tensor:
         """One token of causal Flow-Attention on the prefix sums held in place (as
         :func:`attnbook.flow_attention_step`)."""
         acc, eps = s["kv"].dtype, layer.eps
@@ -276,9 +289,17 @@ class StaticDecoder:
         kv = s["kv"]
         kv.add_(ks.unsqueeze(-1) * (va * competition.unsqueeze(-1)).unsqueeze(-2))  # (B, H, D, Dv)
         out = (qs.unsqueeze(-2) @ kv).squeeze(-2)  # (B, H, Dv)
-        return out * (allocation / (incoming * n)).unsqueeze(-1)
+        return cast(torch.Tensor, out * (allocation / (incoming * n)).unsqueeze(-1))
 
-    def _cached(self, cache: tuple, q, k, v, t: Any, scale: float | None) -> torch.Tensor:
+    def _cached(
+        self,
+        cache: tuple[torch.Tensor, torch.Tensor],
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        t: Any,
+        scale: float | None,
+    ) -> torch.Tensor:
         """The new query over the cached keys 0 .. t: row t written in place, SDPA on a view of the rows."""
         keys, values = cache
         if self.graph:  # fixed shapes: write by index, read every row, mask those after t (O(capacity) a step)
@@ -294,10 +315,10 @@ class StaticDecoder:
             out = F.scaled_dot_product_attention(q.unsqueeze(2), keys[:, :, :n], values[:, :, :n], scale=scale)
         return out.squeeze(2)  # (B, H, Dv)
 
-    def _moh(self, layer: _Layer, cache: tuple, h: torch.Tensor, t: Any) -> torch.Tensor:
+    def _moh(self, layer: _Layer, cache: tuple[torch.Tensor, torch.Tensor], h: torch.Tensor, t: Any) -> torch.Tensor:
         """One token of MoH: the router's gates (the layer's own :meth:`~attnbook.MoHAttention.route`), the heads
         over the cache, the gated heads projected."""
-        attn = layer.attn
+        attn = layer.moh
         B, H, D = h.shape[0], layer.H, layer.D
         gates = attn.route(h.unsqueeze(1)).gates[:, 0]  # (B, H), in at least float32
         qkv = _linear(h, layer.wqkv, layer.bqkv).view(B, 3, H, D)
@@ -315,7 +336,7 @@ class StaticDecoder:
 
     def state(self) -> LMState:
         """The state held, as the :class:`~attnbook.lm.LMState` that :meth:`attnbook.lm.DecoderLM.step` takes."""
-        layers = []
+        layers: list[Any] = []
         B, t = self.batch, self.t
         for layer, held in zip(self.layers, self.states, strict=True):
             H, D = layer.H, layer.D

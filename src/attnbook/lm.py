@@ -27,7 +27,8 @@ time and holds O(H D^2) numbers, whatever t.
 from __future__ import annotations
 
 import math
-from typing import Any, NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple, cast
 
 import torch
 import torch.nn.functional as F
@@ -82,10 +83,10 @@ class LMState(NamedTuple):
     """
 
     t: int
-    layers: tuple
+    layers: tuple[Any, ...]  # per block its layer's state: a KVCache, LinearState or FlowState (or None)
 
 
-def state_bytes(state, *, allocated: bool = False) -> int:
+def state_bytes(state: Any, *, allocated: bool = False) -> int:
     """Bytes held by a decoding state (an :class:`LMState`, one layer's state, or nested tuples of them).
 
     ``allocated=False`` counts the rows in use (a :class:`KVCache` of t tokens: 2 t H D numbers per layer);
@@ -152,7 +153,7 @@ class Block(nn.Module):
         x = x + a  # (B, N, C)
         return x + self.mlp(self.norm2(x)), state  # (B, N, C)
 
-    def initial_state(self) -> None:
+    def initial_state(self) -> Any:
         """The state before the first token: None (every layer's step starts from nothing)."""
         return None
 
@@ -252,15 +253,18 @@ class DecoderLM(nn.Module):
     @property
     def recurrent(self) -> bool:
         """True when generation carries a constant-size state (linear, flow), False for a KV cache."""
-        return self.blocks[0].recurrent
+        return self._blocks()[0].recurrent
 
-    def _check_tokens(self, tokens, arg: str, dims: int) -> torch.Tensor:
+    def _blocks(self) -> list[Block]:
+        return [cast(Block, block) for block in self.blocks]
+
+    def _check_tokens(self, tokens: Any, arg: str, dims: int) -> torch.Tensor:
         return check_token_ids(
             tokens, arg, name="DecoderLM", vocab=self.vocab, layout="(B, N)" if dims == 2 else "(B,)"
         )
 
     def _embed(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        x = self.embed(tokens)  # (B, N, C) or (B, C)
+        x: torch.Tensor = self.embed(tokens)  # (B, N, C) or (B, C)
         return x * math.sqrt(self.dim) + sinusoidal_positions(positions, self.dim, x.dtype)
 
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
@@ -300,26 +304,26 @@ class DecoderLM(nn.Module):
         positions = torch.arange(start, start + tokens.shape[1], device=tokens.device)  # (N,)
         x = self._embed(tokens, positions)  # (B, N, C)
         if initial_state is None and not output_final_state:
-            for block in self.blocks:
+            for block in self._blocks():
                 x = block(x)  # (B, N, C)
             return self._logits(x)  # (B, N, V)
         layers = []
         previous = initial_state.layers if initial_state is not None else (None,) * len(self.blocks)
-        for block, layer_state in zip(self.blocks, previous, strict=True):
+        for block, layer_state in zip(self._blocks(), previous, strict=True):
             x, layer_state = block(x, layer_state, output_final_state=True)  # (B, N, C)
             layers.append(layer_state)
         logits = self._logits(x)  # (B, N, V)
         state = LMState(start + tokens.shape[1], tuple(layers))
         return (logits, state) if output_final_state else logits
 
-    def _check_state(self, state, *, name: str, arg: str) -> None:
+    def _check_state(self, state: Any, *, name: str, arg: str) -> None:
         n = len(self.blocks)
         check_instance(state, arg, LMState, name=name, what=f"an LMState with {n} layers or None")
         check_count(state.layers, f"{arg}.layers", name=name, minimum=n, maximum=n, item="layer")
 
     def initial_state(self) -> LMState:
         """The state before the first token (position 0, every layer empty)."""
-        return LMState(0, tuple(block.initial_state() for block in self.blocks))
+        return LMState(0, tuple(block.initial_state() for block in self._blocks()))
 
     def step(self, token: torch.Tensor, state: LMState | None = None) -> tuple[torch.Tensor, LMState]:
         """Logits for the token after ``token`` (B,), given the state of the tokens before it.
@@ -337,7 +341,7 @@ class DecoderLM(nn.Module):
             self._check_state(state, name="DecoderLM.step", arg="state")
         x = self._embed(token, torch.tensor([state.t], device=token.device))  # (B, C)
         layers = []
-        for block, layer_state in zip(self.blocks, state.layers, strict=True):
+        for block, layer_state in zip(self._blocks(), state.layers, strict=True):
             x, layer_state = block.step(x, layer_state)  # (B, C)
             layers.append(layer_state)
         return self._logits(x), LMState(state.t + 1, tuple(layers))
@@ -377,6 +381,8 @@ class DecoderLM(nn.Module):
         was_training = self.training
         self.eval()
         try:
+            advance: Callable[[torch.Tensor, Any], tuple[torch.Tensor, Any]]
+            state: Any
             if decoder == "eager":
                 logits, state = self(prompt, output_final_state=True)  # (B, P, V): the prompt in one pass
                 advance = self.step
@@ -388,8 +394,10 @@ class DecoderLM(nn.Module):
                 )
                 logits, state = fast.prefill(prompt), None  # (B, P, V): the prompt in one pass
 
-                def advance(token: torch.Tensor, _: None) -> tuple[torch.Tensor, None]:
+                def advance_fast(token: torch.Tensor, _: None) -> tuple[torch.Tensor, None]:
                     return fast.step(token), None
+
+                advance = advance_fast
 
             logits = logits[:, -1]  # (B, V)
             out = [prompt]

@@ -38,7 +38,7 @@ from ._module import ProjectedAttention
 from .flow import FlowAttention, FlowState, flow_attention, flow_attention_step
 from .linear import LinearAttention, LinearState, linear_attention, linear_attention_step
 from .mobile import MobileAttention, mobile_attention
-from .moh import MoHAttention
+from .moh import MoHAttention, default_heads
 from .softmax import SoftmaxAttention, softmax_attention
 
 __all__ = ["Mechanism", "MECHANISMS", "get", "names"]
@@ -135,9 +135,11 @@ def _mobile_module(dim: int, n_heads: int, causal: bool = False, **kwargs: Any) 
 
 
 def moh_heads(n_heads: int) -> dict[str, int]:
-    """The MoH head split the registry uses: a quarter of the heads shared, each token picks half the rest."""
+    """The MoH head split the registry uses (:func:`attnbook.moh.default_heads`): a quarter of the heads shared,
+    each token picks half the rest."""
     n_heads = check_int(n_heads, "n_heads", name="moh_heads", minimum=1)
-    return {"shared_head": max(1, n_heads // 4), "routed_head": max(1, n_heads // 2)}
+    shared, routed = default_heads(n_heads)
+    return {"shared_head": shared, "routed_head": routed}
 
 
 def _moh_module(dim: int, n_heads: int, causal: bool = False, **kwargs: Any) -> MoHAttention:

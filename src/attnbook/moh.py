@@ -75,10 +75,24 @@ from ._checks import (
     check_step_token,
     check_tokens,
 )
-from ._runtime import accumulation_dtype, autocast_disabled, linear_in_range
+from ._runtime import accumulation_dtype, autocast_disabled, exporting, linear_in_range
 from .softmax import _NO_MASK_WITH_CACHE, KVCache, cached_attention, combine_masks, softmax_attention, zero_unseen_keys
 
-__all__ = ["HeadRouting", "MoHAttention", "moh_load_balancing_loss"]
+__all__ = ["HeadRouting", "MoHAttention", "moh_load_balancing_loss", "default_heads"]
+
+
+def default_heads(num_heads: int) -> tuple[int, int]:
+    """(shared_head, routed_head) of an :class:`MoHAttention` built without either: a quarter of the heads shared
+    (at least one), each token routed to half of them (at least one); a single head is shared.
+
+    Example:
+        >>> from attnbook.moh import default_heads
+        >>> default_heads(8), default_heads(1)
+        ((2, 4), (1, 0))
+    """
+    if num_heads == 1:
+        return 1, 0
+    return max(1, num_heads // 4), max(1, num_heads // 2)
 
 
 class HeadRouting(NamedTuple):
@@ -150,7 +164,9 @@ class MoHAttention(nn.Module):
         proj_drop: dropout after the output projection.
         norm_layer: the normalisation used when ``qk_norm`` or ``scale_norm`` is set (None: ``nn.LayerNorm``).
         shared_head: number of shared heads h_s (always active), the first heads.
-        routed_head: number k of routed heads each token activates (top-k of the router).
+        routed_head: number k of routed heads each token activates (top-k of the router). When neither is
+            given, :func:`default_heads` (a quarter of the heads shared, each token routed to half of them);
+            when one is given, the other is 0.
         head_dim: width D of a head; defaults to ``dim // num_heads`` (as in the reference, ``dim`` need not be
             divisible by ``num_heads``; the projections map ``dim`` to ``H * D`` and back).
         causal: make every forward causal (token t attends to tokens <= t), as ``is_causal=True`` does per call.
@@ -205,8 +221,8 @@ class MoHAttention(nn.Module):
         attn_drop: float = 0.0,
         proj_drop: float = 0.0,
         norm_layer: Callable[..., nn.Module] | None = None,
-        shared_head: int = 0,
-        routed_head: int = 0,
+        shared_head: int | None = None,
+        routed_head: int | None = None,
         head_dim: int | None = None,
         causal: bool = False,
         *,
@@ -221,6 +237,10 @@ class MoHAttention(nn.Module):
         super().__init__()
         name = type(self).__name__
         dim = check_int(dim, "dim", name=name, minimum=1)
+        if shared_head is None and routed_head is None:  # neither given (timm builds the layer so): the default split
+            shared_head, routed_head = default_heads(check_int(num_heads, "num_heads", name=name, minimum=1))
+        shared_head = 0 if shared_head is None else shared_head
+        routed_head = 0 if routed_head is None else routed_head
         num_heads, shared_head, routed_head = check_moh_heads(num_heads, shared_head, routed_head, name=name)
         if attn_head_dim is not None:
             why = " (attn_head_dim is timm's name for head_dim)"
@@ -517,7 +537,8 @@ class MoHAttention(nn.Module):
                 q, k, v, attn_mask, is_causal=causal, scale=self.scale, key_padding_mask=key_padding_mask
             )  # (B, H, N, D)
         out = self._gated_output(heads, routing.gates, dtype)  # (B, N, dim_out)
-        self.load_balancing_loss = routing.loss if self.training and self.routed_head > 0 else None
+        if not exporting():  # an exported program holds no module state (its loss is in the routing it returns)
+            self.load_balancing_loss = routing.loss if self.training and self.routed_head > 0 else None
         if output_final_state:
             assert cache is not None  # output_final_state made the call stateful
             return (out, routing, cache) if return_routing else (out, cache)

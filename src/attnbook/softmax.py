@@ -395,7 +395,7 @@ _NO_MASK_WITH_CACHE = (
 )
 
 
-class SoftmaxAttention(ProjectedAttention):
+class SoftmaxAttention(ProjectedAttention[KVCache]):
     """Multi-head softmax attention with the module family's projections.
 
     Args:
@@ -442,17 +442,17 @@ class SoftmaxAttention(ProjectedAttention):
 
     def attend(
         self,
-        q,
-        k,
-        v,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
         *,
-        attn_mask=None,
-        key_padding_mask=None,
-        self_attention=True,
-        is_causal=None,
-        initial_state=None,
-        output_final_state=False,
-    ):
+        attn_mask: torch.Tensor | None = None,
+        key_padding_mask: torch.Tensor | None = None,
+        self_attention: bool = True,
+        is_causal: bool | None = None,
+        initial_state: KVCache | None = None,
+        output_final_state: bool = False,
+    ) -> torch.Tensor | tuple[torch.Tensor, KVCache]:
         is_causal = self.causal if is_causal is None else is_causal
         if initial_state is None and not output_final_state:
             return softmax_attention(q, k, v, attn_mask, is_causal=is_causal, key_padding_mask=key_padding_mask)
@@ -469,7 +469,9 @@ class SoftmaxAttention(ProjectedAttention):
             return out, KVCache.empty().extend(k, v, kpm)
         return cached_attention(q, k, v, initial_state, key_padding_mask=key_padding_mask, name=name)
 
-    def attend_step(self, q_t, k_t, v_t, state):
+    def attend_step(
+        self, q_t: torch.Tensor, k_t: torch.Tensor, v_t: torch.Tensor, state: KVCache | None
+    ) -> tuple[torch.Tensor, KVCache]:
         out, cache = cached_attention(
             q_t.unsqueeze(2), k_t.unsqueeze(2), v_t.unsqueeze(2), state, name=f"{type(self).__name__}.step", arg="state"
         )

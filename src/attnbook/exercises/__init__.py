@@ -40,6 +40,10 @@ live in :mod:`attnbook.exercises._core`, once for every checker.
 
 from __future__ import annotations
 
+from .._checks import check_extra
+
+check_extra(("numpy",), extra="book", name="attnbook.exercises")
+
 from ._core import (
     Case,
     Diagnosis,

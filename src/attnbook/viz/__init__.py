@@ -1,5 +1,12 @@
 """Figures and widgets. Pure ``compute_*`` functions (tested) feed matplotlib views and ipywidgets
-explorers; every widget also has a static figure of its default state for the website."""
+explorers; every widget also has a static figure of its default state for the website.
+
+They need the book's extra, ``pip install 'attnbook[book]'`` (numpy, matplotlib, ipywidgets); the library
+itself needs torch only."""
+
+from .._checks import check_extra
+
+check_extra(("numpy", "matplotlib", "ipywidgets"), extra="book", name="attnbook.viz")
 
 from .flow import compute_flow_state, flow_explorer, make_toy_input, plot_flow
 from .linear import attention_maps_figure, feature_error_plot, relative_error, row_entropy

@@ -37,8 +37,10 @@ from .._checks import (
     check_int,
     check_moh_heads,
     check_moh_routed,
+    check_non_negative,
     check_not_both,
     check_number,
+    check_sequence,
     check_tensor,
 )
 from ..moh import MoHAttention
@@ -149,10 +151,27 @@ def load_imbalance(load, top_k: int) -> float:
 
     ``sum_e max(load_e - k/E, 0) / k``: 0 when every routed head is chosen by the same share of tokens,
     approaching 1 - k/E when all tokens choose the same k heads.
+
+    Args:
+        load: (E,) the share of tokens that chose each routed head (``HeadRouting.load``): a tensor or a
+            sequence of finite numbers >= 0 (none: a layer without routed heads, balanced, 0).
+        top_k: the routed heads each token chooses, an int from 1 to E (0 when E = 0).
     """
-    load = torch.as_tensor(load, dtype=torch.float64)
-    if load.numel() == 0:
+    name = "load_imbalance"
+    if not isinstance(load, torch.Tensor):
+        if not hasattr(load, "__array__"):
+            what = "a 1-D tensor, array or sequence of numbers (the load of each routed head)"
+            check_sequence(load, "load", name=name, what=what)
+            load = [check_number(x, "load", name=name, minimum=0.0) for x in load]
+        load = torch.as_tensor(load, dtype=torch.float64)
+    check_tensor(load, "load", name=name, dims=1, layout="(E,)")
+    load = load.detach().to(torch.float64)
+    check_non_negative(load, "load", name=name)  # a NaN is refused too
+    E = load.numel()
+    if E == 0:  # a layer without routed heads: nothing to balance
+        check_int(top_k, "top_k", name=name, minimum=0, maximum=0, why=" (there are no routed heads)")
         return 0.0
+    top_k = check_int(top_k, "top_k", name=name, minimum=1, maximum=E, why=" (the routed heads)")
     target = top_k / load.numel()
     return float((load - target).clamp_min(0).sum() / top_k)
 
