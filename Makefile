@@ -57,6 +57,8 @@ $(BIN)/.installed: pyproject.toml requirements.txt $(LOCK)
 	$(BIN)/$(PIP_INSTALL) "$(TORCH)"
 	$(BIN)/$(PIP_INSTALL) -r $(LOCK)
 	$(BIN)/$(PIP_INSTALL) --no-deps -e .
+	@# timm's declared requirements are missing on purpose (see TIMM): pip check without it, then put it back
+	$(BIN)/pip uninstall --quiet --yes timm 2>/dev/null || true
 	$(BIN)/pip check
 	@# after pip check: timm is installed without the requirements it declares (see TIMM)
 	$(BIN)/$(PIP_INSTALL) --no-deps "$(TIMM)"
