@@ -99,6 +99,9 @@ GATES = re.compile(r"```\{(exercise-start|exercise-end|solution-start|solution-e
 KIND = re.compile(r"^\*\*(Derive|Implement|Explore)\.\*\*", re.M)
 # Colab's form title; `ruff format` writes "#@title" as "# @title", which Colab reads the same (and writes itself).
 TITLE = re.compile(r"#\s?@title Solution\n")
+CHECK_TITLE = re.compile(r"#\s?@title Check: \S")
+CITE = re.compile(r"\{cite(?::[a-z]+)?\}`([^`]+)`")
+BIBLIOGRAPHY = re.compile(r"```\{bibliography\}\n:filter: docname in docnames\n:keyprefix: (\S+)\n```")
 CHECK_CALL = re.compile(r"\b(assert\b|assert_close|assert_matches_reference|\.require\(\))")
 
 
@@ -207,7 +210,7 @@ class TestChapterStandard:
             "\n".join(bad)
         )
 
-    def test_ends_with_what_to_take_away_then_exercises(self, path):
+    def test_ends_with_what_to_take_away_then_references_then_exercises(self, path):
         sections = [
             line[3:].strip()
             for c in load(path)["cells"]
@@ -215,7 +218,44 @@ class TestChapterStandard:
             for line in source(c).splitlines()
             if line.startswith("## ")
         ]
-        assert sections[-2:] == ["What to take away", "Exercises"], sections[-3:]
+        assert sections[-3:] == ["What to take away", "References", "Exercises"], sections[-4:]
+
+    def test_references_come_from_the_one_bibliography_with_the_chapters_prefix(self, path):
+        """The References section is the bibliography of what the page cites (sphinxcontrib-bibtex, keys with the
+        chapter's prefix so that a paper cited on several pages is no duplicate), not a list written by hand."""
+        md = "\n".join(source(c) for c in load(path)["cells"] if c["cell_type"] == "markdown")
+        prefix = f"ch{chapter_number(path)}-"
+        assert BIBLIOGRAPHY.findall(md) == [prefix], "one ```{bibliography}``` with :filter: and :keyprefix: " + prefix
+        references = md.split("## References", 1)[1].split("## Exercises", 1)[0]
+        assert not re.search(r"^\s*[-*] ", references, re.M), "the References section lists entries by hand"
+        cited = [key for keys in CITE.findall(md) for key in keys.split(",")]
+        assert cited, "the chapter cites nothing"
+        assert all(k.strip().startswith(prefix) for k in cited), [k for k in cited if not k.strip().startswith(prefix)]
+
+    def test_every_folded_check_has_a_colab_form_title(self, path):
+        """On Colab a check shows only its title ("# @title Check: ..." and "cellView": "form"), as on the website
+        it folds behind one line."""
+        bad = []
+        for i, cell in enumerate(load(path)["cells"]):
+            if cell["cell_type"] == "code" and "hide-input" in tags(cell):
+                titled = CHECK_TITLE.match(source(cell)) and cell["metadata"].get("cellView") == "form"
+                if not titled:
+                    bad.append(f"cell {i}: {source(cell).splitlines()[0][:60]!r}")
+        assert bad == [], "folded checks without '# @title Check: ...' and cellView form:\n" + "\n".join(bad)
+
+    def test_no_visible_code_cell_is_longer_than_25_lines(self, path):
+        """A visible cell shows one idea; plumbing goes into attnbook.lab / attnbook.viz. Folded checks and solutions
+        (titled forms) and hidden cells are exempt."""
+        long = []
+        for i, cell in enumerate(load(path)["cells"]):
+            if cell["cell_type"] != "code" or cell["metadata"].get("cellView") == "form":
+                continue
+            if any(t.startswith(("hide-", "remove-")) for t in tags(cell)):
+                continue
+            n = len(source(cell).strip().splitlines())
+            if n > 25:
+                long.append(f"cell {i}: {n} lines, {source(cell).splitlines()[0][:50]!r}")
+        assert long == [], "visible code cells longer than 25 lines:\n" + "\n".join(long)
 
     def test_four_to_six_exercises_of_every_kind_numbered_in_order(self, path):
         found = exercises(path)
@@ -302,8 +342,32 @@ BROKEN = {
         ),
     ),
     "no take-away": (
-        "test_ends_with_what_to_take_away_then_exercises",
+        "test_ends_with_what_to_take_away_then_references_then_exercises",
         lambda c: _replace(c, lambda x: "## What to take away" in source(x), "## What to take away", "## Summary"),
+    ),
+    "no references": (
+        "test_ends_with_what_to_take_away_then_references_then_exercises",
+        lambda c: _replace(c, lambda x: "## References" in source(x), "## References", "## Papers"),
+    ),
+    "references by hand": (
+        "test_references_come_from_the_one_bibliography_with_the_chapters_prefix",
+        lambda c: _replace(
+            c, lambda x: "## References" in source(x), "## References\n", "## References\n\n- A. Vaswani et al.\n"
+        ),
+    ),
+    "a citation without the prefix": (
+        "test_references_come_from_the_one_bibliography_with_the_chapters_prefix",
+        lambda c: _replace(c, lambda x: "ch9-vaswani" in source(x), "ch9-vaswani", "vaswani"),
+    ),
+    "check without a title": (
+        "test_every_folded_check_has_a_colab_form_title",
+        lambda c: _replace(c, lambda x: "@title Check:" in source(x), "# @title Check: ", "# "),
+    ),
+    "a long visible cell": (
+        "test_no_visible_code_cell_is_longer_than_25_lines",
+        lambda c: _replace(
+            c, lambda x: "def weights_figure" in source(x), "def weights_figure", "x = 1\n" * 30 + "def weights_figure"
+        ),  # fmt: skip
     ),
     "three exercises": (
         "test_four_to_six_exercises_of_every_kind_numbered_in_order",
