@@ -354,3 +354,175 @@ def test_curves_and_maps_draws_curves_above_and_maps_on_one_scale_below():
     assert "0.90" in texts and "0.25" in texts  # annotated cells
     with pytest.raises(ValueError, match="^curves_and_maps: curves must hold at least 1 curve, got 0 curves$"):
         plots.curves_and_maps({}, {"a": torch.ones(1, 1)})
+
+
+# ------------------------------------------------------------------ chapter 6's plumbing: recordings, tables, claims
+
+
+def _bench_result(times=None, memory=None, backward=True, samples_spread=1.0):
+    """A run_benchmark-shaped result: forward time per mechanism and N (and forward+backward twice it)."""
+    ns = [256, 512, 1024]
+    times = times or {
+        "softmax": [1.0, 4.0, 16.0],
+        "softmax_causal": [1.0, 3.0, 9.0],
+        "linear": [2.0, 3.0, 5.0],
+        "linear_causal": [4.0, 5.0, 8.0],
+        "flow": [0.5, 5.0, 20.0],  # faster at 256 only: it does not stay faster
+    }
+    records = []
+    for name, ys in times.items():
+        for n, y in zip(ns, ys, strict=True):
+            records.append({
+                "mechanism": name, "N": n, "forward_s": y, "forward_samples_s": [y, y * samples_spread],
+                "forward_backward_s": 2 * y if backward else None,
+                "forward_peak_bytes": (memory or {}).get(name, ns)[ns.index(n)],
+            })  # fmt: skip
+    return {"config": {"lengths": ns}, "records": records, "environment": {"device": "cpu"}}
+
+
+def test_crossovers_are_the_first_n_from_which_a_mechanism_stays_faster():
+    cross = h2h.crossovers(_bench_result())
+    assert cross == {"linear": 512, "linear_causal": 1024, "flow": None}
+    fast = _bench_result({"softmax": [2, 4, 8], "softmax_causal": [2, 4, 8], "linear": [1, 1, 1]})
+    assert h2h.crossovers(fast) == {"linear": 256}
+    assert h2h.describe_crossover(256, [256, 512]) == "already at N = 256"
+    assert h2h.describe_crossover(512, [256, 512]) == "from N = 512"
+    assert h2h.describe_crossover(None, [256, 512]) == "nowhere in this range"
+
+
+def test_sample_spread_steadiness_and_noisy_records_read_the_samples():
+    steady, noisy = _bench_result(), _bench_result(samples_spread=5.0)
+    assert h2h.sample_spread(steady, "linear") == [1.0, 1.0, 1.0]
+    assert h2h.sample_spread(noisy, "linear") == [5.0, 5.0, 5.0]
+    assert h2h.steadiness(steady) == 1.0 and h2h.steadiness(noisy) == 5.0
+    assert h2h.noisy_records(steady) == set() and ("flow", 512) in h2h.noisy_records(noisy)
+    table = h2h.ratio_table(noisy).splitlines()
+    assert table[0].split()[-3:] == ["256", "512", "1024"]
+    linear = next(line for line in table if line.startswith("linear "))
+    assert linear.split() == ["linear", "2.00*", "0.75*", "0.31*"]  # over SDPA; * = samples spread > 3x
+    assert max(len(line) for line in table) <= 80
+
+
+def test_slopes_table_fits_every_panel_and_leaves_out_the_moh_layer():
+    result = _bench_result({"softmax": [1, 4, 16], "linear": [0.5, 1, 2], "moh": [1, 4, 16]})
+    rows = {line.split()[0]: line.split() for line in h2h.slopes_table(result).splitlines()[1:]}
+    assert set(rows) == {"softmax", "linear"}
+    assert rows["softmax"][1:5] == ["2.00", "2.00", "1.00", "2.0"]
+    assert rows["linear"][1:4] == ["1.00", "1.00", "1.00"] and rows["linear"][5:] == ["already", "at", "N", "=", "256"]
+    no_backward = h2h.slopes_table(_bench_result({"softmax": [1, 4, 16]}, backward=False))
+    assert no_backward.splitlines()[1].split()[1:5] == ["2.00", "-", "1.00", "nan"]
+
+
+def test_benchmark_recordings_are_read_from_the_repository_and_only_bench_results(tmp_path):
+    import json
+
+    results = tmp_path / "repo" / "benchmarks" / "results"
+    (results / "ch07").mkdir(parents=True)
+    (tmp_path / "elsewhere").mkdir()
+    (results / "cpu.json").write_text(json.dumps(_bench_result()))
+    (results / "decoding_cpu.json").write_text(json.dumps({"records": [{"t": 16}], "environment": {}}))
+    (results / "notes.json").write_text(json.dumps({"hello": 1}))
+    found = h2h.benchmark_recordings(start=tmp_path / "repo" / "benchmarks")
+    assert list(found) == ["cpu.json"] and found["cpu.json"]["config"]["lengths"] == [256, 512, 1024]
+    assert h2h.benchmark_recordings(start=tmp_path / "elsewhere") == {}  # no repository: nothing, no error
+
+
+def test_benchmark_figure_draws_one_panel_per_measured_metric():
+    import matplotlib.pyplot as plt
+
+    fig = h2h.benchmark_figure(_bench_result(backward=False), title="live")
+    shown = [ax for ax in fig.axes if ax.axison]
+    assert [ax.get_ylabel() for ax in shown] == ["forward (s)", "forward peak memory (B)"]
+    labels = {line.get_label() for line in shown[0].get_lines()}
+    assert {"softmax", "linear", "flow"} <= labels
+    plt.close(fig)
+
+
+@pytest.mark.parametrize(
+    "shared, routed, rows",
+    [(1, 2, 3 + 2), (2, 2, 2 + 2 + 2), (0, 2, 4)],
+    ids=["one shared head: no shared router", "two shared heads", "no shared head: no two-stage split"],
+)
+def test_router_rows_count_what_the_layer_has(shared, routed, rows):
+    from attnbook import MoHAttention
+
+    layer = MoHAttention(16, num_heads=4, shared_head=shared, routed_head=routed)
+    assert h2h.router_rows(layer) == rows
+    E = layer.num_routed
+    assert rows == E + (2 if shared else 0) + (shared if shared > 1 else 0)
+
+
+def _claims():
+    summary = {"mean": 0.3, "low": 0.29, "high": 0.31}
+    listops = {"summary": {"softmax": summary, "flow": {**summary, "mean": 0.28}}, "chance": 0.1, "majority": 0.11}
+    heads = {"rows": [{"variant": v, "head_dim": 2, "accuracy": {"mean": a}, "rank_trained": [r, r]}
+                      for v, a, r in (("linear", 0.67, 1.0), ("mobile", 0.92, 1.3))]}  # fmt: skip
+    moh = {"curve": [{"fraction": f, "accuracy": {"mean": a}} for f, a in ((0.25, 0.67), (0.5, 0.996), (1.0, 1.0))],
+           "softmax": {"accuracy": {"mean": 1.0}}}  # fmt: skip
+    lookup = {"demos": [{"n_tokens": 6, "dim": 8, "rescaled": {"linear": [0.2, 0.3]}, "trained": {"linear": 1.0}}]}
+    decoding = {"summary": {"ratio_at_t_max": {"static": {"linear": 3.8}}}, "config": {"positions": [16, 8192]}}
+    return {"listops": listops, "heads": heads, "moh": moh, "lookup": lookup, "decoding": decoding}
+
+
+def test_claim_numbers_name_every_recorded_number_and_leave_out_absent_recordings():
+    numbers = h2h.claim_numbers(_claims())
+    assert numbers["listops flow"] == 0.28 and numbers["listops softmax low"] == 0.29
+    assert numbers["listops chance"] == 0.1 and numbers["listops majority"] == 0.11
+    assert numbers["heads mobile D=2"] == 0.92 and numbers["rank mobile D=2"] == pytest.approx(1.3)
+    assert numbers["moh 0.5"] == 0.996 and numbers["moh 1"] == 1.0 and numbers["moh softmax"] == 1.0
+    assert numbers["lookup rescaled low linear 6x8"] == 0.2 and numbers["lookup rescaled high linear 6x8"] == 0.3
+    assert numbers["lookup trained linear 6x8"] == 1.0
+    assert numbers["writing ratio"] == 3.8 and numbers["writing t"] == 8192
+    assert h2h.claim_numbers({name: None for name in _claims()}) == {}
+    assert "listops flow" not in h2h.claim_numbers({**_claims(), "listops": None})
+
+
+def test_claims_summary_prints_each_study_in_eighty_columns():
+    text = h2h.claims_summary(h2h.claim_numbers(_claims()))
+    assert "flow                 0.280 (0.290-0.310)" in text
+    assert "D = 2:  linear 0.670 (rank 1.00)   mobile 0.920 (rank 1.30)" in text
+    assert "25 %: 0.670   50 %: 0.996   100 %: 1.000   softmax: 1.000" in text
+    assert max(len(line) for line in text.splitlines()) <= 80
+    assert h2h.claims_summary({}) == "no recordings here (clone the repository to see them)"
+
+
+def test_advice_rows_quote_the_measurements_and_say_what_is_not_recorded():
+    race = _race()
+    shares = {"softmax": [0.9, 0.8], "linear": [0.5, 0.7]}
+    kw = dict(
+        time_slopes={"softmax": 2.0, "linear": 1.0}, memory_slopes={"softmax": 1.0, "linear": 1.0},
+        crossovers={"linear": 512}, lengths=[256, 512], layer_ratio=1.1,
+    )  # fmt: skip
+    rows = h2h.advice_rows(race, shares, numbers=h2h.claim_numbers(_claims()), **kw)
+    assert [r[0] for r in rows] == ["<b>softmax</b>", "<b>linear</b>"] and all(len(r) == 4 for r in rows)
+    assert "time ~ N<sup>2.0</sup>" in rows[0][1] and "lookup share 0.85" in rows[0][1]
+    assert "faster than SDPA from N = 512 (CPU)" in rows[1][1] and "3.8x quicker than softmax" in rows[1][1]
+    assert "Katharopoulos" in rows[1][2]
+    bare = h2h.advice_rows(race, shares, numbers={}, **kw)
+    assert "ListOps (not recorded here)" in bare[0][1]
+    html = h2h.html_table(["a", "b"], [["1", "2"]])
+    assert html == "<table><tr><th>a</th><th>b</th></tr><tr><td>1</td><td>2</td></tr></table>"
+
+
+def test_the_race_tables_read_the_trained_models():
+    race = _race()
+    probe, target = TASK.batch(16, torch.Generator().manual_seed(1))
+    shares = h2h.best_head_shares(race, probe)
+    assert set(shares) == {"softmax", "linear"} and all(len(v) == 2 and all(0 <= x <= 1 for x in v)
+                                                         for v in shares.values())  # fmt: skip
+    best = h2h.lookup_share(race.curves["linear"][1].model, probe, TASK).max(-1).values.mean().item()
+    assert shares["linear"][1] == pytest.approx(best)
+    ops = h2h.operator_counts(race, probe, target)
+    assert ops["linear"] == h2h.operator_count(race.curves["linear"][0].model, probe, target)
+    table = h2h.race_table(race, shares, ops).splitlines()
+    assert len(table) == 4 and table[2].startswith("softmax ") and max(map(len, table)) <= 80
+    no_models = h2h.Race(TASK, {"linear": [h2h.Curve("linear", [0], [0.0], [0.5], [1.0])]})
+    with pytest.raises(ValueError, match="keep its models"):
+        h2h.best_head_shares(no_models, probe)
+
+
+def test_mean_steps_to_counts_a_seed_that_never_got_there_with_its_budget():
+    a = h2h.Curve("linear", [0, 10, 20], [0, 1, 2], [0.1, 0.95, 0.99], [1] * 3, seed=0)
+    b = h2h.Curve("linear", [0, 10, 20], [0, 1, 2], [0.1, 0.5, 0.6], [1] * 3, seed=1)
+    race = h2h.Race(TASK, {"linear": [a, b]})
+    assert race.mean_steps_to("linear", 0.9) == pytest.approx((10 + 20) / 2)

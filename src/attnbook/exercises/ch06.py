@@ -232,14 +232,14 @@ def check_step_time_fit(answer, *, ops: Mapping[str, float], ms: Mapping[str, fl
         answer,
         expected,
         rtol=max(1e-9, 10 * spread),
-        hint="fit ms = a + b * ops by least squares on every mechanism except mobile, then evaluate it at "
-        "mobile's operator count.",
+        hint="fit ms = intercept + slope * ops by least squares on every mechanism except mobile, then "
+        "evaluate it at mobile's operator count.",
         mistakes=[
             (ms_["mobile"], "that is mobile's measured time; the exercise asks what the fit predicts for it."),
             (fit_all, "the fit includes mobile itself; fit the other mechanisms only, then predict mobile."),
-            (through_origin, "the line goes through the origin; fit an intercept a too (ms = a + b ops)."),
-            (b, "that is the slope b; predict a + b * ops['mobile']."),
-            (b * ops_["mobile"], "the intercept a is missing from the prediction a + b * ops['mobile']."),
+            (through_origin, "the line goes through the origin; fit an intercept too (ms = intercept + slope * ops)."),
+            (b, "that is the slope; predict intercept + slope * ops['mobile']."),
+            (b * ops_["mobile"], "the intercept is missing from the prediction intercept + slope * ops['mobile']."),
             (statistics.fmean(ms_[n] for n in others), "that is the others' mean time; use the line's slope too."),
         ],
     )

@@ -23,11 +23,17 @@ the attention's lookup rather than how fast 128 unrelated token embeddings are l
   read from the trained model: the mechanism behind the accuracy;
 * :func:`operator_count` -- how many tensor operations one training step runs: at the race's few tokens
   this, not the FLOPs, is what a step's time follows;
-* :func:`plot_race` and :func:`plot_curves` -- the figures of chapter 6.
+* :func:`plot_race` and :func:`plot_curves` -- the figures of chapter 6;
+* the chapter's other plumbing, so that its cells show ideas: the benchmark's figure and recordings
+  (:func:`benchmark_figure`, :func:`crossovers`, :func:`benchmark_recordings`, :func:`steadiness`,
+  :func:`ratio_table`), the race's table (:func:`best_head_shares`, :func:`race_table`), the MoH router's size
+  (:func:`router_rows`), the recorded tests of the papers' claims (:func:`claim_numbers`,
+  :func:`claims_summary`) and the table "which mechanism when" (:func:`advice_rows`, :func:`html_table`).
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from collections.abc import Sequence
@@ -43,6 +49,7 @@ from .._checks import (
     check_choice,
     check_count,
     check_divisible,
+    check_found,
     check_instance,
     check_int,
     check_max_size,
@@ -53,6 +60,7 @@ from .._checks import (
     check_tensor,
 )
 from ..moh import MoHAttention
+from . import bench, recordings
 
 __all__ = [
     "MECHANISMS",
@@ -68,9 +76,29 @@ __all__ = [
     "operator_count",
     "plot_race",
     "plot_curves",
+    "BENCHMARK_METRICS",
+    "benchmark_figure",
+    "crossovers",
+    "describe_crossover",
+    "sample_spread",
+    "steadiness",
+    "noisy_records",
+    "benchmark_recordings",
+    "ratio_table",
+    "slopes_table",
+    "best_head_shares",
+    "operator_counts",
+    "race_table",
+    "router_rows",
+    "CLAIMS_RECORDINGS",
+    "claim_numbers",
+    "claims_summary",
+    "advice_rows",
+    "html_table",
 ]
 
-MECHANISMS = tuple(mechanisms.MECHANISMS)  # every mechanism of the registry races
+#: Every mechanism of the registry races (:data:`attnbook.mechanisms.MECHANISMS`, in its order).
+MECHANISMS = tuple(mechanisms.MECHANISMS)
 
 
 @dataclass(frozen=True)
@@ -420,6 +448,15 @@ class Race:
         """For every seed, the first evaluated step at which the held-out accuracy reached ``accuracy``."""
         return [c.steps_to(accuracy) for c in self._get(mechanism)]
 
+    def mean_steps_to(self, mechanism: str, accuracy: float = 0.9) -> float:
+        """The mean over seeds of :meth:`steps_to`; a seed that never got there counts with its whole budget
+        (its last evaluated step)."""
+        got = [
+            s if s is not None else c.steps[-1]
+            for s, c in zip(self.steps_to(mechanism, accuracy), self._get(mechanism), strict=True)
+        ]
+        return statistics.fmean(got)
+
     def late_gain(self, mechanism: str, fraction: float = 0.25) -> float:
         """How much the mean accuracy rose over the last ``fraction`` of the training steps.
 
@@ -629,3 +666,378 @@ def plot_curves(curves: Sequence[Curve], *, chance: float | None = None, ax=None
     ax.grid(True, alpha=0.3)
     ax.legend()
     return ax
+
+
+# -------------------------------------------------------------------------------------------------------------------
+# Chapter 6's measurements, read and summarised: the benchmark and its recordings, the race's numbers, the recorded
+# tests of the papers' claims, and the table "which mechanism when" built from them.
+
+#: The panels of :func:`benchmark_figure`: axis label -> metric of a :func:`attnbook.lab.bench.run_benchmark` record.
+BENCHMARK_METRICS = {
+    "forward (s)": "forward_s",
+    "forward+backward (s)": "forward_backward_s",
+    "forward peak memory (B)": "forward_peak_bytes",
+}
+
+
+def benchmark_figure(result: dict, *, title: str | None = None, skip: Sequence[str] = ("moh",)):
+    """The cost panels of a :func:`attnbook.lab.bench.run_benchmark` result (or its recording).
+
+    One log-log panel per metric of :data:`BENCHMARK_METRICS` that the result measured (forward time,
+    forward+backward time, forward peak memory), a line per mechanism in its colour (dashed: a causal form),
+    leaving out the mechanisms whose names start with one of ``skip`` (MoH is a whole layer, compared with a
+    whole softmax layer instead). Drawn by :func:`attnbook.viz.plots.scaling_panels`; returns the Figure.
+    """
+    from ..viz.plots import scaling_panels
+
+    check_instance(result, "result", dict, name="benchmark_figure", what="a run_benchmark result (a dict)")
+    panels = {}
+    for label, metric in BENCHMARK_METRICS.items():
+        if any(r.get(metric) is not None for r in result["records"]):
+            _, by_name = bench.series(result, metric)
+            panels[label] = {n: ys for n, ys in by_name.items() if not n.startswith(tuple(skip))}
+    return scaling_panels(list(result["config"]["lengths"]), panels, title=title)
+
+
+def crossovers(result: dict, metric: str = "forward_s") -> dict[str, int | None]:
+    """The first N from which each mechanism stays faster than SDPA, at every longer N measured.
+
+    Causal forms are compared with SDPA's causal kernel (``softmax_causal``), the others with ``softmax``; the
+    baselines themselves and the MoH layers are left out. None: not faster at the longest N measured.
+    """
+    ns, by_name = bench.series(result, metric)
+    out: dict[str, int | None] = {}
+    for name, ys in by_name.items():
+        if name.startswith(("softmax", "moh")):
+            continue
+        base = by_name["softmax_causal" if name.endswith("_causal") else "softmax"]
+        faster = [y < b for y, b in zip(ys, base, strict=True)]
+        out[name] = next((n for i, n in enumerate(ns) if all(faster[i:])), None)
+    return out
+
+
+def describe_crossover(n: int | None, lengths: Sequence[int]) -> str:
+    """``"from N = 512"``; ``"already at N = 128"`` when ``n`` is the shortest length measured; ``"nowhere in
+    this range"`` for None."""
+    if n is None:
+        return "nowhere in this range"
+    return f"already at N = {n}" if n == min(lengths) else f"from N = {n}"
+
+
+def sample_spread(result: dict, mechanism: str) -> list[float]:
+    """Largest over smallest timing sample of every forward record of ``mechanism``, in the order of N.
+
+    1 means every repeat took the same time; a shared machine whose neighbours take a core makes it large.
+    """
+    return [
+        max(r["forward_samples_s"]) / min(r["forward_samples_s"])
+        for r in result["records"]
+        if r["mechanism"] == mechanism and r.get("forward_samples_s")
+    ]
+
+
+def steadiness(result: dict) -> float:
+    """The median :func:`sample_spread` of softmax, linear and Flow-Attention: how steady a recording is."""
+    spreads = sorted(x for n in ("softmax", "linear", "flow") for x in sample_spread(result, n))
+    check_found(spreads, "result", name="steadiness", expected="hold forward samples", got="none")
+    return spreads[len(spreads) // 2]
+
+
+def noisy_records(result: dict, factor: float = 3.0) -> set[tuple[str, int]]:
+    """``(mechanism, N)`` of every record whose forward samples spread by more than ``factor``."""
+    return {
+        (r["mechanism"], r["N"])
+        for r in result["records"]
+        if r.get("forward_samples_s") and max(r["forward_samples_s"]) > factor * min(r["forward_samples_s"])
+    }
+
+
+def benchmark_recordings(start=None) -> dict[str, dict]:
+    """Every recording of :func:`attnbook.lab.bench.run_benchmark` in ``benchmarks/results/``, by file name.
+
+    Read with :func:`attnbook.lab.recordings.load` (``start`` as there); empty after a pip install, where the
+    repository's recordings are absent. Other recordings in the folder (generation, decoding) are left out.
+    """
+    folder = recordings.root(start)
+    if folder is None:
+        return {}
+    out = {}
+    for path in sorted((folder / "benchmarks" / "results").glob("*.json")):
+        data = recordings.load(path.name, start=folder)
+        rows = data.get("records") if isinstance(data, dict) else None
+        if isinstance(rows, list) and rows and "forward_samples_s" in rows[0] and "environment" in data:
+            out[path.name] = data
+    return out
+
+
+def ratio_table(result: dict, factor: float = 3.0) -> str:
+    """Each linear-time mechanism's median forward time over SDPA's (causal over causal) at every N, as text
+    for an 80-column page; ``*`` marks the entries whose samples spread by more than ``factor``."""
+    ns, fwd = bench.series(result, "forward_s")
+    noisy = noisy_records(result, factor)
+    lines = [f"{'median time / SDPA':18s}" + "".join(f"{n:>9d}" for n in ns)]
+    for name, ys in fwd.items():
+        if name.startswith(("softmax", "moh")):
+            continue
+        base = fwd["softmax_causal" if name.endswith("_causal") else "softmax"]
+        cells = [
+            f"{y / b:8.2f}{'*' if (name, n) in noisy else ' '}" if y == y else f"{'-':>9s}"
+            for n, y, b in zip(ns, ys, base, strict=True)
+        ]
+        lines.append(f"{name:18s}" + "".join(cells))
+    return "\n".join(lines)
+
+
+def best_head_shares(result: Race, tokens: torch.Tensor) -> dict[str, list[float]]:
+    """For every mechanism and seed, the mean over ``tokens`` of the best head's :func:`lookup_share`.
+
+    Needs the trained models (``race(..., keep_models=True)``); ``tokens`` are recall sequences of the race's
+    task (B, N).
+    """
+    check_instance(result, "result", Race, name="best_head_shares", what="a Race")
+    out = {}
+    for name, curves in result.curves.items():
+        models = [c.model for c in curves]
+        check_found([m for m in models if m is not None], "result", name="best_head_shares",
+                    expected="keep its models (race(..., keep_models=True))", got=f"none for {name!r}",
+                    minimum=len(models))  # fmt: skip
+        out[name] = [lookup_share(m, tokens, result.task).max(-1).values.mean().item() for m in models]
+    return out
+
+
+def operator_counts(result: Race, tokens: torch.Tensor, target: torch.Tensor) -> dict[str, int]:
+    """:func:`operator_count` of one training step of each mechanism's first trained model."""
+    check_instance(result, "result", Race, name="operator_counts", what="a Race")
+    return {name: operator_count(curves[0].model, tokens, target) for name, curves in result.curves.items()}
+
+
+def race_table(result: Race, shares: dict[str, Sequence[float]], ops: dict[str, int]) -> str:
+    """The race's numbers as text for an 80-column page: final held-out accuracy (mean, lowest and highest
+    seed), mean steps to 90 % (:meth:`Race.mean_steps_to`), the best head's lookup share (mean over seeds),
+    milliseconds per training step (median over seeds) and tensor operations per step."""
+    lines = [
+        "           final accuracy      steps   lookup   ms per   ops per",
+        "           mean  (low..high)   to 90%  share    step     step",
+    ]
+    for m in result.mechanisms:
+        s = result.summary(m)
+        share = statistics.fmean(shares[m])
+        lines.append(
+            f"{m:8s}  {s.mean:5.3f} ({s.low:.2f}..{s.high:.2f}) {result.mean_steps_to(m):7.0f}"
+            f"  {share:6.2f} {s.step_ms:8.1f} {ops[m]:9d}"
+        )
+    return "\n".join(lines)
+
+
+def router_rows(layer: MoHAttention) -> int:
+    """Rows of a :class:`~attnbook.MoHAttention` router, each a C-wide dot product per token.
+
+    ``E`` scores of the routed heads (``wg``), 2 for the two-stage weighting (``wg_0``, when the layer has
+    shared and routed heads) and ``h_s`` weights of the shared heads (``wg_1``, only when ``h_s > 1``: a
+    single shared head needs no router). The router costs about ``2 N C`` FLOPs per row.
+    """
+    check_instance(layer, "layer", MoHAttention, name="router_rows", what="a MoHAttention")
+    return sum(getattr(layer, n).out_features for n in ("wg", "wg_0", "wg_1") if hasattr(layer, n))
+
+
+#: The studies of ``benchmarks/results/claims/<study>_cpu_recorded.json`` that :func:`claim_numbers` reads.
+CLAIMS_RECORDINGS = ("listops", "heads", "moh", "lookup")
+
+
+def claim_numbers(recorded: dict[str, dict | None]) -> dict[str, float]:
+    """The recorded numbers of the papers' claims that chapter 6 quotes, by a readable name.
+
+    ``recorded`` maps ``"listops"``, ``"heads"``, ``"moh"``, ``"lookup"`` (the studies of
+    ``benchmarks/results/claims/``, :func:`attnbook.lab.recordings.load`) and ``"decoding"``
+    (``benchmarks/results/decoding_cpu.json``) to their recordings, or None where absent; the names of an
+    absent recording are left out. Names: ``"listops <variant>"`` (mean held-out accuracy) with
+    ``"listops <variant> low"`` / ``"high"``, ``"listops chance"``, ``"listops majority"``; ``"heads <variant>
+    D=<D>"`` (accuracy) and ``"rank <variant> D=<D>"`` (a trained head's effective rank, mean over seeds);
+    ``"moh <fraction>"`` (accuracy with that share of the heads active), ``"moh softmax"``; ``"lookup <kind>
+    <mechanism> <n>x<D>"`` (the lookup share, ``kind`` ``rescaled low`` / ``rescaled high`` / ``trained``);
+    ``"writing ratio"`` (softmax's per-token step over linear attention's at the last position, static decoder)
+    and ``"writing t"`` (that position).
+    """
+    out: dict[str, float] = {}
+    listops = recorded.get("listops")
+    if listops:
+        for name, s in listops["summary"].items():
+            out[f"listops {name}"], out[f"listops {name} low"], out[f"listops {name} high"] = (
+                s["mean"],
+                s["low"],
+                s["high"],
+            )
+        out["listops chance"], out["listops majority"] = listops["chance"], listops["majority"]
+    heads = recorded.get("heads")
+    if heads:
+        for row in heads["rows"]:
+            key = f"{row['variant']} D={row['head_dim']}"
+            out[f"heads {key}"] = row["accuracy"]["mean"]
+            out[f"rank {key}"] = statistics.fmean(row["rank_trained"])
+    moh = recorded.get("moh")
+    if moh:
+        for row in moh["curve"]:
+            out[f"moh {row['fraction']:g}"] = row["accuracy"]["mean"]
+        out["moh softmax"] = moh["softmax"]["accuracy"]["mean"]
+    lookup = recorded.get("lookup")
+    if lookup:
+        for demo in lookup["demos"]:
+            shape = f"{demo['n_tokens']}x{demo['dim']}"
+            for m, values in demo["rescaled"].items():
+                out[f"lookup rescaled low {m} {shape}"] = min(values)
+                out[f"lookup rescaled high {m} {shape}"] = max(values)
+            for m, value in demo["trained"].items():
+                out[f"lookup trained {m} {shape}"] = value
+    decoding = recorded.get("decoding")
+    if decoding:
+        out["writing ratio"] = decoding["summary"]["ratio_at_t_max"]["static"]["linear"]
+        out["writing t"] = max(decoding["config"]["positions"])
+    return out
+
+
+def claims_summary(numbers: dict[str, float]) -> str:
+    """The recorded tests of the papers' claims (:func:`claim_numbers`) as text for an 80-column page."""
+    lines = []
+    if "listops softmax" in numbers:
+        lines.append(
+            f"ListOps, held-out accuracy (chance {numbers['listops chance']:.2f},"
+            f" majority class {numbers['listops majority']:.3f}):"
+        )
+        names = [k.removeprefix("listops ") for k in numbers if k.startswith("listops ") and k.count(" ") == 1]
+        names = [n for n in names if n not in ("chance", "majority")]
+        for n in names:
+            lo, hi = numbers[f"listops {n} low"], numbers[f"listops {n} high"]
+            lines.append(f"  {n:20s} {numbers[f'listops {n}']:.3f} ({lo:.3f}-{hi:.3f})")
+    widths = sorted({int(k.split("D=")[1]) for k in numbers if k.startswith("heads ")})
+    if widths:
+        lines.append("Recall with heads of width D (C = 32): accuracy, rank of a trained head")
+        for d in widths:
+            cells = [
+                f"{v} {numbers[f'heads {v} D={d}']:.3f} (rank {numbers[f'rank {v} D={d}']:.2f})"
+                for v in ("linear", "mobile")
+                if f"heads {v} D={d}" in numbers
+            ]
+            lines.append(f"  D = {d}:  " + "   ".join(cells))
+    fractions = sorted(float(k.split()[1]) for k in numbers if k.startswith("moh ") and k != "moh softmax")
+    if fractions:
+        lines.append("MoH, 3-key recall: accuracy against the share of heads a token uses")
+        cells = [f"{100 * f:.0f} %: {numbers[f'moh {f:g}']:.3f}" for f in fractions]
+        lines.append("  " + "   ".join(cells) + f"   softmax: {numbers['moh softmax']:.3f}")
+    return "\n".join(lines) if lines else "no recordings here (clone the repository to see them)"
+
+
+def advice_rows(
+    result: Race,
+    shares: dict[str, Sequence[float]],
+    *,
+    time_slopes: dict[str, float],
+    memory_slopes: dict[str, float],
+    crossovers: dict[str, int | None],
+    lengths: Sequence[int],
+    layer_ratio: float,
+    numbers: dict[str, float],
+) -> list[list[str]]:
+    """The rows of chapter 6's table "which mechanism when": mechanism, what this page measured, the paper's
+    claim and whether it shows at this size, and the advice that follows.
+
+    Args:
+        result, shares: the race and :func:`best_head_shares`.
+        time_slopes: log-log slope of the recorded forward time per mechanism.
+        memory_slopes: log-log slope of the live forward peak memory per mechanism.
+        crossovers, lengths: :func:`crossovers` of the recording and the lengths it measured.
+        layer_ratio: the MoH layer's time over a softmax layer's (live).
+        numbers: :func:`claim_numbers` of the recordings (names absent there are said to be absent).
+    """
+
+    def num(key: str, fmt: str = ".3f") -> str:
+        return format(numbers[key], fmt) if key in numbers else "(not recorded here)"
+
+    def measured(m: str) -> str:
+        s = result.summary(m)
+        recall = (
+            f"recall {s.mean:.2f} ({s.low:.2f}-{s.high:.2f}), 90 % after {result.mean_steps_to(m):.0f} steps,"
+            f" lookup share {statistics.fmean(shares[m]):.2f}"
+        )
+        if m not in time_slopes:
+            return f"a layer {layer_ratio:.2f}x a softmax layer's time; {recall}"
+        cost = f"time ~ N<sup>{time_slopes[m]:.1f}</sup>, memory ~ N<sup>{memory_slopes[m]:.1f}</sup>"
+        if m != "softmax":
+            cost += f", faster than SDPA {describe_crossover(crossovers.get(m), lengths)} (CPU)"
+        return f"{cost}; {recall}"
+
+    rows = {  # built only for the mechanisms that raced
+        "softmax": lambda: [
+            f"{measured('softmax')}; ListOps {num('listops softmax')}",
+            "the baseline of every paper",
+            "the default: exact, sharp lookups in one fused kernel; up to a few thousand tokens here",
+        ],
+        "linear": lambda: [
+            f"{measured('linear')}; ListOps {num('listops linear')}; writing a token at t = {num('writing t', '.0f')}:"
+            f" {num('writing ratio', '.1f')}x quicker than softmax (chapter 7)",
+            "Katharopoulos et al. (2020): generation up to 4000x faster (long sequences, GPU); here"
+            f" {num('writing ratio', '.1f')}x at t = {num('writing t', '.0f')}",
+            "long sequences; writing with a state of fixed size; accepts a softer lookup",
+        ],
+        "flow": lambda: [
+            f"{measured('flow')}; ListOps {num('listops flow')}, without competition"
+            f" {num('listops flow_no_competition')}, without allocation {num('listops flow_no_allocation')}",
+            "Wu et al. (2022): ListOps 38.70 against linear 16.13, softmax 36.37 (LRA); both factors help:"
+            " not reproduced at 16-48 tokens (no gap between any mechanisms)",
+            "the paper's claim: long sequences where linear attention loses quality; on this page no better"
+            " than linear attention, and slower to learn a lookup",
+        ],
+        "mobile": lambda: [
+            f"{measured('mobile')}; recall with heads of D = 2: {num('heads mobile D=2')} against linear's"
+            f" {num('heads linear D=2')}; no causal form",
+            "Yao et al. (2024): competition across heads keeps small heads useful: reproduced at D = 2"
+            f" (head rank {num('rank mobile D=2', '.2f')} against {num('rank linear D=2', '.2f')})",
+            "many small heads (D of 2 to 4), non-causal models such as vision; the slowest step on short inputs",
+        ],
+        "moh": lambda: [
+            f"{measured('moh')}; 3-key recall with 50 % of the heads {num('moh 0.5')}, 25 % {num('moh 0.25')},"
+            f" all {num('moh 1')}",
+            "Jin et al. (2024): the quality of all heads from 50-90 % of them: reproduced from 50 % (not at 25 %)",
+            "a per-token choice of heads; it saves time only with a kernel that gathers each head's tokens",
+        ],
+    }
+    return [[f"<b>{m}</b>", *rows[m]()] for m in result.mechanisms if m in rows]
+
+
+def html_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """A plain HTML table (it renders on the website, in Jupyter and in Colab): ``IPython.display.HTML(...)``."""
+
+    def line(tag: str, cells: Sequence[str]) -> str:
+        return "<tr>" + "".join(f"<{tag}>{c}</{tag}>" for c in cells) + "</tr>"
+
+    return "<table>" + line("th", header) + "".join(line("td", r) for r in rows) + "</table>"
+
+
+def slopes_table(result: dict) -> str:
+    """A :func:`~attnbook.lab.bench.run_benchmark` result summarised per mechanism, as text for an 80-column
+    page: the log-log slope of the forward time, of the forward+backward time and of the forward peak memory
+    against N, the forward+backward time over the forward time at the longest N, and where the mechanism
+    overtakes SDPA (:func:`crossovers`). A dash where the result did not measure it; the MoH layers are left
+    out (they are compared with a whole softmax layer)."""
+    ns = list(result["config"]["lengths"])
+    got = {}
+    for metric in BENCHMARK_METRICS.values():
+        if any(r.get(metric) is not None for r in result["records"]):
+            got[metric] = bench.series(result, metric)[1]
+    fwd, fb = got.get("forward_s", {}), got.get("forward_backward_s", {})
+    cross = crossovers(result)
+
+    def slope(metric: str, name: str) -> str:
+        ys = got.get(metric, {}).get(name)
+        if ys is None or sum(1 for y in ys if y == y and y > 0) < 2:
+            return f"{'-':>8s}"
+        return f"{bench.loglog_slope(ns, ys):8.2f}"
+
+    lines = [f"{'':16s}{'slope of: fwd':>14s}{'fwd+bwd':>8s}{'memory':>8s}{'fwd+bwd/fwd':>13s}  faster than SDPA"]
+    for name in (n for n in fwd if not n.startswith("moh")):  # the MoH layers are compared with a layer
+        last = fb.get(name, [math.nan])[-1] / fwd[name][-1]
+        where = describe_crossover(cross[name], ns) if name in cross else ""
+        lines.append(
+            f"{name:16s}{slope('forward_s', name):>14s}{slope('forward_backward_s', name)}"
+            f"{slope('forward_peak_bytes', name)}{last:13.1f}  {where}".rstrip()
+        )
+    return "\n".join(lines)
