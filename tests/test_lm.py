@@ -377,3 +377,68 @@ def test_one_training_step_per_mechanism_is_timed_alternately(stdlib):
     times = lab_lm.step_seconds(["softmax", "flow"], stdlib, lab_lm.Setup(**{**SMALL.__dict__, "batch": 2}), repeats=2)
     assert set(times) == {"softmax", "flow"}
     assert all(0 < t["min"] <= t["median"] for t in times.values())
+
+
+# --- chapter 7's tables --------------------------------------------------------------------------------------
+
+
+def test_as_text_decodes_wraps_and_marks_unprintable_bytes():
+    assert corpus_mod.as_text(b"def f():\n\treturn 1") == "def f():\n    return 1"
+    assert corpus_mod.as_text(b"a\x01b") == "a·b"
+    assert corpus_mod.as_text(b"x" * 10, width=4) == "xxxx\nxxxx\nxx"
+    assert corpus_mod.as_text(torch.tensor([[104, 105]])) == "hi"  # a generated (1, N) sequence
+    assert corpus_mod.as_text(b"\xff") == "\ufffd"  # invalid UTF-8 is replaced, not an error
+    with pytest.raises(TypeError, match="^as_text: data must be bytes or a tensor of byte values, got 'abc'$"):
+        corpus_mod.as_text("abc")
+
+
+def _recorded_runs():
+    runs = []
+    for name, base in (("softmax", 3.0), ("linear", 3.2)):
+        for seed, shift in enumerate((0.0, 0.1, 0.2)):
+            runs.append({"mechanism": name, "seed": seed, "steps": [0, 10], "wall_s": [0.0, 10.0 + seed],
+                         "valid_bpb": [8.0, base + shift]})  # fmt: skip
+    return runs
+
+
+def test_final_bpb_and_its_table_read_live_runs_and_recorded_dicts_alike():
+    recorded = _recorded_runs()
+    final = lab_lm.final_bpb(recorded)
+    assert list(final) == ["softmax", "linear"]
+    assert final["softmax"] == pytest.approx([3.0, 3.1, 3.2]) and final["linear"] == pytest.approx([3.2, 3.3, 3.4])
+    live = {n: [lab_lm.Run(n, r["seed"], r["steps"], r["wall_s"], r["valid_bpb"]) for r in recorded
+                if r["mechanism"] == n] for n in final}  # fmt: skip
+    assert lab_lm.final_bpb(live) == final
+    table = lab_lm.bpb_table(recorded).splitlines()
+    assert table[1].split() == ["softmax", "3.100", "±", "0.100", "11.0"]
+    assert lab_lm.bpb_table(live) == lab_lm.bpb_table(recorded)
+
+
+def test_recording_header_names_the_machine_its_load_and_the_budget():
+    recording = {
+        "environment": {"device_name": "CPU X", "device": "cpu", "threads": 1, "date_utc": "2026-12-03T10:00:00",
+                        "load_average_before": [0.25, 0, 0], "load_average_after": [0.75, 0, 0]},
+        "setup": {"dim": 16, "n_heads": 4, "n_layers": 2, "context": 32, "batch": 4, "steps": 10},
+        "runs": _recorded_runs(),
+    }  # fmt: skip
+    first, second = lab_lm.recording_header(recording).splitlines()
+    assert first == "CPU X (cpu, 1 thread), 2026-12-03, load 0.2 -> 0.8;"
+    n_params = sum(p.numel() for p in tiny("flow").parameters())
+    assert second == f"width 16, 2 blocks, 32-byte windows, batch 4, 10 steps, 3 seeds, {n_params:,d} parameters"
+
+
+def test_quality_cost_table_puts_quality_training_speed_and_writing_in_one_row():
+    from attnbook.lab import generation
+
+    writing = generation.measure(lab_lm.Setup(dim=8, n_heads=2, n_layers=1), mechanism_names=["softmax", "linear"],
+                                 positions=[4, 16], repeats=1, warmup=0, progress=False)  # fmt: skip
+    speed = {"steps": {"softmax eager": {"tokens_per_s": 1234.4}, "linear eager": {"tokens_per_s": 99.0},
+                       "nanogpt eager": {"tokens_per_s": 2000.0}}}  # fmt: skip
+    table = lab_lm.quality_cost_table({"runs": _recorded_runs()}, writing, speed, early=4).splitlines()
+    assert table[1].split() == ["tokens/s", "t=4", "t=16", "KiB"]
+    softmax = table[2].split()
+    assert softmax[:5] == ["softmax", "3.100", "±", "0.10", "1,234"]
+    assert float(softmax[-1]) == round(2 * 1 * 8 * 16 * 4 / 1024)  # the cache after 16 tokens, KiB
+    assert table[-1] == "nanoGPT-style SDPA model of the same size: 2,000 tokens/s"
+    bare = lab_lm.quality_cost_table({"runs": _recorded_runs()}, writing, early=4).splitlines()
+    assert bare[2].split()[4] == "-" and len(bare) == 4

@@ -55,3 +55,51 @@ def test_nothing_to_measure_raises():
         generation.measure(TINY, positions=[0, 4], progress=False)
     with pytest.raises(TypeError, match="^measure: positions must be an int, got 2.5$"):
         generation.measure(TINY, positions=[2.5], progress=False)
+
+
+def test_both_decoders_are_timed_in_one_run_and_counted_alike():
+    both = generation.measure(TINY, positions=[4, 32], repeats=2, warmup=0, decoders=("static", "eager"),
+                              burst=2, progress=False)  # fmt: skip
+    assert {r["decoder"] for r in both["records"]} == {"static", "eager"} and len(both["records"]) == 2 * 4 * 2
+    for name in ("softmax", "linear"):
+        static = generation.series(both, "state_bytes", "static")[1][name]
+        assert static == generation.series(both, "state_bytes", "eager")[1][name]
+    assert generation.series(both, "median_s")[1] == generation.series(both, "median_s", "static")[1]
+    with pytest.raises(ValueError, match="decoder must be one of 'static', 'eager', got 'compiled'"):
+        generation.series(both, decoder="compiled")
+
+
+def test_cost_table_prints_every_decoder_and_mechanism_in_eighty_columns(result):
+    table = generation.cost_table(result).splitlines()
+    assert table[1].split() == ["t=4", "t=8", "t=64", "t=64", "(KiB)", "this"]
+    rows = [line.split() for line in table[2:]]
+    assert [r[0] for r in rows] == ["static", "linear", "flow", "moh"] and rows[0][1] == "softmax"
+    assert float(rows[0][-1]) == 1.0  # softmax over itself
+    ts, held = generation.series(result, "state_bytes")
+    assert float(rows[0][-2]) == round(held["softmax"][-1] / 1024, 1)
+    assert max(map(len, table)) <= 80
+    with pytest.raises(ValueError, match="at must be one of 4, 8, 64, got 5"):
+        generation.cost_table(result, at=[5])
+
+
+def _decoding_recording(result):
+    ts, med = generation.series(result)
+    floors = {n: {str(t): {"floor_s": y / 4, "bytes": 2e6} for t, y in zip(ts, med[n], strict=True)} for n in med}
+    prefill = {"prompt": 64, "linear": {"prefill_s": 0.01, "static_steps_s": 0.2, "steps_over_prefill": 20.0,
+                                         "max_logit_difference": 1e-6}}  # fmt: skip
+    summary = {"ratio_at_t_max": {d: {"linear": 3.0, "flow": 2.0} for d in ("static", "eager")}, "crossover_t": 8}
+    static = {**result, "records": [{**r, "decoder": "static"} for r in result["records"]],
+              "config": {**result["config"], "decoders": ["static"]}}  # fmt: skip
+    return {**static, "floors": {"floor_s": floors}, "prefill": prefill, "summary": summary}
+
+
+def test_floor_table_and_the_decoding_summary_read_a_bench_decoding_recording(result):
+    recording = _decoding_recording(result)
+    floors = generation.floor_table(recording)
+    assert set(floors) == {"softmax", "linear", "flow", "moh"}
+    assert all(f["times"] == pytest.approx(4.0) for f in floors.values())
+    text = generation.decoding_summary(recording)
+    assert "4.0x the floor" in text and "from t* = 8 on" in text and "(20.0x)" in text
+    at_floors = floors["softmax"]["floor_s"] / floors["linear"]["floor_s"]
+    assert f"softmax / linear at t = 64: 3.0x (static), 3.0x (eager); {at_floors:.1f}x at the floors" in text
+    assert max(map(len, text.splitlines())) <= 80

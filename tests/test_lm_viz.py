@@ -64,3 +64,17 @@ def test_the_generation_figure_plots_time_and_state_on_log_axes():
     assert state["softmax"][1] / state["softmax"][0] == pytest.approx(16 / 2)  # the cache grows like t
     assert state["linear"][0] == state["linear"][1]
     plt.close(fig)
+
+
+def test_the_generation_figure_draws_a_second_decoder_dotted_in_the_same_colours():
+    result = generation.measure(Setup(dim=8, n_heads=2, n_layers=1), mechanism_names=["softmax", "linear"],
+                                positions=[2, 16], repeats=1, warmup=0, decoders=("static", "eager"),
+                                progress=False)  # fmt: skip
+    fig = lm_plots.plot_generation(result, decoder="static", also="eager")
+    top = fig.axes[0].get_lines()
+    dotted = [ln for ln in top if ln.get_linestyle() == ":" and len(ln.get_xdata())]
+    assert {ln.get_color() for ln in dotted} == {colour("softmax"), colour("linear")}
+    _, eager = generation.series(result, "median_s", "eager")
+    assert sorted(tuple(ln.get_ydata()) for ln in dotted) == sorted(tuple(1e3 * y for y in v) for v in eager.values())
+    assert "dotted: eager" in [ln.get_label() for ln in top]
+    plt.close(fig)

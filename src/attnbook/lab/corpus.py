@@ -17,9 +17,9 @@ from dataclasses import dataclass
 
 import torch
 
-from .._checks import check_count, check_found, check_int
+from .._checks import check_count, check_found, check_instance, check_int
 
-__all__ = ["Corpus", "stdlib_files", "is_validation", "load_stdlib", "windows"]
+__all__ = ["Corpus", "stdlib_files", "is_validation", "load_stdlib", "windows", "as_text"]
 
 
 def stdlib_files(root: str | pathlib.Path | None = None) -> list[pathlib.Path]:
@@ -94,3 +94,21 @@ def windows(data: torch.Tensor, starts: torch.Tensor, length: int) -> tuple[torc
     offsets = torch.arange(length + 1)  # (length + 1,)
     chunk = data[starts.unsqueeze(1) + offsets].long()  # (n, length + 1)
     return chunk[:, :-1], chunk[:, 1:]
+
+
+def as_text(data: bytes | bytearray | torch.Tensor, width: int = 76) -> str:
+    """Bytes as text for an 80-column page: decoded as UTF-8 (invalid bytes replaced), tabs expanded to 4
+    spaces, unprintable characters shown as ``·`` and lines longer than ``width`` wrapped.
+
+    ``data`` may be bytes or a tensor of byte values (a generated sequence, a slice of the corpus).
+    """
+    if isinstance(data, torch.Tensor):
+        data = bytes(data.flatten().tolist())
+    check_instance(data, "data", (bytes, bytearray), name="as_text", what="bytes or a tensor of byte values")
+    width = check_int(width, "width", name="as_text", minimum=1)
+    text = bytes(data).decode("utf-8", "replace").expandtabs(4)
+    lines = []
+    for line in text.splitlines():
+        line = "".join(c if c.isprintable() else "·" for c in line)
+        lines += [line[i : i + width] for i in range(0, max(len(line), 1), width)]
+    return "\n".join(lines)

@@ -37,7 +37,17 @@ from .lm import Setup
 from .profiling import compare, peak_memory
 from .progress import Progress
 
-__all__ = ["POSITIONS", "DECODERS", "measure", "series", "slope", "ratio"]
+__all__ = [
+    "POSITIONS",
+    "DECODERS",
+    "measure",
+    "series",
+    "slope",
+    "ratio",
+    "cost_table",
+    "floor_table",
+    "decoding_summary",
+]
 
 POSITIONS = tuple(2**i for i in range(4, 14))  # 16 .. 8192
 DECODERS = ("static", "eager", "compiled")
@@ -222,3 +232,91 @@ def ratio(
     ts, s = series(result, metric, decoder)
     i = ts.index(t)
     return s[numerator][i] / s[denominator][i]
+
+
+# -------------------------------------------------------------------------------------------------------------------
+# Chapter 7's tables: the cost of writing, live or recorded, for an 80-column page.
+
+
+def cost_table(result: dict, *, at: Sequence[int] | None = None, metric: str = "median_s") -> str:
+    """Per-token time of every decoder and mechanism of a :func:`measure` result (or its recording), as text.
+
+    Columns: milliseconds per token at the positions ``at`` (default: the first, the middle and the last
+    measured), the state held after the last (KiB, counted), and softmax's time over each mechanism's there.
+    """
+    decoders = result["config"].get("decoders", ["eager"])
+    ts = sorted({r["t"] for r in result["records"]})
+    at = [ts[0], ts[len(ts) // 2], ts[-1]] if at is None else list(at)
+    for t in at:
+        check_choice(t, "at", ts, name="cost_table")
+    last = at[-1]
+    label = "median" if metric == "median_s" else "fastest"
+    cols = 8 * len(at)
+    lines = [
+        " " * 17 + f"ms per token ({label})".center(cols) + f"{'state after':>16s}{'softmax/':>10s}",
+        " " * 17 + "".join(f"{'t=' + str(t):>8s}" for t in at) + f"{f't={last} (KiB)':>16s}{'this':>10s}",
+    ]
+    for decoder in decoders:
+        _, times = series(result, metric, decoder)
+        _, held = series(result, "state_bytes", decoder)
+        for i, name in enumerate(times):
+            cells = "".join(f"{1e3 * times[name][ts.index(t)]:8.3f}" for t in at)
+            kib = held[name][ts.index(last)] / 1024
+            over = ratio(result, "softmax", name, last, metric, decoder) if "softmax" in times else math.nan
+            lines.append(f"{decoder if i == 0 else '':7s}  {name:8s}{cells}{kib:16.1f}{over:10.2f}")
+    return "\n".join(lines)
+
+
+def floor_table(recording: dict, t: int | None = None, decoder: str = "static") -> dict[str, dict[str, float]]:
+    """Each mechanism's per-token step (median) at position ``t`` of a ``bench_decoding.py`` recording
+    (``benchmarks/results/decoding_cpu.json``) against its floor: ``{name: {"step_s", "floor_s", "bytes",
+    "times"}}``, ``times`` = step / floor. Default t: the last position.
+
+    The floor is the recording's: the longer of the step's arithmetic at the measured peak rate and the bytes it
+    must read once (every weight, the recurrent state or the cached keys and values) at the measured bandwidth.
+    """
+    ts, med = series(recording, "median_s", decoder)
+    t = ts[-1] if t is None else check_choice(t, "t", ts, name="floor_table")
+    out = {}
+    for name, values in med.items():
+        floor = recording["floors"]["floor_s"][name][str(t)]
+        step = values[ts.index(t)]
+        out[name] = {
+            "step_s": step,
+            "floor_s": floor["floor_s"],
+            "bytes": floor["bytes"],
+            "times": step / floor["floor_s"],
+        }
+    return out
+
+
+def decoding_summary(recording: dict) -> str:
+    """A ``bench_decoding.py`` recording for an 80-column page: every step at the last position against its floor
+    (static decoder), softmax's step over the recurrent ones there, measured and at the floors, the crossover t*,
+    and the prefill of a long prompt against stepping through it."""
+    ts, _ = series(recording, "median_s", "static")
+    t = ts[-1]
+    floors = floor_table(recording, t)
+    lines = [f"per-token step at t = {t} (static decoder, median) against its floor:"]
+    for name, f in floors.items():
+        lines.append(
+            f"  {name:8s}{1e3 * f['step_s']:6.2f} ms   floor {1e3 * f['floor_s']:6.3f} ms"
+            f" ({f['bytes'] / 1e6:4.1f} MB read)   {f['times']:5.1f}x the floor"
+        )
+    s = recording["summary"]
+    for name in ("linear", "flow"):
+        at_floor = floors["softmax"]["floor_s"] / floors[name]["floor_s"]
+        lines.append(
+            f"softmax / {name} at t = {t}: {s['ratio_at_t_max']['static'][name]:.1f}x (static),"
+            f" {s['ratio_at_t_max']['eager'][name]:.1f}x (eager); {at_floor:.1f}x at the floors"
+        )
+    lines.append(f"linear attention's step is the quicker one from t* = {s['crossover_t']} on")
+    prefill = recording["prefill"]
+    lines.append(f"a prompt of {prefill['prompt']} tokens: one prefill against as many static steps")
+    for name, p in prefill.items():
+        if name != "prompt":
+            lines.append(
+                f"  {name:8s}{1e3 * p['prefill_s']:6.0f} ms against {1e3 * p['static_steps_s']:5.0f} ms"
+                f" ({p['steps_over_prefill']:4.1f}x); logits differ by {p['max_logit_difference']:.0e}"
+            )
+    return "\n".join(lines)

@@ -40,6 +40,10 @@ __all__ = [
     "spread",
     "step_seconds",
     "distinct_fraction",
+    "final_bpb",
+    "bpb_table",
+    "recording_header",
+    "quality_cost_table",
 ]
 
 LN2 = math.log(2.0)
@@ -309,3 +313,91 @@ def distinct_fraction(data: bytes, n: int = 4) -> float:
     check_count(data, "data", name="distinct_fraction", minimum=n, item="byte", why=" (n)")
     grams = [bytes(data[i : i + n]) for i in range(len(data) - n + 1)]
     return len(set(grams)) / len(grams)
+
+
+# -------------------------------------------------------------------------------------------------------------------
+# Chapter 7's tables: a race (live Runs or a recording's dicts) summarised for an 80-column page.
+
+
+def _field(run, key: str):
+    return run[key] if isinstance(run, dict) else getattr(run, key)
+
+
+def final_bpb(runs) -> dict[str, list[float]]:
+    """Final validation bits per byte of every run, by mechanism (in the order the runs come).
+
+    ``runs`` are :class:`Run` objects, lists of them by mechanism (what :func:`race` returns) or a recording's
+    run dicts (``mechanism``, ``valid_bpb``).
+    """
+    if isinstance(runs, dict):
+        runs = [r for group in runs.values() for r in group]
+    out: dict[str, list[float]] = {}
+    for r in runs:
+        out.setdefault(_field(r, "mechanism"), []).append(float(_field(r, "valid_bpb")[-1]))
+    return out
+
+
+def bpb_table(runs) -> str:
+    """Final bits per byte (mean and standard deviation over seeds) and training seconds per run, by mechanism.
+
+    ``runs`` as for :func:`final_bpb`; the seconds are each run's own clock (training steps only).
+    """
+    if isinstance(runs, dict):
+        runs = [r for group in runs.values() for r in group]
+    seconds: dict[str, list[float]] = {}
+    for r in runs:
+        seconds.setdefault(_field(r, "mechanism"), []).append(float(_field(r, "wall_s")[-1]))
+    lines = [f"{'':8s} {'bits per byte':>16s} {'seconds per run':>16s}"]
+    for name, values in final_bpb(runs).items():
+        mean, sd = spread(values)
+        lines.append(f"{name:8s} {mean:9.3f} ± {sd:.3f} {statistics.fmean(seconds[name]):16.1f}")
+    return "\n".join(lines)
+
+
+def recording_header(recording: dict) -> str:
+    """Two lines on a recorded race (``benchmarks/bench_lm_training.py``): the machine, its load average before
+    and after, the date, and the budget (width, blocks, windows, batch, steps, seeds, parameters)."""
+    env, s = recording["environment"], Setup(**recording["setup"])
+    n_params = sum(p.numel() for p in s.model("flow").parameters())
+    seeds = len({r["seed"] for r in recording["runs"]})
+    load = ""
+    if "load_average_before" in env:
+        after = env.get("load_average_after", [math.nan])[0]
+        load = f", load {env['load_average_before'][0]:.1f} -> {after:.1f}"
+    return (
+        f"{env['device_name']} ({env['device']}, {env['threads']} thread), {env['date_utc'][:10]}{load};\n"
+        f"width {s.dim}, {s.n_layers} blocks, {s.context}-byte windows, batch {s.batch}, {s.steps} steps,"
+        f" {seeds} seeds, {n_params:,d} parameters"
+    )
+
+
+def quality_cost_table(trained: dict, writing: dict, speed: dict | None = None, *, early: int = 256) -> str:
+    """Quality against cost, one row per mechanism, as text for an 80-column page.
+
+    Columns: the recorded race's final bits per byte (mean and standard deviation over seeds, ``trained``: a
+    ``bench_lm_training.py`` recording); training tokens per second (``speed``: a ``bench_training.py``
+    recording, eager; omitted when None); milliseconds per generated token at ``early`` and at the last
+    position, and the state held there (``writing``: a generation recording, its static decoder, medians).
+    With ``speed``, a last line gives the nanoGPT-style SDPA model's training speed for reference.
+    """
+    from . import generation
+
+    ts, times = generation.series(writing, "median_s", "static")
+    _, held = generation.series(writing, "state_bytes", "static")
+    early = check_int(early, "early", name="quality_cost_table", minimum=1)
+    i, last = ts.index(min(t for t in ts if t >= early)), len(ts) - 1
+    bpb = final_bpb(trained["runs"])
+    head = f"{'':8s}{'bits per byte':>14s}{'train':>10s}{'ms per token':>19s}{'state':>10s}"
+    sub = f"{'':8s}{'':>14s}{'tokens/s':>10s}{'t=' + str(ts[i]):>9s}{'t=' + str(ts[last]):>10s}{'KiB':>10s}"
+    lines = [head, sub]
+    for name, values in bpb.items():
+        mean, sd = spread(values)
+        rate = f"{speed['steps'][f'{name} eager']['tokens_per_s']:10,.0f}" if speed else f"{'-':>10s}"
+        lines.append(
+            f"{name:8s}{mean:8.3f} ± {sd:.2f}{rate}{1e3 * times[name][i]:9.2f}{1e3 * times[name][last]:10.2f}"
+            f"{held[name][last] / 1024:10.0f}"
+        )
+    if speed and "nanogpt eager" in speed["steps"]:
+        rate = speed["steps"]["nanogpt eager"]["tokens_per_s"]
+        lines.append(f"nanoGPT-style SDPA model of the same size: {rate:,.0f} tokens/s")
+    return "\n".join(lines)

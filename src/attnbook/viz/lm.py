@@ -82,30 +82,45 @@ def plot_bpb(runs: Sequence, *, baselines: Mapping[str, float] | None = None, ti
     return fig
 
 
-def plot_generation(result: Mapping, *, metric: str = "min_s", title: str | None = None):
+def plot_generation(
+    result: Mapping,
+    *,
+    metric: str = "median_s",
+    decoder: str | None = None,
+    also: str | None = None,
+    title: str | None = None,
+):
     """Per-token generation time (top) and the bytes of the decoding state (bottom) against t, log-log.
 
     ``result`` is a :func:`attnbook.lab.generation.measure` result (or its recording); ``metric`` the timing
-    to plot (``"min_s"``, the fastest call, or ``"median_s"``).
+    to plot (``"median_s"`` or ``"min_s"``, the fastest call); ``decoder`` the path drawn in solid lines
+    (default the first one timed) and ``also`` a second one drawn dotted in the same colours (e.g. ``"eager"``,
+    the teaching path, beside ``"static"``).
     """
     from ..lab import generation
 
-    ts, times = generation.series(result, metric)
-    _, held = generation.series(result, "state_bytes")
+    ts, times = generation.series(result, metric, decoder)
+    _, held = generation.series(result, "state_bytes", decoder)
+    other = generation.series(result, metric, also)[1] if also is not None else {}
     label = "fastest" if metric == "min_s" else "median"
     with book_style():
         fig, axes = plt.subplots(2, 1, figsize=(PAGE_WIDTH, 6.2), layout="constrained")
         for i, name in enumerate(times):
             style = line_style(name)
             axes[0].plot(ts, [1e3 * y for y in times[name]], marker="o", ms=3, label=name, **style)
+            if name in other:
+                axes[0].plot(ts, [1e3 * y for y in other[name]], marker=".", ms=3, lw=1.0, ls=":", color=style["color"])
             # equal states (softmax and MoH keep the same cache) would hide each other: earlier lines wider
             width = 1.5 + 2.0 * (len(times) - 1 - i) / max(1, len(times) - 1)
             axes[1].plot(ts, [y / 1024 for y in held[name]], marker="o", ms=3, lw=width, label=name, **style)
+        if other:
+            axes[0].plot([], [], color="grey", lw=1.0, ls=":", label=f"dotted: {also}")
         # a guide of slope 1 through the slowest mechanism's last point: what "time grows like t" looks like
         t = np.asarray(ts, dtype=float)
         slowest = max(times, key=lambda n: times[n][-1])
         axes[0].plot(t, 1e3 * times[slowest][-1] * t / t[-1], color="grey", lw=0.8, ls="--", label="∝ t")
-        axes[0].set_ylim(bottom=0.5 * 1e3 * min(min(v) for v in times.values()))
+        shown = [y for v in (*times.values(), *other.values()) for y in v]
+        axes[0].set_ylim(bottom=0.5 * 1e3 * min(shown), top=2.0 * 1e3 * max(shown))
         axes[0].set_ylabel(f"ms per token ({label})")
         axes[1].set_ylabel("decoding state (KiB)")
         plain = FuncFormatter(lambda v, _: f"{v:g}")
