@@ -103,3 +103,17 @@ def test_floor_table_and_the_decoding_summary_read_a_bench_decoding_recording(re
     at_floors = floors["softmax"]["floor_s"] / floors["linear"]["floor_s"]
     assert f"softmax / linear at t = 64: 3.0x (static), 3.0x (eager); {at_floors:.1f}x at the floors" in text
     assert max(map(len, text.splitlines())) <= 80
+
+
+def test_crossover_is_the_first_position_from_which_softmax_stays_slower():
+    def fake(softmax, linear):
+        records = [
+            {"decoder": "static", "mechanism": n, "t": t, "median_s": y}
+            for n, ys in (("softmax", softmax), ("linear", linear))
+            for t, y in zip((16, 256, 4096), ys, strict=True)
+        ]
+        return {"config": {"decoders": ["static"], "mechanisms": ["softmax", "linear"]}, "records": records}
+
+    assert generation.crossover(fake([1, 3, 4], [2, 2, 2])) == 256
+    assert generation.crossover(fake([3, 1, 4], [2, 2, 2])) == 4096  # slower at 16, but not from there on
+    assert generation.crossover(fake([1, 1, 1], [2, 2, 2])) is None

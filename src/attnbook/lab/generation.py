@@ -44,6 +44,7 @@ __all__ = [
     "series",
     "slope",
     "ratio",
+    "crossover",
     "cost_table",
     "floor_table",
     "decoding_summary",
@@ -232,6 +233,14 @@ def ratio(
     ts, s = series(result, metric, decoder)
     i = ts.index(t)
     return s[numerator][i] / s[denominator][i]
+
+
+def crossover(result: dict, metric: str = "median_s", decoder: str | None = None) -> int | None:
+    """The first position t from which softmax attention's step stays slower than linear attention's, at every
+    later position measured (None if it never does): where the recurrent step starts to win."""
+    ts, s = series(result, metric, decoder)
+    slower = [a > b for a, b in zip(s["softmax"], s["linear"], strict=True)]
+    return next((t for i, t in enumerate(ts) if all(slower[i:])), None)
 
 
 # -------------------------------------------------------------------------------------------------------------------

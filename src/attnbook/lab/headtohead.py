@@ -981,8 +981,9 @@ def advice_rows(
         "flow": lambda: [
             f"{measured('flow')}; ListOps {num('listops flow')}, without competition"
             f" {num('listops flow_no_competition')}, without allocation {num('listops flow_no_allocation')}",
-            "Wu et al. (2022): ListOps 38.70 against linear 16.13, softmax 36.37 (LRA); both factors help:"
-            " not reproduced at 16-48 tokens (no gap between any mechanisms)",
+            "Wu et al. (2022): ListOps 38.70 against linear 16.13 and softmax 36.37 (LRA), and competition and"
+            " allocation each help (the LRA average): not reproduced at 16-48 tokens (no gap between any two"
+            " mechanisms, no ablation outside the seeds' spread)",
             "the paper's claim: long sequences where linear attention loses quality; on this page no better"
             " than linear attention, and slower to learn a lookup",
         ],

@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 
 import matplotlib.pyplot as plt
 import numpy as np
-from matplotlib.ticker import FuncFormatter
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
 from .._checks import check_all_equal
 from .style import PAGE_WIDTH, book_style, line_style
@@ -128,8 +128,10 @@ def plot_generation(
             ax.set_xscale("log", base=2)
             ax.set_yscale("log")
             ax.xaxis.set_major_formatter(plain)
+        # times span a decade or two: label 1, 2 and 5 of each decade, not every minor tick (they would collide)
+        axes[0].yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
         axes[0].yaxis.set_major_formatter(plain)
-        axes[0].yaxis.set_minor_formatter(plain)
+        axes[0].yaxis.set_minor_formatter(NullFormatter())
         for ax in axes:
             ax.set_xlabel("position t of the generated token")
             ax.grid(True, which="both", alpha=0.3)
