@@ -300,7 +300,9 @@ def chunked_product(
     qc, kc = (F.pad(x, (0, 0, 0, pad)).reshape(*lead, n, C, R) for x in (q, k))  # (..., n, C, R)
     vc = F.pad(v, (0, 0, 0, pad)).reshape(*lead, n, C, Dv)  # (..., n, C, Dv)
     kv = kc.transpose(-2, -1) @ vc  # (..., n, R, Dv): each chunk's own sum
-    before = torch.cat([torch.zeros_like(kv[..., :1, :, :]), kv[..., :-1, :, :]], dim=-3).cumsum(-3)
+    # the exclusive running sum, as a zero chunk in front, a cumsum and the first n (no size n - 1: a graph would
+    # depend on whether it is 1)
+    before = F.pad(kv, (0, 0, 0, 0, 1, 0)).cumsum(-3)[..., :n, :, :]  # (..., n, R, Dv): the state before each chunk
     final = kv.sum(-3)  # (..., R, Dv)
     if state is not None:
         before = before + state.unsqueeze(-3)  # (..., n, R, Dv): the state before each chunk
