@@ -5,23 +5,37 @@
 * :func:`peak_memory` reports the peak extra memory a call needs: on CUDA from the caching allocator's
   statistics, on the CPU by tracking every tensor that torch operators allocate while the call runs
   (scratch space private to a fused kernel is not seen there).
+* :func:`measure_scaling` does both for several implementations at several sequence lengths (the book's
+  cost figures), and :class:`Scaling` holds the result and fits its exponents.
+* :func:`matmul_flops` counts the floating-point operations of the matrix products a call makes.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from .._checks import check_callable, check_callables, check_device, check_instance, check_int
+from .._checks import (
+    check_callable,
+    check_callables,
+    check_choice,
+    check_device,
+    check_found,
+    check_instance,
+    check_int,
+    check_sequence,
+    check_subset,
+)
 
-__all__ = ["Timing", "compare", "peak_memory"]
+__all__ = ["Timing", "compare", "peak_memory", "Scaling", "measure_scaling", "matmul_flops"]
 
 
 def _sync(device: torch.device | None) -> None:
@@ -133,3 +147,135 @@ def peak_memory(
     with tracker:
         fn()
     return tracker.peak
+
+
+@dataclass(frozen=True)
+class Scaling:
+    """Time and memory of several implementations against the sequence length N (:func:`measure_scaling`).
+
+    Attributes:
+        lengths: the sequence lengths N, in the order measured.
+        times: name -> median seconds at each N (NaN where that implementation was not timed at that N).
+        memory: name -> peak extra bytes at each N (NaN where not measured).
+    """
+
+    lengths: tuple[int, ...]
+    times: dict[str, list[float]]
+    memory: dict[str, list[float]]
+
+    def measured(self, name: str, metric: str = "time") -> tuple[list[int], list[float]]:
+        """The lengths and values where ``name`` was measured (``metric``: ``"time"`` or ``"memory"``)."""
+        series = self._series(name, metric, "Scaling.measured")
+        pairs = [(n, y) for n, y in zip(self.lengths, series, strict=True) if not math.isnan(y)]
+        return [n for n, _ in pairs], [y for _, y in pairs]
+
+    def exponent(self, name: str, metric: str = "time", *, last: int | None = 2) -> float:
+        """The exponent p of ``value ~ N^p``: the least-squares slope of log value against log N over the
+        ``last`` largest lengths where ``name`` was measured (2: between the two largest; None: all of them)."""
+        where = "Scaling.exponent"
+        ns, ys = self.measured(name, metric)
+        if last is not None:
+            last = check_int(last, "last", name=where, minimum=2)
+            ns, ys = ns[-last:], ys[-last:]
+        check_found(ns, f"the {metric} of {name!r}", name=where, expected="be measured at two lengths at least",
+                    got=f"{len(ns)}", minimum=2)  # fmt: skip
+        xs, ls = [math.log(n) for n in ns], [math.log(y) for y in ys]
+        mx, my = sum(xs) / len(xs), sum(ls) / len(ls)
+        return sum((x - mx) * (y - my) for x, y in zip(xs, ls, strict=True)) / sum((x - mx) ** 2 for x in xs)
+
+    def _series(self, name: str, metric: str, where: str) -> list[float]:
+        check_choice(metric, "metric", ("time", "memory"), name=where)
+        table = self.times if metric == "time" else self.memory
+        check_choice(name, "name", tuple(table), name=where, why=f" (the implementations whose {metric} was measured)")
+        return table[name]
+
+
+def measure_scaling(
+    fns: Mapping[str, Callable[..., object]],
+    lengths: Sequence[int],
+    make_inputs: Callable[[int], Sequence[torch.Tensor]],
+    *,
+    timed: bool | Iterable[str] = True,
+    memory: bool | Iterable[str] = False,
+    up_to: Mapping[str, int] | None = None,
+    repeats: int = 3,
+    warmup: int = 1,
+    device: torch.device | str | None = None,
+) -> Scaling:
+    """Median time and peak memory of ``fn(*make_inputs(N))`` for every implementation and every length N.
+
+    At each N the inputs are made once and shared; the timed implementations run in one :func:`compare` call
+    (alternating, so a noisy neighbour slows them alike), then :func:`peak_memory` measures one more call of
+    each implementation whose memory is asked for. Nothing is checked about the results: timings on a shared
+    machine are for printing, not for asserting.
+
+    Args:
+        fns: name -> callable taking the inputs, e.g. ``{"SDPA": attnbook.softmax_attention}``.
+        lengths: the sequence lengths N.
+        make_inputs: N -> the inputs (for example ``[q, k, v]``).
+        timed, memory: True (every implementation), False (none) or the names to time / to measure.
+        up_to: name -> the largest N at which to run it (a quadratic implementation stops early); NaN above.
+        repeats, warmup: passed to :func:`compare`.
+        device: synchronised around each timed call; the memory counter's device (default the CPU).
+
+    Returns:
+        a :class:`Scaling`.
+    """
+    where = "measure_scaling"
+    check_sequence(fns, "fns", name=where, mapping=True, minimum=1, item="implementation")
+    for key, fn in fns.items():
+        check_callable(fn, f"fns[{key!r}]", name=where)
+    check_sequence(lengths, "lengths", name=where, minimum=1, item="length")
+    lengths = tuple(check_int(n, f"lengths[{i}]", name=where, minimum=1) for i, n in enumerate(lengths))
+    check_callable(make_inputs, "make_inputs", name=where, what="a callable N -> inputs")
+    timed, counted = (_names(sel, arg, fns, where) for sel, arg in ((timed, "timed"), (memory, "memory")))
+    limits = dict(up_to or {})
+    check_subset(limits, "up_to", fns, name=where)
+    limits = {key: check_int(n, f"up_to[{key!r}]", name=where, minimum=1) for key, n in limits.items()}
+    repeats = check_int(repeats, "repeats", name=where, minimum=1)
+    warmup = check_int(warmup, "warmup", name=where, minimum=0)
+    device = check_device(device, name=where)
+    times = {key: [math.nan] * len(lengths) for key in timed}
+    peaks = {key: [math.nan] * len(lengths) for key in counted}
+    for i, n in enumerate(lengths):
+        inputs = make_inputs(n)
+        runs = {key: (lambda fn=fns[key], x=inputs: fn(*x)) for key in fns if n <= limits.get(key, n)}
+        now = {key: fn for key, fn in runs.items() if key in times}
+        if now:
+            for key, t in compare(now, repeats=repeats, warmup=warmup, device=device).items():
+                times[key][i] = t.median
+        for key in peaks:
+            if key in runs:
+                peaks[key][i] = float(peak_memory(runs[key], device=device or "cpu"))
+        del inputs, runs, now
+    return Scaling(lengths, times, peaks)
+
+
+def _names(selection, arg: str, fns: Mapping[str, object], where: str) -> list[str]:
+    if isinstance(selection, bool):
+        return list(fns) if selection else []
+    chosen = list(check_sequence(list(selection) if isinstance(selection, (set, frozenset)) else selection,
+                                 arg, name=where, what="True, False or a list of names"))  # fmt: skip
+    check_subset(chosen, arg, fns, name=where)
+    return [key for key in fns if key in chosen]
+
+
+def matmul_flops(fn: Callable[[], object]) -> int:
+    """The floating-point operations of the matrix products ``fn()`` makes, as torch's ``FlopCounterMode``
+    counts them: 2 per multiply-add of ``mm``, ``bmm``, ``matmul``, convolutions and the attention kernels it
+    knows; elementwise operations (exp, division, ...) count 0. On the CPU it sees the math inside
+    ``scaled_dot_product_attention`` only for the kernels it has a formula for.
+
+    Example:
+        >>> import torch
+        >>> from attnbook.lab.profiling import matmul_flops
+        >>> a, b = torch.ones(3, 4), torch.ones(4, 5)
+        >>> matmul_flops(lambda: a @ b)  # 3 x 5 outputs, 4 multiply-adds each
+        120
+    """
+    from torch.utils.flop_counter import FlopCounterMode
+
+    check_callable(fn, "fn", name="matmul_flops", what="a zero-argument callable")
+    with FlopCounterMode(display=False) as counter:
+        fn()
+    return int(counter.get_total_flops())
