@@ -233,3 +233,50 @@ def test_guide_lines_are_grey_and_told_apart():
     assert [g.get_label() for g in guides] == ["∝ N^1", "∝ N^2"]
     assert len({g.get_linestyle() for g in guides}) == 2 and all(g.get_color() == "grey" for g in guides)
     plt.close(ax.figure)
+
+
+def test_cost_figure_draws_one_panel_per_entry_at_the_page_width():
+    from attnbook.viz.plots import cost_figure
+
+    ns = [1, 2, 4]
+    panels = {
+        "time": ("seconds", {"softmax": [1.0, 4.0, 16.0], "linear": [1.0, 2.0, float("nan")]}),
+        "memory": ("MiB", {"softmax": [1.0, 4.0, 16.0], "never": [float("nan")] * 3}),
+        "third": ("x", {"linear": [1.0, 2.0, 4.0]}),
+    }
+    fig = cost_figure(ns, panels, styles={"softmax": line_style("softmax")}, reference_slopes=[2])
+    assert fig.get_figwidth() == pytest.approx(PAGE_WIDTH) and len(fig.axes) == 3  # 2 per row, the 4th removed
+    assert [ax.get_title() for ax in fig.axes] == ["time", "memory", "third"]
+    memory = fig.axes[1]
+    assert [line.get_label() for line in memory.lines] == ["softmax", "∝ N^2"]  # all-NaN series left out
+    assert memory.lines[0].get_color() == colour("softmax")
+    plt.close(fig)
+    with pytest.raises(ValueError, match="panels must hold at least 1 panel"):
+        cost_figure(ns, {})
+    with pytest.raises(ValueError, match="must hold 2 parts"):
+        cost_figure(ns, {"time": ("s",)})
+
+
+def test_temperature_explorer_redraws_its_image_when_beta_moves():
+    from attnbook.viz.linear import temperature_explorer
+
+    seen = []
+
+    def maps_at(beta):
+        seen.append(beta)
+        w = torch.softmax(beta * torch.eye(4), dim=-1)
+        return {"softmax": w, "flat": torch.full((4, 4), 0.25)}
+
+    open_before = len(plt.get_fignums())
+    box = temperature_explorer(maps_at, value=8.0)
+    slider, image = box.children
+    assert slider.description == "β" and slider.value == pytest.approx(8.0) and seen == [8.0]
+    first = bytes(image.value)
+    assert first.startswith(b"\x89PNG")
+    slider.value = 0.5
+    assert seen[-1] == pytest.approx(0.5) and bytes(image.value) != first
+    assert len(plt.get_fignums()) == open_before  # every figure closed after it was drawn
+    with pytest.raises(ValueError, match="value must be"):
+        temperature_explorer(maps_at, value=1000.0)
+    with pytest.raises(TypeError, match="maps_at must be"):
+        temperature_explorer(3)

@@ -1,17 +1,19 @@
 """Figures for chapter 2 (linear attention): attention maps side by side, and random-feature error curves.
 
 Pure functions (:func:`row_entropy`, :func:`relative_error`) are tested; the ``*_figure`` / ``*_plot``
-functions draw them with matplotlib.
+functions draw them with matplotlib, and :func:`temperature_explorer` is the chapter's live explorer of the
+inverse temperature beta.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import matplotlib.pyplot as plt
 import torch
 
 from .._checks import (
+    check_callable,
     check_count,
     check_dims,
     check_int,
@@ -32,6 +34,7 @@ __all__ = [
     "relative_error",
     "attention_maps_figure",
     "feature_error_plot",
+    "temperature_explorer",
 ]
 
 
@@ -187,3 +190,55 @@ def feature_error_plot(
         variable="R",
         styles=styles,
     )
+
+
+def temperature_explorer(
+    maps_at: Callable[[float], Mapping[str, torch.Tensor]],
+    *,
+    value: float = 8.0,
+    lowest: float = 0.5,
+    highest: float = 128.0,
+):
+    """A live explorer of attention maps against the inverse temperature beta (needs a running kernel).
+
+    ``maps_at(beta)`` gives the maps to show (title -> (N, M) weights), for example the softmax and
+    elu + 1 weights of :func:`retrieval_toy` with q and k scaled by sqrt(beta); they are drawn by
+    :func:`attention_maps_figure` on one colour scale. The slider, labelled "β", moves beta from ``lowest`` to
+    ``highest`` in steps of a factor sqrt(2), starting at ``value``. The figure goes into an
+    ``ipywidgets.Image`` as PNG bytes, which every supported front-end shows (an ``Output`` widget stays empty
+    in the classic notebook with ipywidgets 7.7.1). The static page shows a frame slider instead.
+
+    Returns:
+        an ``ipywidgets.VBox`` holding the slider and the image.
+    """
+    import math
+
+    import ipywidgets as widgets
+
+    from .static import figure_to_png
+    from .style import DPI
+
+    name = "temperature_explorer"
+    check_callable(maps_at, "maps_at", name=name, what="a callable beta -> {title: weights}")
+    lowest = check_number(lowest, "lowest", name=name, minimum=0.0, strict_minimum=True)
+    highest = check_number(highest, "highest", name=name, minimum=lowest, strict_minimum=True, why=" (lowest)")
+    value = check_number(value, "value", name=name, minimum=lowest, maximum=highest)
+    slider = widgets.FloatLogSlider(
+        value=value,
+        base=2,
+        min=math.log2(lowest),
+        max=math.log2(highest),
+        step=0.5,
+        description="β",
+        continuous_update=False,
+    )
+    image = widgets.Image(format="png")
+
+    def draw(beta: float) -> None:
+        fig = attention_maps_figure(maps_at(beta), shared=True, suptitle=f"inverse temperature β = {beta:g}")
+        image.value = figure_to_png(fig, dpi=DPI)
+        plt.close(fig)
+
+    slider.observe(lambda change: draw(change["new"]), names="value")
+    draw(slider.value)
+    return widgets.VBox([slider, image])

@@ -8,10 +8,10 @@ import matplotlib.pyplot as plt
 import numpy as np
 import torch
 
-from .._checks import check_count, check_dims, check_number
+from .._checks import check_count, check_dims, check_number, check_sequence
 from .style import MIN_FONT
 
-__all__ = ["attention_heatmap", "scaling_plot", "scaling_panels", "curves_and_maps"]
+__all__ = ["attention_heatmap", "scaling_plot", "scaling_panels", "cost_figure", "curves_and_maps"]
 
 _GUIDE_STYLES = (":", "-.", (0, (6, 2, 1, 2, 1, 2)))
 
@@ -217,5 +217,44 @@ def scaling_panels(
     legend_ax.legend(handles, labels, loc="center", ncols=2, frameon=False)
     if title:
         fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+def cost_figure(
+    ns: Sequence[int],
+    panels: Mapping[str, tuple[str, Mapping[str, Sequence[float]]]],
+    *,
+    styles: Mapping[str, dict] | None = None,
+    reference_slopes: Sequence[float] = (2,),
+    height: float = 3.4,
+    xlabel: str = "sequence length N",
+):
+    """Log-log cost panels at the book's page width, side by side (two per row, further rows below).
+
+    ``panels`` maps a panel's title to ``(ylabel, {name: values at each N})``, e.g.
+    ``{"time": ("seconds (median)", scaling.times)}``; every panel is a :func:`scaling_plot` with its own
+    legend and the guide lines ``reference_slopes``, and ``styles`` (name -> ``plot`` keywords) serves all of
+    them. A NaN leaves a point out; a series that is NaN everywhere is left out of its panel.
+
+    Returns:
+        the matplotlib Figure (``height`` inches per row).
+    """
+    from .style import PAGE_WIDTH
+
+    check_sequence(panels, "panels", name="cost_figure", mapping=True, minimum=1, item="panel")
+    height = check_number(height, "height", name="cost_figure", minimum=1.0)
+    ncols = min(len(panels), 2)
+    nrows = -(-len(panels) // ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(PAGE_WIDTH, height * nrows), squeeze=False)
+    for ax, (title, panel) in zip(axes.flat, panels.items(), strict=False):
+        check_count(panel, f"panels[{title!r}]", name="cost_figure", minimum=2, maximum=2, item="part",
+                    why=" (ylabel, series)")  # fmt: skip
+        ylabel, series = panel
+        shown = {name: ys for name, ys in series.items() if np.isfinite(_numpy(list(ys))).any()}
+        scaling_plot(ns, shown, ylabel=ylabel, ax=ax, title=title, reference_slopes=reference_slopes,
+                     xlabel=xlabel, styles=styles)  # fmt: skip
+    for ax in list(axes.flat)[len(panels) :]:
+        ax.remove()
     fig.tight_layout()
     return fig
