@@ -368,7 +368,7 @@ def test_explorer_disables_what_cannot_act_and_says_why():
     ex.train.click()
     assert not ex.reset.disabled
     ex.shared.value = ex.heads.value - 1  # one routed head: top-k can only be 1
-    assert ex.top_k.disabled and "<b>top-k</b> is greyed out: there is one routed head" in ex.status.value
+    assert ex.top_k.disabled and "<b>routed h_r</b> is greyed out: there is one routed head" in ex.status.value
     ex.shared.value = ex.heads.value
     for name in ("top_k", "steps", "train"):
         assert ex.controls[name].disabled, name
@@ -397,3 +397,46 @@ def test_more_heads_widen_the_dependent_sliders():
     assert (ex.top_k.min, ex.top_k.max) == (1, 10)
     ex.shared.value = 12  # the new slider is observed
     assert ex.state.shared == 12 and (ex.top_k.min, ex.top_k.max) == (0, 0)
+
+
+# --- quality against the fraction of heads (chapter 5, the MoH paper's claim) -------------------------------
+
+RECORDING = {
+    "curve": [
+        {"fraction": 0.25, "accuracy": {"mean": 0.6, "low": 0.5, "high": 0.7}},
+        {"fraction": 1.0, "accuracy": {"mean": 1.0, "low": 1.0, "high": 1.0}},
+    ],
+    "softmax": {"fraction": 1.0, "accuracy": {"mean": 0.99, "low": 0.98, "high": 1.0}},
+}
+
+
+def test_fraction_curve_reads_a_recording_and_a_live_study():
+    rows, softmax = vm.fraction_curve(RECORDING)
+    assert rows == [(0.25, 0.6, 0.5, 0.7), (1.0, 1.0, 1.0, 1.0)] and softmax == (0.99, 0.98, 1.0)
+    assert vm.fraction_curve({**RECORDING, "softmax": None})[1] is None
+
+    from attnbook.lab import claims
+
+    task = claims.MultiKeyRecallTask(n_pairs=3, n_keys=4, n_values=2, n_queried=2)
+    setup = claims.Setup(d_model=16, n_heads=4, n_layers=1, batch=8, steps=2, eval_every=1, eval_size=16)
+    study = claims.moh_study(task, setup, splits=[(1, 1), (4, 0)], seeds=1)
+    rows, softmax = vm.fraction_curve(study)
+    assert [r[0] for r in rows] == [0.5, 1.0] and all(r[2] <= r[1] <= r[3] for r in rows)
+    assert softmax is not None and softmax[1] <= softmax[0] <= softmax[2]
+    with pytest.raises(ValueError, match="hold 'curve' and 'softmax'"):
+        vm.fraction_curve({"curve": []})
+    with pytest.raises(ValueError, match="a MoHStudy"):
+        vm.fraction_curve(3)
+
+
+def test_fraction_figure_draws_curves_softmax_chance_and_the_claim_for_the_page():
+    rows, softmax = vm.fraction_curve(RECORDING)
+    fig = vm.fraction_figure({"recorded": rows, "live": rows}, softmax=softmax, chance=0.04)
+    assert_readable(fig)
+    ax = fig.axes[0]
+    labels = ax.get_legend_handles_labels()[1]
+    assert labels[:3] == ["the paper's claim: 50%-90% of the heads", "multi-head softmax, every head", "chance"]
+    assert labels[3:] == ["recorded", "live"]
+    assert bytes(fig._repr_png_()).startswith(b"\x89PNG")  # shows itself in a notebook
+    with pytest.raises(ValueError, match="curves must hold at least 1 curve"):
+        vm.fraction_figure({})

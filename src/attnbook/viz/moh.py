@@ -13,7 +13,9 @@ A small :class:`attnbook.MoHAttention` routes a batch of tokens to its heads. Th
 - :func:`plot_routing` -- one matplotlib ``Figure`` of a state (and, optionally, of its training so far);
 - :func:`routing_explorer` -- the live ipywidgets explorer (core widgets only: ipywidgets 7.7 and 8);
 - :func:`default_figure` and :func:`training_frames` -- the static figure and the pre-rendered frames the
-  website shows in place of the live widget.
+  website shows in place of the live widget;
+- :func:`fraction_curve` and :func:`fraction_figure` -- quality against the fraction of heads each token
+  activates (the MoH paper's claim), from a live :func:`attnbook.lab.claims.moh_study` or its recording.
 
 The tokens are Gaussian around a shared mean direction (``offset``), as real token embeddings tend to be:
 the shared component gives a freshly initialised router a preference for a few heads, which is the
@@ -33,6 +35,8 @@ from matplotlib.figure import Figure
 from torch import nn
 
 from .._checks import (
+    check_count,
+    check_found,
     check_instance,
     check_int,
     check_moh_heads,
@@ -58,6 +62,8 @@ __all__ = [
     "training_frames",
     "routing_explorer",
     "RoutingExplorer",
+    "fraction_curve",
+    "fraction_figure",
 ]
 
 _ROUTER_LAYERS = ("wg", "wg_0", "wg_1")  # MoH's router: routed heads, shared-vs-routed split, shared heads
@@ -514,7 +520,7 @@ def _draw_routing(fig, axes, state, history, max_tokens, next_steps) -> None:
         handlelength=1.6,
     )
 
-    routed = f"top-k = {state.top_k} of {state.routed} routed" if state.routed else "no routed heads"
+    routed = f"h_r = {state.top_k} of {state.routed} routed" if state.routed else "no routed heads"
     fig.suptitle(
         f"H = {H}: {S} shared, {routed}, temperature {state.temperature:g}, step {state.step}\n"
         f"load-balancing loss {state.loss:.3f}, load imbalance {state.imbalance:.0%}",
@@ -569,7 +575,7 @@ class _Explorer:
         self.n_tokens, self.dim, self.lr = n_tokens, dim, lr
         self.heads = w.IntSlider(value=8, min=2, max=12, description="heads H", style=style, continuous_update=False)
         self.shared = w.IntSlider(value=2, min=0, max=8, description="shared h_s", style=style, continuous_update=False)
-        self.top_k = w.IntSlider(value=2, min=1, max=6, description="top-k", style=style, continuous_update=False)
+        self.top_k = w.IntSlider(value=2, min=1, max=6, description="routed h_r", style=style, continuous_update=False)
         self.temperature = w.FloatLogSlider(
             value=1.0,
             base=10,
@@ -688,7 +694,7 @@ class _Explorer:
             why = f"all {s.n_heads} heads are shared (h_s = H): there is no routed head, so nothing to route or train"
             out["top_k"] = out["steps"] = out["train"] = why
         elif s.routed == 1:
-            out["top_k"] = "there is one routed head (H − h_s = 1), so top-k can only be 1"
+            out["top_k"] = "there is one routed head (H − h_s = 1), so h_r can only be 1"
         if s.step == 0:
             out["reset"] = "the router is untrained (step 0): there is nothing to reset"
         return out
@@ -716,11 +722,11 @@ class _Explorer:
 def routing_explorer(*, n_tokens: int = 128, dim: int = 32, steps_per_click: int = 10, lr: float = 0.01):
     """The live head-routing explorer: an ipywidgets ``VBox`` of controls, a status line and the figure.
 
-    Controls: number of heads, shared heads, top-k, router temperature, seed; "train router" runs
+    Controls: heads, shared heads h_s, routed heads per token h_r, router temperature, seed; "train router" runs
     ``steps_per_click`` router steps (:func:`train_router`) and redraws, "reset router" goes back to the
     initial router. The figure is :func:`plot_routing` drawn as PNG bytes into an ``Image`` widget, which
     renders in every supported front-end (JupyterLab 4, Notebook 7, the classic notebook with ipywidgets
-    7.7.1 as on Colab). The ranges of "shared" and "top-k" follow "heads"; controls that cannot act in the
+    7.7.1 as on Colab). The ranges of "shared" and "routed h_r" follow "heads"; controls that cannot act in the
     current state are disabled and the status line says why. The object behind it is the box's ``explorer``
     attribute (its ``state``, ``history`` and controls), which is how the tests drive it.
     """
@@ -734,3 +740,87 @@ def routing_explorer(*, n_tokens: int = 128, dim: int = 32, steps_per_click: int
     box = RoutingExplorer(children=ex.layout)
     box.explorer = ex
     return box
+
+
+# ------------------------------------------------------------------------------ quality against heads used
+
+
+def fraction_curve(source) -> tuple[list[tuple[float, float, float, float]], tuple[float, float, float] | None]:
+    """``(rows, softmax)`` of a MoH study: one ``(fraction of heads active, mean, low, high)`` row per MoH
+    split, in the study's order, and plain multi-head softmax's ``(mean, low, high)`` (None if not run).
+
+    ``source`` is a :class:`attnbook.lab.claims.MoHStudy` (a live run) or its recording as parsed JSON
+    (``benchmarks/results/claims/moh_cpu_recorded.json``: its ``"curve"`` and ``"softmax"`` rows); accuracy is
+    summarised over the seeds (mean and range).
+    """
+    name = "fraction_curve"
+    if isinstance(source, dict):
+        check_found([k for k in ("curve", "softmax") if k in source], "source", name=name,
+                    expected="hold 'curve' and 'softmax' (a MoH study's recording)", got=f"keys {sorted(source)}",
+                    minimum=2)  # fmt: skip
+        stats = ("mean", "low", "high")
+        rows = [(float(r["fraction"]), *(float(r["accuracy"][k]) for k in stats)) for r in source["curve"]]
+        soft = source["softmax"]
+        softmax = None if soft is None else tuple(float(soft["accuracy"][k]) for k in stats)
+        return rows, softmax
+    what = "a MoHStudy (attnbook.lab.claims.moh_study) or its recording (a dict)"
+    check_found([a for a in ("curve", "comparison") if hasattr(source, a)], "source", name=name, expected=f"be {what}",
+                got=type(source).__name__, minimum=2)  # fmt: skip
+    rows = [(float(f), s.mean, s.low, s.high) for f, s in source.curve()]
+    softmax = None
+    if "softmax" in source.comparison.runs:
+        s = source.comparison.summary("softmax")
+        softmax = (s.mean, s.low, s.high)
+    return rows, softmax
+
+
+def fraction_figure(
+    curves: dict[str, list[tuple[float, float, float, float]]],
+    *,
+    softmax: tuple[float, float, float] | None = None,
+    chance: float | None = None,
+    claim: tuple[float, float] | None = (0.5, 0.9),
+    ylabel: str = "held-out accuracy",
+) -> Figure:
+    """Quality against the fraction of heads each token activates, at the book's page width.
+
+    ``curves``: label -> rows ``(fraction, mean, low, high)`` (:func:`fraction_curve`), drawn in MoH's colour
+    with the range over seeds as error bars; the first curve solid with round markers, the others thinner
+    with square ones (a live run beside its recording). ``softmax`` (mean, low, high) is plain multi-head
+    attention with every head, a horizontal band; ``chance`` a grey dotted line; ``claim`` shades the range
+    of fractions at which the paper claims multi-head quality (None: no shading).
+
+    Returns:
+        the Figure.
+    """
+    name = "fraction_figure"
+    check_count(curves, "curves", name=name, item="curve")
+    fig = _Figure(figsize=(PAGE_WIDTH, 4.4))
+    with book_style():
+        ax = fig.subplots()
+        if claim is not None:
+            lo, hi = (check_number(x, "claim", name=name, minimum=0.0, maximum=1.0) for x in claim)
+            ax.axvspan(lo, hi, color="0.9", zorder=0, label=f"the paper's claim: {lo:.0%}-{hi:.0%} of the heads")
+        if softmax is not None:
+            mean, low, high = (check_number(x, "softmax", name=name) for x in softmax)
+            ax.axhspan(low, high, color=colour("softmax"), alpha=0.25, lw=0)
+            ax.axhline(mean, color=colour("softmax"), lw=1.2, label="multi-head softmax, every head")
+        if chance is not None:
+            chance = check_number(chance, "chance", name=name, minimum=0.0, maximum=1.0)
+            ax.axhline(chance, color="grey", ls=":", lw=1.0, label="chance")
+        for i, (label, rows) in enumerate(curves.items()):
+            check_count(rows, f"curves[{label!r}]", name=name, item="row")
+            f, mean, low, high = (np.array(col, dtype=float) for col in zip(*rows, strict=True))
+            err = np.stack([mean - low, high - mean])
+            ax.errorbar(f, mean, yerr=err, color=colour("moh"), marker="o" if i == 0 else "s", capsize=3,
+                        lw=1.6 if i == 0 else 1.0, alpha=1.0 if i == 0 else 0.7, label=label)  # fmt: skip
+        ax.set_xlabel("fraction of the heads each token activates")
+        ax.set_ylabel(ylabel)
+        ax.set_xlim(0.0, 1.05)
+        ax.set_ylim(0.0, 1.05)
+        ax.xaxis.set_major_formatter(lambda x, _: f"{x:.0%}")
+        ax.grid(True, alpha=0.3)
+        # the legend below the panel, so that it covers no point
+        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncols=2, frameon=False)
+        fig.subplots_adjust(left=0.1, right=0.97, top=0.96, bottom=0.4)
+    return fig
