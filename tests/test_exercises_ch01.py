@@ -368,11 +368,11 @@ def test_bandwidth_right_answers_in_every_number_type(answer):
 @pytest.mark.parametrize(
     "answer, diagnosis",
     [
-        (math.sqrt, "h = sqrt(D)"),
-        (lambda d: 1 / math.sqrt(d), "h = 1 / sqrt(D)"),
-        (lambda d: d**-0.25, "h = D^(-1/4)"),
-        (lambda d: math.sqrt(2) * d**0.25, "h^2 = 2 sqrt(D)"),
-        (lambda d: math.sqrt(d) / 2, "h = sqrt(D) / 2"),
+        (math.sqrt, "λ = sqrt(D)"),
+        (lambda d: 1 / math.sqrt(d), "λ = 1 / sqrt(D)"),
+        (lambda d: d**-0.25, "λ = D^(-1/4)"),
+        (lambda d: math.sqrt(2) * d**0.25, "λ^2 = 2 sqrt(D)"),
+        (lambda d: math.sqrt(d) / 2, "λ = sqrt(D) / 2"),
     ],
     ids=["sqrt", "inverse-sqrt", "inverse-fourth-root", "forgot-the-2", "sqrt-over-2"],
 )
@@ -381,7 +381,7 @@ def test_bandwidth_mistakes_are_named(answer, diagnosis):
 
 
 def test_bandwidth_a_coincidence_at_one_d_names_nothing():
-    # sqrt(D) / 2 equals 1 / sqrt(D) at D = 2 only: that one case must not name h = 1 / sqrt(D)
+    # sqrt(D) / 2 equals 1 / sqrt(D) at D = 2 only: that one case must not name λ = 1 / sqrt(D)
     r = check("1.3", lambda d: math.sqrt(d) / 2)
     assert "1 / sqrt(D)" not in r.message
 
@@ -411,8 +411,8 @@ def test_gap_right_answers(answer):
     [
         (lambda p, m: math.log(p * m / (1 - p)), "there are M - 1 others"),
         (lambda p, m: math.log(p / (1 - p)), "left out of the sum"),
-        (lambda p, m: math.log(p * (m - 1)), "the factor 1 / (1 - p) is missing"),
-        (lambda p, m: math.log((1 - p) * (m - 1) / p), "p and 1 - p are swapped"),
+        (lambda p, m: math.log(p * (m - 1)), "the factor 1 / (1 - ω) is missing"),
+        (lambda p, m: math.log((1 - p) * (m - 1) / p), "ω and 1 - ω are swapped"),
         (lambda p, m: p * (m - 1) / (1 - p), "the logarithm is missing"),
         (lambda p, m: math.log10(p * (m - 1) / (1 - p)), "base 10"),
         (lambda p, m: math.log2(p * (m - 1) / (1 - p)), "base 2"),
@@ -426,7 +426,7 @@ def test_gap_mistakes_are_named(answer, diagnosis):
 def test_gap_a_wrong_constant():
     r = check("1.4", lambda p, m: 6.0)
     undiagnosed(r)
-    assert "gap, on p = 0.9, M = 64: the result is 6, expected 6.34036" in r.message
+    assert "gap, on ω = 0.9, M = 64: the result is 6, expected 6.34036" in r.message
 
 
 # --- shown in an exercise box -----------------------------------------------------------------------------------

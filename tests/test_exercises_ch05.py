@@ -159,7 +159,7 @@ def test_mean_gate_in_every_number_type(kind):
     "answer, says",
     [
         (1.0, "when h_s = h_r"),
-        (1.2, "is a_1"),
+        (1.2, "is α_1"),
         (0.9, "swapped"),
         (4.4, "the sum of the active gates"),
         (2.2, "not by the 2 stages"),

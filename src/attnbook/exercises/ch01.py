@@ -2,8 +2,10 @@
 
 * 1.1 ``masked_softmax(scores, allowed)``: weights over the allowed keys, zeros on a row with none.
 * 1.2 ``causal_attention(q, k, v)``: softmax attention in which query i sees the keys j <= i.
-* 1.3 ``bandwidth(D)``: the Gaussian kernel's bandwidth h that the 1/sqrt(D) scaling amounts to.
-* 1.4 ``gap(p, M)``: how far the best score must lead for its weight to reach p.
+* 1.3 ``bandwidth(D)``: the Gaussian kernel's bandwidth λ that the 1/sqrt(D) scaling amounts to (the book's
+  λ; h is a head).
+* 1.4 ``gap(ω, M)``: how far the best score must lead for its weight to reach ω (the book's ω; p is the
+  probability of chapter 7).
 
 Each checker calls the student's function on random and edge-case inputs (up to N = 64 and beyond), compares
 with the float64 definition written out here (the same as :func:`attnbook.reference.softmax_attention`, which
@@ -280,32 +282,32 @@ def check_causal_attention(fn) -> Result:
 
 @exercise("1.3")
 def check_bandwidth(fn) -> Result:
-    """Exercise 1.3: ``fn(D)`` -> the bandwidth h with exp(-|q - k|^2 / 2h^2) ~ exp(q . k / sqrt(D)), h = D^(1/4)."""
+    """Exercise 1.3: ``fn(D)`` -> the bandwidth λ with exp(-|q - k|^2 / 2λ^2) ~ exp(q . k / sqrt(D)), λ = D^(1/4)."""
     return check_function(
         fn,
         [Case((d,), label=f"D = {d}") for d in (16, 2, 64, 100, 3, 1)],
         expected=lambda d: d**0.25,
         name="bandwidth",
         diagnoses=[
-            Diagnosis("h = sqrt(D); but it is h^2 that equals sqrt(D)", lambda d: math.sqrt(d)),
+            Diagnosis("λ = sqrt(D); but it is λ^2 that equals sqrt(D)", lambda d: math.sqrt(d)),
             Diagnosis(
-                "h = 1 / sqrt(D): the kernel divides by h^2, the scores multiply by 1 / sqrt(D)", lambda d: d**-0.5
+                "λ = 1 / sqrt(D): the kernel divides by λ^2, the scores multiply by 1 / sqrt(D)", lambda d: d**-0.5
             ),
-            Diagnosis("h = D^(-1/4): the kernel divides by h^2, so h^2 = sqrt(D), not 1 / sqrt(D)", lambda d: d**-0.25),
+            Diagnosis("λ = D^(-1/4): the kernel divides by λ^2, so λ^2 = sqrt(D), not 1 / sqrt(D)", lambda d: d**-0.25),
             Diagnosis(
-                "h^2 = sqrt(D) / 2: the 2 of 2h^2 is already matched by the 2 q.k of the expanded square",
+                "λ^2 = sqrt(D) / 2: the 2 of 2λ^2 is already matched by the 2 q.k of the expanded square",
                 lambda d: (d**0.5 / 2) ** 0.5,
             ),
             Diagnosis(
-                "h^2 = 2 sqrt(D): expanding the square gives -|q|^2 + 2 q.k - |k|^2, so the kernel's exponent "
-                "is q.k / h^2, not q.k / 2h^2",
+                "λ^2 = 2 sqrt(D): expanding the square gives -|q|^2 + 2 q.k - |k|^2, so the kernel's exponent "
+                "is q.k / λ^2, not q.k / 2λ^2",
                 lambda d: (2 * d**0.5) ** 0.5,
             ),
-            Diagnosis("h = sqrt(D) / 2", lambda d: d**0.5 / 2),
+            Diagnosis("λ = sqrt(D) / 2", lambda d: d**0.5 / 2),
         ],
         rtol=1e-6,
         atol=0.0,
-        success="bandwidth is right: h = D^(1/4), so h^2 = sqrt(D).",
+        success="bandwidth is right: λ = D^(1/4), so λ^2 = sqrt(D).",
     )
 
 
@@ -318,9 +320,9 @@ def _gap(p: float, M: int) -> float:
 
 @exercise("1.4")
 def check_gap(fn) -> Result:
-    """Exercise 1.4: ``fn(p, M)`` -> the lead Delta of the top score over M - 1 equal others for a top weight p."""
+    """Exercise 1.4: ``fn(ω, M)`` -> the lead Delta of the top score over M - 1 equal others for a top weight ω."""
     cases = [
-        Case((p, m), label=f"p = {p}, M = {m}") for p, m in ((0.9, 64), (0.5, 2), (0.99, 1000), (0.3, 5), (0.75, 9))
+        Case((p, m), label=f"ω = {p}, M = {m}") for p, m in ((0.9, 64), (0.5, 2), (0.99, 1000), (0.3, 5), (0.75, 9))
     ]
     return check_function(
         fn,
@@ -333,10 +335,10 @@ def check_gap(fn) -> Result:
             ),
             Diagnosis("the M - 1 other keys are left out of the sum", lambda p, m: math.log(p / (1 - p))),
             Diagnosis(
-                "the factor 1 / (1 - p) is missing: solve p (e^Delta + M - 1) = e^Delta for e^Delta",
+                "the factor 1 / (1 - ω) is missing: solve ω (e^Delta + M - 1) = e^Delta for e^Delta",
                 lambda p, m: math.log(p * (m - 1)),
             ),
-            Diagnosis("p and 1 - p are swapped", lambda p, m: math.log((1 - p) * (m - 1) / p)),
+            Diagnosis("ω and 1 - ω are swapped", lambda p, m: math.log((1 - p) * (m - 1) / p)),
             Diagnosis("the logarithm is missing: Delta is the exponent of e", lambda p, m: p * (m - 1) / (1 - p)),
             Diagnosis(
                 "the logarithm is base 10; softmax uses exp, so use the natural log",
@@ -349,5 +351,5 @@ def check_gap(fn) -> Result:
         ],
         rtol=1e-6,
         atol=1e-9,
-        success="gap is right: Delta = ln(p (M - 1) / (1 - p)).",
+        success="gap is right: Delta = ln(ω (M - 1) / (1 - ω)).",
     )

@@ -1,7 +1,7 @@
 """Checkers for the exercises of chapter 5 (mixture-of-head attention).
 
 * 5.1 (derive): the mean gate of a token's active heads, for h_s = 3 shared heads, h_r = 1 routed head and
-  a two-stage weight a_1 = 1.2; checked against a real :class:`attnbook.MoHAttention`.
+  a two-stage weight α_1 = 1.2; checked against a real :class:`attnbook.MoHAttention`.
 * 5.2 (implement): the top-h_r router, gates from router logits; checked against the layer's own router.
 * 5.3 (implement): the load-balancing loss from the router's probabilities; checked against the layer.
 * 5.4 (explore): how many routed heads the router still uses after training it on skewed tokens; checked
@@ -34,11 +34,11 @@ mean_gate_setting = {"shared_head": 3, "routed_head": 1, "a_1": 1.2}  # the numb
 
 
 def _mean_gate_from_the_layer() -> float:
-    """A layer with h_s = 3, h_r = 1 whose two-stage router gives a_1 = 1.2; its mean active gate."""
+    """A layer with h_s = 3, h_r = 1 whose two-stage router gives α_1 = 1.2; its mean active gate."""
     s, k, a_1 = mean_gate_setting["shared_head"], mean_gate_setting["routed_head"], mean_gate_setting["a_1"]
     layer = MoHAttention(4, num_heads=6, shared_head=s, routed_head=k, head_dim=2)
     x = torch.tensor([[[1.0, 0.0, 0.0, 0.0]]], dtype=torch.float64)  # (1, 1, C): one token
-    logit = math.log(a_1 / (2 - a_1))  # 2 softmax((logit, 0))_1 = a_1
+    logit = math.log(a_1 / (2 - a_1))  # 2 softmax((logit, 0))_1 = α_1
     with torch.no_grad():
         layer.double()
         layer.wg_0.weight.zero_()
@@ -50,7 +50,7 @@ def _mean_gate_from_the_layer() -> float:
 
 @exercise("5.1")
 def check_mean_gate(answer) -> Result:
-    """Exercise 5.1: the mean gate (a_1 h_s + a_2 h_r) / (h_s + h_r) for h_s = 3, h_r = 1, a_1 = 1.2."""
+    """Exercise 5.1: the mean gate (α_1 h_s + α_2 h_r) / (h_s + h_r) for h_s = 3, h_r = 1, α_1 = 1.2."""
     s, k, a_1 = mean_gate_setting["shared_head"], mean_gate_setting["routed_head"], mean_gate_setting["a_1"]
     a_2 = 2 - a_1
     return check_value(
@@ -58,11 +58,11 @@ def check_mean_gate(answer) -> Result:
         answer,
         _mean_gate_from_the_layer(),
         rtol=1e-6,
-        hint="a_1 + a_2 = 2; the shared gates sum to a_1 h_s and the routed ones to a_2 h_r.",
+        hint="α_1 + α_2 = 2; the shared gates sum to α_1 h_s and the routed ones to α_2 h_r.",
         mistakes=[
             (1.0, "1 is the mean gate when h_s = h_r; here h_s = 3 and h_r = 1."),
-            (a_1, f"{a_1:g} is a_1, the weight of the shared heads; the mean runs over all h_s + h_r active gates."),
-            ((a_2 * s + a_1 * k) / (s + k), "a_1 and a_2 are swapped: a_1 weighs the shared heads, a_2 the routed."),
+            (a_1, f"{a_1:g} is α_1, the weight of the shared heads; the mean runs over all h_s + h_r active gates."),
+            ((a_2 * s + a_1 * k) / (s + k), "α_1 and α_2 are swapped: α_1 weighs the shared heads, α_2 the routed."),
             (a_1 * s + a_2 * k, "that is the sum of the active gates; divide by the h_s + h_r active heads."),
             ((a_1 * s + a_2 * k) / 2, "divide by the h_s + h_r active heads, not by the 2 stages."),
         ],
