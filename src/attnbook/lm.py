@@ -64,6 +64,13 @@ def sinusoidal_positions(positions: torch.Tensor, dim: int, dtype: torch.dtype |
 
     Returns:
         (N, C) tensor on the device of ``positions``.
+
+    Example:
+        >>> import torch
+        >>> from attnbook.lm import sinusoidal_positions
+        >>> P = sinusoidal_positions(torch.arange(4), dim=6)
+        >>> tuple(P.shape), P[0].tolist()  # position 0: sin 0 = 0, cos 0 = 1
+        ((4, 6), [0.0, 1.0, 0.0, 1.0, 0.0, 1.0])
     """
     dim = check_int(dim, "dim", name="sinusoidal_positions", minimum=1)
     acc = accumulation_dtype(dtype or torch.float32)
@@ -80,6 +87,14 @@ class LMState(NamedTuple):
     Attributes:
         t: number of tokens seen (the next token's position).
         layers: per block a :class:`KVCache`, :class:`attnbook.LinearState` or :class:`attnbook.FlowState`.
+
+    Example:
+        >>> import torch
+        >>> from attnbook.lm import DecoderLM
+        >>> model = DecoderLM("softmax", dim=32, n_heads=4, n_layers=2)
+        >>> _, state = model(torch.randint(0, 256, (1, 5)), output_final_state=True)
+        >>> state.t, [type(layer).__name__ for layer in state.layers]
+        (5, ['KVCache', 'KVCache'])
     """
 
     t: int
@@ -91,6 +106,16 @@ def state_bytes(state: Any, *, allocated: bool = False) -> int:
 
     ``allocated=False`` counts the rows in use (a :class:`KVCache` of t tokens: 2 t H D numbers per layer);
     ``allocated=True`` counts the storage behind them (a KV cache's buffer has room for up to 2 t rows).
+
+    Example:
+        >>> import torch
+        >>> from attnbook.lm import DecoderLM, state_bytes
+        >>> tokens = torch.randint(0, 256, (1, 100))
+        >>> for name in ("softmax", "linear"):  # a KV cache grows with t, a recurrent state does not
+        ...     _, state = DecoderLM(name, dim=32, n_heads=4)(tokens, output_final_state=True)
+        ...     print(name, state_bytes(state))
+        softmax 51200
+        linear 2304
     """
     if isinstance(state, torch.Tensor):
         return state.untyped_storage().nbytes() if allocated else state.numel() * state.element_size()
@@ -119,6 +144,16 @@ class Block(nn.Module):
         ``forward(x)``: (B, N, C) -> (B, N, C); ``forward(x, initial_state, output_final_state=True)`` ->
         ((B, N, C), state); ``step(x_t, state)``: (B, C) -> ((B, C), new state). The state is the attention
         layer's own (:meth:`attnbook.ProjectedAttention.step`, :meth:`attnbook.MoHAttention.step`).
+
+    Example:
+        >>> import torch
+        >>> from attnbook.lm import Block
+        >>> block = Block("flow", dim=32, n_heads=4).eval()
+        >>> x = torch.randn(2, 10, 32)
+        >>> _, state = block(x[:, :9], output_final_state=True)  # prefill 9 tokens
+        >>> y_t, state = block.step(x[:, 9], state)  # and the tenth
+        >>> torch.allclose(y_t, block(x)[:, 9], atol=1e-5), block.recurrent
+        (True, True)
     """
 
     def __init__(
