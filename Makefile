@@ -49,7 +49,7 @@ help:
 	@echo "                  once, with nbmake), the website with warnings as errors, browser and front-end tests"
 	@echo "make serve      - serve _build/html on http://127.0.0.1:8000"
 	@echo "make unit       - the unit tests against the editable checkout (quick, while developing)"
-	@echo "make lint       - ruff, ruff format and nbstripout, as the pre-commit hooks run them"
+	@echo "make lint       - ruff, ruff format, mypy --strict on the library, and nbstripout"
 	@echo "make lock       - record the exact versions of .venv in $(LOCK) (after a green make test)"
 
 $(BIN)/.installed: pyproject.toml requirements.txt $(LOCK)
