@@ -355,8 +355,8 @@ def bpb_table(runs) -> str:
 
 
 def recording_header(recording: dict) -> str:
-    """Two lines on a recorded race (``benchmarks/bench_lm_training.py``): the machine, its load average before
-    and after, the date, and the budget (width, blocks, windows, batch, steps, seeds, parameters)."""
+    """Three lines on a recorded race (``benchmarks/bench_lm_training.py``): the machine, the date and its load
+    average before and after; the model (width, blocks, parameters); the budget (windows, batch, steps, seeds)."""
     env, s = recording["environment"], Setup(**recording["setup"])
     n_params = sum(p.numel() for p in s.model("flow").parameters())
     seeds = len({r["seed"] for r in recording["runs"]})
@@ -366,8 +366,8 @@ def recording_header(recording: dict) -> str:
         load = f", load {env['load_average_before'][0]:.1f} -> {after:.1f}"
     return (
         f"{env['device_name']} ({env['device']}, {env['threads']} thread), {env['date_utc'][:10]}{load};\n"
-        f"width {s.dim}, {s.n_layers} blocks, {s.context}-byte windows, batch {s.batch}, {s.steps} steps,"
-        f" {seeds} seeds, {n_params:,d} parameters"
+        f"width {s.dim}, {s.n_layers} blocks, {n_params:,d} parameters;\n"
+        f"{s.context}-byte windows, batch {s.batch}, {s.steps} steps, {seeds} seeds"
     )
 
 
