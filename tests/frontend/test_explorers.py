@@ -110,16 +110,16 @@ def _routing_scenario(ex) -> None:
     ex.act("button", "train router", "click")
     ex.expect_enabled("button", "reset router")
     ex.act("button", "reset router", "click")
-    _every_slider(ex, ("heads H", "shared h_s", "top-k", "router temperature", "seed", "steps per click"))
-    # shared's range follows H, top-k's follows H - h_s; End reaches the new maximum
+    _every_slider(ex, ("heads H", "shared h_s", "routed h_r", "router temperature", "seed", "steps per click"))
+    # shared's range follows H, h_r's follows H - h_s; End reaches the new maximum
     ex.act("slider", "heads H", "key:End", expect_value="12")
     ex.act("slider", "shared h_s", "key:End", expect_value="12")
-    for kind, label in (("slider", "top-k"), ("slider", "steps per click"), ("button", "train router")):
+    for kind, label in (("slider", "routed h_r"), ("slider", "steps per click"), ("button", "train router")):
         ex.expect_disabled(kind, label, because="all 12 heads are shared")
         ex.act(kind, label, "click" if kind == "button" else "key:ArrowRight")
     ex.act("slider", "shared h_s", "key:Home", expect_value="0")
-    ex.act("slider", "top-k", "key:End", expect_value="12")
-    ex.act("slider", "top-k", "key:Home", expect_value="1")
+    ex.act("slider", "routed h_r", "key:End", expect_value="12")
+    ex.act("slider", "routed h_r", "key:Home", expect_value="1")
     ex.act("button", "train router", "click")
     ex.act("button", "train router", "click")
 
