@@ -498,10 +498,33 @@ def test_advice_rows_quote_the_measurements_and_say_what_is_not_recorded():
     assert "time ~ N<sup>2.0</sup>" in rows[0][1] and "lookup share 0.85" in rows[0][1]
     assert "faster than SDPA from N = 512 (CPU)" in rows[1][1] and "3.8x quicker than softmax" in rows[1][1]
     assert "Katharopoulos" in rows[1][2]
+    assert "quickest below N = 512 (the crossovers)" in rows[0][3] and "not measured" in rows[0][3]
+    spread = h2h.advice_rows(race, shares, numbers={}, **{**kw, "crossovers": {"linear": 256, "flow": 1024}})
+    assert "below N = 256 to 1024 (the crossovers)" in spread[0][3]
     bare = h2h.advice_rows(race, shares, numbers={}, **kw)
     assert "ListOps (not recorded here)" in bare[0][1]
     html = h2h.html_table(["a", "b"], [["1", "2"]])
     assert html == "<table><tr><th>a</th><th>b</th></tr><tr><td>1</td><td>2</td></tr></table>"
+
+
+def test_advice_rows_mark_what_is_the_papers_claim_and_back_the_rest_with_numbers():
+    curves = {m: [h2h.Curve(m, [0, 10], [0.0, 0.1], [0.2, 0.9], [1.0, 0.5])] for m in ("flow", "mobile", "moh")}
+    race = h2h.Race(TASK, curves)
+    shares = {m: [0.8] for m in curves}
+    claims = _claims()
+    claims["heads"]["rows"] += [{"variant": v, "head_dim": 4, "accuracy": {"mean": a}, "rank_trained": [2.0]}
+                                for v, a in (("linear", 0.951), ("mobile", 1.0))]  # fmt: skip
+    kw = dict(
+        time_slopes={"flow": 0.8, "mobile": 0.9}, memory_slopes={"flow": 1.0, "mobile": 1.0},
+        crossovers={"flow": 512, "mobile": 512}, lengths=[256, 512], layer_ratio=1.07,
+    )  # fmt: skip
+    flow, mobile, moh = h2h.advice_rows(race, shares, numbers=h2h.claim_numbers(claims), **kw)
+    assert "Wu et al. (2022)" in flow[2] and "not reproduced" in flow[2] and flow[3].startswith("the paper's claim")
+    assert "at D = 4 recall 1.000 against linear's 0.951" in mobile[3]
+    assert "vision transformers" in mobile[3] and "its claim, not tested here" in mobile[3]
+    assert "no time saved here (1.07x a softmax layer's)" in moh[3] and "Jin et al. (2024)" in moh[2]
+    bare = h2h.advice_rows(race, shares, numbers={}, **kw)
+    assert "at D = 4 recall (not recorded here)" in bare[1][3]
 
 
 def test_the_race_tables_read_the_trained_models():
