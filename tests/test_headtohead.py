@@ -498,9 +498,11 @@ def test_advice_rows_quote_the_measurements_and_say_what_is_not_recorded():
     assert "time ~ N<sup>2.0</sup>" in rows[0][1] and "lookup share 0.85" in rows[0][1]
     assert "faster than SDPA from N = 512 (CPU)" in rows[1][1] and "3.8x quicker than softmax" in rows[1][1]
     assert "Katharopoulos" in rows[1][2]
-    assert "quickest below N = 512 (the crossovers)" in rows[0][3] and "not measured" in rows[0][3]
+    assert "quickest below N = 512 (the crossovers; on a GPU expected later, not measured)" in rows[0][3]
     spread = h2h.advice_rows(race, shares, numbers={}, **{**kw, "crossovers": {"linear": 256, "flow": 1024}})
-    assert "below N = 256 to 1024 (the crossovers)" in spread[0][3]
+    assert "below N = 256 to 1024 (the crossovers;" in spread[0][3]
+    none = h2h.advice_rows(race, shares, numbers={}, **{**kw, "crossovers": {"linear": None}})
+    assert "quickest at every length measured (no crossover; on a GPU" in none[0][3]
     bare = h2h.advice_rows(race, shares, numbers={}, **kw)
     assert "ListOps (not recorded here)" in bare[0][1]
     html = h2h.html_table(["a", "b"], [["1", "2"]])

@@ -967,16 +967,16 @@ def advice_rows(
 
     found = sorted(n for n in crossovers.values() if n is not None)
     crossing = (
-        "the crossovers (none in this range)"
+        "at every length measured (no crossover"
         if not found
-        else f"N = {found[0]}" + ("" if found[0] == found[-1] else f" to {found[-1]}") + " (the crossovers)"
+        else f"below N = {found[0]}" + ("" if found[0] == found[-1] else f" to {found[-1]}") + " (the crossovers"
     )
     rows = {  # built only for the mechanisms that raced
         "softmax": lambda: [
             f"{measured('softmax')}; ListOps {num('listops softmax')}",
             "the baseline of every paper",
-            "the default: exact, the sharpest lookups, one fused kernel; on this CPU the quickest below"
-            f" {crossing} (on a GPU expected later, not measured)",
+            "the default: exact, the sharpest lookups, one fused kernel; on this CPU the quickest"
+            f" {crossing}; on a GPU expected later, not measured)",
         ],
         "linear": lambda: [
             f"{measured('linear')}; ListOps {num('listops linear')}; writing a token at t = {num('writing t', '.0f')}:"
