@@ -278,3 +278,107 @@ def test_the_recording_writes_seeds_configuration_results_and_the_load(monkeypat
     assert record["seeds"] == [0] and record["size"] == "small" and record["wall_seconds"] > 0
     assert [(d["n_tokens"], d["dim"]) for d in record["demos"]] == [(24, 16), (6, 8)]
     assert all(d["steps"] == 100 for d in record["demos"])
+
+
+# ---------------------------------------------------------------------------------------------- what the chapters print
+
+
+def _tiny_comparison(variants=("softmax", "linear"), seeds=2):
+    spec = listops.ListOps(max_depth=1, max_args=3, min_length=4, max_length=8)
+    setup = Setup(d_model=8, n_heads=2, n_layers=1, batch=4, steps=2, lr=1e-3, warmup=1, eval_every=1, eval_size=8)
+    return claims.compare(claims.ListOpsTask(spec), setup, variants=list(variants), seeds=seeds)
+
+
+def test_the_paper_numbers_are_flowformers_table():
+    paper = claims.FLOWFORMER_PAPER
+    assert paper["ListOps"] == {"softmax": 36.37, "linear": 16.13, "flow": 38.70}
+    assert paper["Retrieval"] == {"linear": 53.09, "flow": 62.24}
+    assert paper["LRA average"] == {"flow": 56.48, "flow_no_competition": 55.25, "flow_no_allocation": 55.58}
+
+
+def test_effective_rank_public_counts_directions_and_batches():
+    line = torch.tensor([[0.0, 0.0], [1.0, 2.0], [2.0, 4.0]])
+    assert claims.effective_rank(line).item() == pytest.approx(1.0, abs=1e-6)
+    assert claims.effective_rank(torch.eye(3)).item() == pytest.approx(2.0, abs=1e-6)
+    batch = torch.stack([line, line * 3])  # (2, N, D): one rank per matrix, scale-free
+    ranks = claims.effective_rank(batch)
+    assert ranks.shape == (2,) and ranks.dtype == torch.float64
+    torch.testing.assert_close(ranks, torch.ones(2, dtype=torch.float64), atol=1e-6, rtol=0)
+    assert claims.effective_rank(torch.ones(4, 3)).item() == 0.0
+    with pytest.raises(ValueError, match="effective_rank"):
+        claims.effective_rank(torch.ones(3))
+
+
+def test_accuracy_spans_read_a_live_comparison_and_a_recording_alike():
+    live = _tiny_comparison()
+    spans = claims.accuracy_spans(live)
+    assert list(spans) == ["softmax", "linear"]
+    for name, (mean, low, high) in spans.items():
+        final = [run.final_accuracy for run in live.runs[name]]
+        assert low == pytest.approx(min(final)) and high == pytest.approx(max(final))
+        assert mean == pytest.approx(sum(final) / len(final))
+    recorded = json.loads(json.dumps(live.to_dict()))  # what the recording stores
+    back = claims.accuracy_spans(recorded)
+    assert list(back) == list(spans)
+    for name in spans:
+        assert back[name] == pytest.approx(spans[name])
+    with pytest.raises(TypeError, match="accuracy_spans"):
+        claims.accuracy_spans([0.3])
+
+
+def test_listops_table_fits_80_columns_and_says_when_there_is_no_recording():
+    live = _tiny_comparison()
+    recorded = {
+        "seeds": [0, 1, 2],
+        "chance": 0.1,
+        "majority": 0.1135,
+        "summary": {
+            "softmax": {"mean": 0.309, "low": 0.299, "high": 0.3185},
+            "moh": {"mean": 0.3, "low": 0.3, "high": 0.3},
+        },
+    }
+    table = claims.listops_table(live, recorded)
+    lines = table.splitlines()
+    assert max(map(len, lines)) <= 80
+    assert "live (2 seeds)" in lines[0] and "recorded (3 seeds)" in lines[0]
+    assert any(line.startswith(claims.VARIANTS["softmax"].title) and "0.309 (0.299-0.319)" in line for line in lines)
+    moh = next(line for line in lines if line.startswith(claims.VARIANTS["moh"].title))
+    assert "-" in moh.split() and moh.endswith("0.300 (0.300-0.300)")  # live has no MoH run
+    assert "0.10 / 0.114" in lines[-1] or "0.10 / 0.113" in lines[-1]
+    alone = claims.listops_table(live, None)
+    assert "no recording here" in alone.splitlines()[0] and max(map(len, alone.splitlines())) <= 80
+    with pytest.raises(TypeError, match="listops_table"):
+        claims.listops_table(recorded)
+
+
+def test_head_width_spans_and_table_read_a_study_and_its_recording():
+    task = claims.HEADS_TASK
+    setup = Setup(d_model=8, n_heads=2, n_layers=1, batch=4, steps=2, lr=1e-3, warmup=1, eval_every=1, eval_size=8)
+    study = claims.head_width_study(task, setup, widths=(2, 4), variants=("linear", "mobile"), seeds=2)
+    spans = claims.head_width_spans(study)
+    assert set(spans) == {"linear", "mobile"} and set(spans["linear"]) == {2, 4}
+    acc, rank = spans["linear"][2]["accuracy"], spans["linear"][2]["rank"]
+    assert acc[1] <= acc[0] <= acc[2] and rank[1] <= rank[0] <= rank[2] and 0 <= rank[2] <= 2 + 1e-9
+    recorded = json.loads(json.dumps(study.to_dict()))
+    back = claims.head_width_spans(recorded)
+    assert back["mobile"][4]["accuracy"] == pytest.approx(spans["mobile"][4]["accuracy"])
+    assert back["mobile"][4]["rank"] == pytest.approx(spans["mobile"][4]["rank"])
+    recorded.setdefault("seeds", [0, 1])
+    table = claims.head_width_table(study, recorded)
+    assert max(map(len, table.splitlines())) <= 80
+    assert "live: 2 steps, 2 seeds" in table and "recorded: 2 steps, 2 seeds" in table
+    assert sum(line.startswith("D = ") for line in table.splitlines()) == 4
+    assert "no recording here" in claims.head_width_table(study)
+    with pytest.raises(TypeError, match="head_width_spans"):
+        claims.head_width_spans([1])
+
+
+def test_the_new_examples_run():
+    import doctest
+
+    for fn in (claims.effective_rank, claims.accuracy_spans, claims.head_width_spans):
+        finder = doctest.DocTestFinder()
+        runner = doctest.DocTestRunner(optionflags=doctest.NORMALIZE_WHITESPACE)
+        for test in finder.find(fn, globs={"torch": torch, **vars(claims)}):
+            runner.run(test)
+        assert runner.failures == 0 and runner.tries > 0, fn.__name__

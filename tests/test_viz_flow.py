@@ -551,3 +551,93 @@ def test_inactive_controls_are_exactly_those_that_change_nothing(trial):
 def test_explorer_rejects_bad_starting_values(overrides, error, message):
     with pytest.raises(error, match=rf"^flow_explorer: .*{message}"):
         vf.flow_explorer(**overrides)
+
+
+# ---------------------------------------------------------------------------------------------- chapter 3's figures
+
+
+def test_weight_maps_share_one_scale_and_label_every_cell():
+    a = torch.tensor([[0.5, 0.5], [0.2, 0.8]])
+    b = torch.tensor([[0.9, 0.0], [0.1, 0.3]])
+    fig = vf.weight_maps({"linear": a, "Flow": b}, row_sums=True, title="weights")
+    assert_readable(fig, min_panel_width=1.5)
+    panels = [ax for ax in fig.axes if ax.get_images()]
+    assert len(panels) == 2
+    clims = {im.get_clim() for ax in panels for im in ax.get_images()}
+    assert len(clims) == 1 and clims.pop() == pytest.approx((0.0, 0.9))
+    texts = [t.get_text() for t in panels[1].texts]
+    assert "0.90" in texts and "0.00" not in texts  # an exact zero (masked) stays blank
+    assert any(t.startswith("Σ ") for t in texts)
+    one = vf.weight_maps({"only": torch.rand(3, 3)}, annotate=False)
+    assert len([ax for ax in one.axes if ax.get_images()]) == 1 and not one.axes[0].texts
+    with pytest.raises(ValueError, match="weight_maps"):
+        vf.weight_maps({"vector": torch.rand(3)})
+    with pytest.raises((TypeError, ValueError), match="weight_maps"):
+        vf.weight_maps({})
+
+
+def test_right_key_figure_draws_each_curve_the_bound_and_uniform():
+    betas = [0.5, 1, 2, 4]
+    shares = {"softmax": [0.1, 0.2, 0.5, 0.9], "elu + 1": [0.05] * 4, "sigmoid": [0.04] * 4, "Flow": [0.045] * 4}
+    fig = vf.right_key_figure(
+        betas, shares, mechanisms={"elu + 1": "linear", "sigmoid": "flow", "Flow": "flow"},
+        bound=[0.1] * 4, uniform=1 / 24,
+    )  # fmt: skip
+    assert_readable(fig)
+    ax = fig.axes[0]
+    labels = [line.get_label() for line in ax.get_lines()]
+    assert labels[:4] == list(shares) and "bound for Flow" in labels and any("uniform" in x for x in labels)
+    flows = [line for line in ax.get_lines() if line.get_label() in ("sigmoid", "Flow")]
+    assert flows[0].get_color() == flows[1].get_color() and flows[0].get_marker() != flows[1].get_marker()
+    with pytest.raises((TypeError, ValueError), match="right_key_figure"):
+        vf.right_key_figure([], shares)
+
+
+def test_lookup_share_figure_shows_rescaled_live_and_recorded_per_shape():
+    from attnbook.lab import claims
+
+    live = [claims.lookup_share_demo(6, 8, steps=5, scales=(1, 16))]
+    recorded = [dict(live[0].to_dict(), steps=1000, trained={"linear": 0.99, "flow": 0.7})]
+    fig = vf.lookup_share_figure(live, recorded)
+    assert_readable(fig)
+    ax = fig.axes[0]
+    assert len(ax.patches) == 6  # 2 mechanisms x (best rescaling, live, recorded)
+    texts = [t.get_text() for t in ax.texts]
+    assert "0.99" in texts and "0.70" in texts
+    assert f"{max(live[0].rescaled['flow']):.2f}" in texts
+    legend = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert legend == ["best rescaling", "trained, 5 steps (live)", "trained, 1000 steps (recorded)"]
+    alone = vf.lookup_share_figure(live)
+    assert len(alone.axes[0].patches) == 4
+    with pytest.raises((TypeError, ValueError), match="lookup_share_figure"):
+        vf.lookup_share_figure([])
+
+
+def test_clamp_figure_counts_the_cut_share_per_setting():
+    samples = {"N = M": torch.tensor([0.5, 0.9, 1.1, 1.5]), "N > M": torch.tensor([2.0, 3.0, 4.0, 0.5])}
+    fig = vf.clamp_figure(samples)
+    assert_readable(fig)
+    legend = [t.get_text() for t in fig.axes[0].get_legend().get_texts()] if fig.axes[0].get_legend() else []
+    legend += [t.get_text() for leg in fig.legends for t in leg.get_texts()]
+    assert "N = M: 50% cut" in legend and "N > M: 75% cut" in legend and "clamp at 1" in legend
+    with pytest.raises((TypeError, ValueError), match="clamp_figure"):
+        vf.clamp_figure({})
+
+
+def test_accuracy_figure_draws_live_and_recorded_bars_with_their_ranges():
+    rows = [
+        ("softmax", "softmax", (0.31, 0.30, 0.32), (0.309, 0.299, 0.319)),
+        ("Flow", "flow", (0.30, 0.29, 0.31), None),
+        ("linear", "linear", None, (0.306, 0.30, 0.314)),
+    ]
+    fig = vf.accuracy_figure(rows, chance=0.1, majority=0.114)
+    assert_readable(fig)
+    ax = fig.axes[0]
+    assert len(ax.patches) == 4  # two bars, one, one
+    widths = sorted(round(p.get_width(), 3) for p in ax.patches)
+    assert widths == [0.3, 0.306, 0.309, 0.31]
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["linear", "Flow", "softmax"]
+    legend = [t.get_text() for leg in [ax.get_legend(), *fig.legends] if leg for t in leg.get_texts()]
+    assert {"live run", "recorded", "chance 0.10", "majority class 0.11"} <= set(legend)
+    with pytest.raises((TypeError, ValueError), match="accuracy_figure"):
+        vf.accuracy_figure([])

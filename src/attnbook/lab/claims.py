@@ -48,6 +48,7 @@ from .._checks import (
     check_bool,
     check_choice,
     check_count,
+    check_dims,
     check_divisible,
     check_instance,
     check_int,
@@ -99,6 +100,12 @@ __all__ = [
     "listops_sizes",
     "heads_sizes",
     "moh_sizes",
+    "FLOWFORMER_PAPER",
+    "effective_rank",
+    "accuracy_spans",
+    "listops_table",
+    "head_width_spans",
+    "head_width_table",
 ]
 
 # ----------------------------------------------------------------------------------------------------------
@@ -1228,3 +1235,143 @@ def heads_sizes() -> tuple[RecallTask, Setup]:
 def moh_sizes() -> tuple[MultiKeyRecallTask, Setup]:
     """(task, setup) of the MoH study (:func:`attnbook.config.pick`)."""
     return MOH_TASK, config.pick(small=MOH_SMALL, full=MOH_RECORDED)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# What the chapters print: a live result and its recording side by side
+
+#: Flowformer's own numbers (Wu et al., ICML 2022; Long Range Arena, test accuracy in %): Table 1 for ListOps and
+#: Retrieval, the ablation table for the LRA average. Chapter 3 quotes them as the paper's, beside its own runs.
+FLOWFORMER_PAPER: dict[str, dict[str, float]] = {
+    "ListOps": {"softmax": 36.37, "linear": 16.13, "flow": 38.70},
+    "Retrieval": {"linear": 53.09, "flow": 62.24},
+    "LRA average": {"flow": 56.48, "flow_no_competition": 55.25, "flow_no_allocation": 55.58},
+}
+
+#: (mean, lowest, highest) over seeds.
+Span = tuple[float, float, float]
+
+
+def effective_rank(x: torch.Tensor) -> torch.Tensor:
+    """The effective rank of the rows of ``x`` (..., N, D) after removing their mean -> (...).
+
+    ``exp`` of the entropy of the normalised singular values (Roy and Vetterli, 2007): 1 when the centred rows
+    lie on one line, ``r`` when they spread evenly over ``r`` directions, at most ``min(N - 1, D)``; 0 when every
+    row is the same (singular values below ``1e-9`` of ``x``'s size count as 0).
+
+    Example:
+        >>> import torch
+        >>> line = torch.tensor([[0.0, 0.0], [1.0, 2.0], [2.0, 4.0]])  # three points on one line
+        >>> round(effective_rank(line).item(), 6)
+        1.0
+        >>> round(effective_rank(torch.eye(3)).item(), 3)  # a triangle: two even directions
+        2.0
+    """
+    x = check_tensor(x, "x", name="effective_rank")
+    check_dims(x, "x", 2, name="effective_rank", layout="(..., N, D)", at_least=True)
+    return _effective_rank(x.double())
+
+
+def _span_of(s: Summary | dict) -> Span:
+    if isinstance(s, Summary):
+        return s.mean, s.low, s.high
+    return s["mean"], s["low"], s["high"]
+
+
+def accuracy_spans(result: Comparison | dict) -> dict[str, Span]:
+    """variant -> (mean, lowest, highest) final held-out accuracy, from a :class:`Comparison` or its recording
+    (the JSON of ``benchmarks/bench_claims.py --study listops``, as :func:`attnbook.lab.recordings.load` gives it).
+
+    Example:
+        >>> recorded = {"summary": {"flow": {"mean": 0.30, "low": 0.29, "high": 0.31}}}
+        >>> accuracy_spans(recorded)
+        {'flow': (0.3, 0.29, 0.31)}
+    """
+    if isinstance(result, Comparison):
+        return {v: _span_of(result.summary(v)) for v in result.variants}
+    check_instance(result, "result", dict, name="accuracy_spans", what="a Comparison or its recording (a dict)")
+    return {v: _span_of(s) for v, s in result["summary"].items()}
+
+
+def _title(variant: str) -> str:
+    return VARIANTS[variant].title if variant in VARIANTS else variant
+
+
+def listops_table(live: Comparison, recorded: dict | None = None) -> str:
+    """The ListOps comparison as text for an 80-column page: per variant the live run and the recording, mean
+    (lowest-highest) over seeds, then chance and the majority class of each.
+
+    ``recorded`` is the recording (or None after a pip install: the table says so).
+    """
+    check_instance(live, "live", Comparison, name="listops_table", what="a Comparison")
+    ours = accuracy_spans(live)
+    theirs = {} if recorded is None else accuracy_spans(recorded)
+    n_live = len(next(iter(live.runs.values())))
+    n_rec = 0 if recorded is None else len(recorded.get("seeds", []))
+    head = f"{'':31s}{'live (' + str(n_live) + ' seeds)':>22s}"
+    head += f"{'recorded (' + str(n_rec) + ' seeds)':>24s}" if recorded is not None else "   (no recording here)"
+    lines = [head]
+    for v in dict.fromkeys([*ours, *theirs]):
+        cells = [f"{s[0]:.3f} ({s[1]:.3f}-{s[2]:.3f})" if s else "-" for s in (ours.get(v), theirs.get(v))]
+        lines.append(f"{_title(v):31s}{cells[0]:>22s}" + (f"{cells[1]:>24s}" if recorded is not None else ""))
+    chance = f"{'chance (1/10) / majority class':31s}{f'{live.chance:.2f} / {live.majority:.3f}':>22s}"
+    if recorded is not None:
+        rec_chance = f"{recorded['chance']:.2f} / {recorded['majority']:.3f}"
+        chance += f"{rec_chance:>24s}"
+    lines.append(chance)
+    return "\n".join(lines)
+
+
+def head_width_spans(result: HeadWidthStudy | dict, *, trained: bool = True) -> dict[str, dict[int, dict[str, Span]]]:
+    """``[variant][D]`` -> ``{"accuracy": span, "rank": span}`` (mean, lowest, highest over seeds) of a
+    :class:`HeadWidthStudy` or its recording (``bench_claims.py --study heads``); ``rank`` is the mean effective
+    rank of a head's centred outputs, after training (or at initialisation, ``trained=False``).
+
+    Example:
+        >>> row = {"variant": "linear", "head_dim": 2, "accuracy": {"mean": 0.67, "low": 0.66, "high": 0.68},
+        ...        "rank_trained": [1.0, 1.0, 1.0], "rank_initial": [1.0, 1.0, 1.0]}
+        >>> head_width_spans({"rows": [row]})["linear"][2]["rank"]
+        (1.0, 1.0, 1.0)
+    """
+    out: dict[str, dict[int, dict[str, Span]]] = {}
+    if isinstance(result, HeadWidthStudy):
+        for v in result.variants:
+            out[v] = {
+                d: {"accuracy": _span_of(result.summary(v, d)), "rank": result.rank(v, d, trained=trained)}
+                for d in result.widths
+            }
+        return out
+    check_instance(result, "result", dict, name="head_width_spans", what="a HeadWidthStudy or its recording (a dict)")
+    for row in result["rows"]:
+        rank = row["rank_trained" if trained else "rank_initial"]  # [mean, low, high]
+        out.setdefault(row["variant"], {})[row["head_dim"]] = {
+            "accuracy": _span_of(row["accuracy"]),
+            "rank": (rank[0], rank[1], rank[2]),
+        }
+    return out
+
+
+def head_width_table(live: HeadWidthStudy, recorded: dict | None = None) -> str:
+    """The head-width study as text for an 80-column page: per head width D and variant, the accuracy and the
+    trained heads' effective rank, live and recorded (mean over seeds)."""
+    check_instance(live, "live", HeadWidthStudy, name="head_width_table", what="a HeadWidthStudy")
+    ours = head_width_spans(live)
+    theirs = {} if recorded is None else head_width_spans(recorded)
+    n_live = len(live.runs[live.variants[0]][live.widths[0]])
+    steps = f"{live.setup.steps} steps, {n_live} seeds"
+    rec = "" if recorded is None else f"{recorded['setup']['steps']} steps, {len(recorded['seeds'])} seeds"
+    lines = [f"{'':12s}{'live: ' + steps:>30s}" + (f"{'recorded: ' + rec:>32s}" if rec else "   (no recording here)")]
+    lines.append(f"{'':12s}{'accuracy':>20s}{'rank':>10s}" + (f"{'accuracy':>22s}{'rank':>10s}" if rec else ""))
+    for d in live.widths:
+        for v in live.variants:
+            row = f"D = {d:<2d} {v:6s}"
+            for spans in (ours, theirs) if rec else (ours,):
+                s = spans.get(v, {}).get(d)
+                if s is None:
+                    row += f"{'-':>20s}{'-':>10s}" if spans is ours else f"{'-':>22s}{'-':>10s}"
+                    continue
+                a, r = s["accuracy"], s["rank"]
+                acc = f"{a[0]:.3f} ({a[1]:.2f}-{a[2]:.2f})"
+                row += f"{acc:>20s}{r[0]:>10.2f}" if spans is ours else f"{acc:>22s}{r[0]:>10.2f}"
+            lines.append(row)
+    return "\n".join(lines)

@@ -67,6 +67,11 @@ __all__ = [
     "inactive_controls",
     "flow_explorer",
     "FlowExplorer",
+    "weight_maps",
+    "right_key_figure",
+    "lookup_share_figure",
+    "clamp_figure",
+    "accuracy_figure",
 ]
 
 # The explorer's starting point; default_figure() draws exactly this state.
@@ -770,3 +775,244 @@ def flow_explorer(**overrides) -> FlowExplorer:
     box = FlowExplorer(children=controller.layout)
     box.explorer = controller
     return box
+
+
+# --------------------------------------------------------------------- figures of chapters 3 and 4
+#
+# Each takes plain numbers (tensors, arrays, (mean, low, high) spans), so that a chapter computes what it
+# shows in a visible cell and hands the drawing to one call. Every figure is PAGE_WIDTH wide, its text at
+# least MIN_FONT points, and closes nothing: the notebook shows it once.
+
+_NEUTRALS = ("#4d4d4d", "#8c510a", "#bababa", "#dfc27d")  # settings that are not mechanisms
+
+
+def _np(x) -> np.ndarray:
+    if isinstance(x, torch.Tensor):
+        return x.detach().to("cpu", torch.float64).numpy()
+    return np.asarray(x, dtype=np.float64)
+
+
+def weight_maps(
+    maps: dict,
+    *,
+    decimals: int = 2,
+    annotate: bool = True,
+    row_sums: bool = False,
+    xlabel: str = "key j (source)",
+    ylabel: str = "query i (sink)",
+    title: str | None = None,
+):
+    """Weight matrices side by side on one colour scale, each cell labelled with its value.
+
+    Args:
+        maps: title -> an (N, M) matrix (tensor or array); two per row, wrapping onto more rows.
+        decimals: digits of the printed values.
+        annotate: print every value in its cell (small matrices); exact zeros (masked entries) stay blank.
+        row_sums: print each row's sum at its right ("Σ 0.78").
+        xlabel, ylabel: the axes' names; title: the figure's.
+
+    Returns:
+        the matplotlib Figure.
+    """
+    where = "weight_maps"
+    check_sequence(maps, "maps", name=where, mapping=True, minimum=1, item="matrix")
+    decimals = check_int(decimals, "decimals", name=where, minimum=0, maximum=4)
+    arrays = {str(name): _np(m) for name, m in maps.items()}
+    for name, m in arrays.items():
+        check_int(m.ndim, f"maps[{name!r}].dim()", name=where, minimum=2, maximum=2)
+    scale = {"vmin": 0.0, "vmax": max(float(np.nanmax(m)) for m in arrays.values()) or 1.0}
+    cols = 1 if len(arrays) == 1 else 2
+    rows = math.ceil(len(arrays) / cols)
+    side = max(m.shape[0] for m in arrays.values())
+    height = 0.9 + rows * (2.6 if side <= 4 else 3.0)
+    with book_style():
+        fig, axes = plt.subplots(rows, cols, figsize=(PAGE_WIDTH, height), squeeze=False)
+        fig.subplots_adjust(left=0.1, right=0.86 if not row_sums else 0.84, wspace=0.55 if row_sums else 0.3,
+                            bottom=0.6 / height, top=1 - (0.75 if title else 0.4) / height, hspace=0.5)  # fmt: skip
+        image = None
+        for ax, (name, m) in zip(axes.flat, arrays.items(), strict=False):
+            image = ax.imshow(m, cmap="viridis", aspect="auto", interpolation="nearest", **scale)
+            n, k = m.shape
+            if annotate:
+                for (i, j), value in np.ndenumerate(m):
+                    if value == 0:  # a masked entry (causal): left blank
+                        continue
+                    dark = value < 0.6 * scale["vmax"]
+                    ax.text(j, i, f"{value:.{decimals}f}", ha="center", va="center", fontsize=MIN_FONT,
+                            color="white" if dark else "black")  # fmt: skip
+            if row_sums:
+                for i in range(n):
+                    ax.text(k - 0.4, i, f"Σ {m[i].sum():.{decimals}f}", ha="left", va="center", fontsize=MIN_FONT)
+            step = 1 if max(n, k) <= 8 else max(1, max(n, k) // 6)
+            ax.set_xticks(range(0, k, step))
+            ax.set_yticks(range(0, n, step))
+            ax.set_xlabel(xlabel)
+            ax.set_ylabel(ylabel)
+            ax.set_title(name)
+        for ax in list(axes.flat)[len(arrays) :]:
+            ax.set_visible(False)
+        fig.colorbar(image, ax=axes.ravel().tolist(), fraction=0.035, pad=0.12 if row_sums else 0.04)
+        if title:
+            fig.suptitle(title)
+    return fig
+
+
+def right_key_figure(
+    betas: Sequence[float],
+    shares: dict,
+    *,
+    mechanisms: dict | None = None,
+    bound: Sequence[float] | None = None,
+    uniform: float | None = None,
+):
+    """The weight a query puts on its right key against the inverse temperature beta (log scale).
+
+    Args:
+        betas: the inverse temperatures.
+        shares: label -> the mean weight on the right key at each beta.
+        mechanisms: label -> the mechanism whose colour it gets (default: the label itself); labels that map
+            to the same mechanism get different markers.
+        bound: the best any shared reweighting by factors within e could reach (dashed grey).
+        uniform: 1 / N, the weight of a uniform average (dotted).
+    """
+    where = "right_key_figure"
+    check_sequence(betas, "betas", name=where, minimum=1, item="beta")
+    check_sequence(shares, "shares", name=where, mapping=True, minimum=1, item="curve")
+    mechanisms = dict(mechanisms or {})
+    markers = ["o", "s", "^", "D"]
+    used: dict[str, int] = {}
+    with book_style():
+        fig, ax = plt.subplots(figsize=(PAGE_WIDTH, 3.6))
+        fig.subplots_adjust(left=0.1, right=0.7, bottom=0.16, top=0.95)
+        for label, values in shares.items():
+            m = mechanisms.get(label, label)
+            n = used[m] = used.get(m, -1) + 1
+            ax.plot(betas, _np(values), color=colour(m), marker=markers[n % 4], lw=1.6,
+                    mfc="white" if n else colour(m), label=label)  # fmt: skip
+        if bound is not None:
+            ax.plot(betas, _np(bound), color="#777777", ls=(0, (4, 2)), lw=1.2, label="bound for Flow")
+        if uniform is not None:
+            ax.axhline(uniform, color="black", ls=":", lw=1.0, label=f"uniform 1/N = {uniform:.2f}")
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(list(betas), [f"{b:g}" for b in betas])
+        ax.set_xlabel("inverse temperature β (q and k scaled by √β)")
+        ax.set_ylabel("weight on the right key")
+        ax.set_ylim(0.0, 1.05)
+        ax.grid(True, alpha=0.3)
+        ax.legend(loc="center left", bbox_to_anchor=(1.02, 0.5), frameon=False)
+    return fig
+
+
+def _get(demo, name: str):
+    return demo[name] if isinstance(demo, dict) else getattr(demo, name)
+
+
+def lookup_share_figure(live: Sequence, recorded: Sequence | None = None):
+    """Rescaling against training on chapter 2's retrieval toy: the weight on the right key, per toy shape.
+
+    One panel per toy shape (a :class:`attnbook.lab.claims.LookupShareDemo` of ``live``, matched by shape in
+    ``recorded``, the recording's ``demos``). Per mechanism: the best over every rescaling of q and k, then
+    after training W_q, W_k live (its steps) and recorded (its steps); the dotted line is a uniform average.
+    """
+    where = "lookup_share_figure"
+    check_sequence(live, "live", name=where, minimum=1, item="demo")
+    by_shape = {(_get(d, "n_tokens"), _get(d, "dim")): d for d in (recorded or [])}
+    with book_style():
+        fig, axes = plt.subplots(1, len(live), figsize=(PAGE_WIDTH, 3.7), squeeze=False)
+        fig.subplots_adjust(left=0.09, right=0.98, bottom=0.14, top=0.74, wspace=0.25)
+        handles = {}
+        for ax, demo in zip(axes[0], live, strict=True):
+            shape = (_get(demo, "n_tokens"), _get(demo, "dim"))
+            rec = by_shape.get(shape)
+            names = list(_get(demo, "rescaled"))
+            width = 0.26
+            for i, m in enumerate(names):
+                kinds = [("best rescaling", max(_get(demo, "rescaled")[m]), 0.35, "")]
+                kinds.append((f"trained, {_get(demo, 'steps')} steps (live)", _get(demo, "trained")[m], 0.65, ""))
+                if rec is not None:
+                    kinds.append((f"trained, {_get(rec, 'steps')} steps (recorded)", _get(rec, "trained")[m], 1.0, ""))
+                for j, (kind, value, alpha, _) in enumerate(kinds):
+                    x = i + (j - (len(kinds) - 1) / 2) * width
+                    bar = ax.bar(x, value, width * 0.92, color=colour(m), alpha=alpha, edgecolor="black", lw=0.4)
+                    handles.setdefault(kind, bar)
+                    ax.text(x, value + 0.02, f"{value:.2f}", ha="center", va="bottom", fontsize=MIN_FONT)
+            ax.axhline(1.0 / shape[0], color="black", ls=":", lw=1.0)
+            labels = {"linear": "elu + 1", "flow": "Flow", "mobile": "Mobile"}
+            ax.set_xticks(range(len(names)), [labels.get(m, m) for m in names])
+            ax.set_ylim(0.0, 1.12)
+            ax.set_title(f"{shape[0]} keys, D = {shape[1]} (uniform: {1 / shape[0]:.2f})")
+            ax.grid(True, axis="y", alpha=0.3)
+        axes[0][0].set_ylabel("weight on the right key")
+        fig.legend(list(handles.values()), list(handles), loc="upper center", ncol=2, frameon=False,
+                   bbox_to_anchor=(0.5, 1.0))  # fmt: skip
+    return fig
+
+
+def clamp_figure(samples: dict, *, clamp: float = 1.0):
+    """Histograms of the conserved outgoing flow before the clamp (log scale), one per setting, with the clamp.
+
+    Args:
+        samples: label -> the values of Ô (any shape), e.g. ``"N = M = 256"``.
+        clamp: the clamp's upper bound (dashed): everything to its right is cut to it.
+    """
+    where = "clamp_figure"
+    check_sequence(samples, "samples", name=where, mapping=True, minimum=1, item="setting")
+    values = {str(k): _np(v).ravel() for k, v in samples.items()}
+    low = min(float(v.min()) for v in values.values())
+    high = max(float(v.max()) for v in values.values())
+    edges = np.geomspace(max(low, 1e-3) * 0.9, high * 1.1, 60)
+    with book_style():
+        fig, ax = plt.subplots(figsize=(PAGE_WIDTH, 3.4))
+        fig.subplots_adjust(left=0.1, right=0.97, bottom=0.16, top=0.8)
+        for i, (label, v) in enumerate(values.items()):
+            cut = float((v > clamp).mean())
+            ax.hist(v, bins=edges, histtype="step", lw=1.6, color=_NEUTRALS[i % len(_NEUTRALS)],
+                    weights=np.full(v.shape, 1.0 / v.size), label=f"{label}: {cut:.0%} cut")  # fmt: skip
+        ax.axvline(clamp, color="black", ls="--", lw=1.0, label=f"clamp at {clamp:g}")
+        ax.set_xscale("log")
+        ax.set_xlabel("conserved outgoing flow Ô of a source, before the clamp")
+        ax.set_ylabel("share of sources")
+        ax.grid(True, alpha=0.3)
+        _legend_above(ax, ncol=2, handlelength=1.6)
+    return fig
+
+
+def accuracy_figure(
+    rows: Sequence,
+    *,
+    chance: float | None = None,
+    majority: float | None = None,
+    xlabel: str = "held-out accuracy",
+):
+    """Horizontal bars of accuracy per variant: the live run (light) and the recording (full), each with the
+    range over its seeds, and dotted lines at chance and at the majority class.
+
+    Args:
+        rows: ``(label, mechanism, live_span, recorded_span)`` per variant; a span is ``(mean, low, high)`` or
+            None; ``mechanism`` gives the colour.
+        chance, majority: where to draw the reference lines.
+    """
+    where = "accuracy_figure"
+    check_sequence(rows, "rows", name=where, minimum=1, item="row")
+    with book_style():
+        fig, ax = plt.subplots(figsize=(PAGE_WIDTH, 1.3 + 0.5 * len(rows)))
+        fig.subplots_adjust(left=0.36, right=0.97, bottom=0.3 if len(rows) < 5 else 0.16, top=0.85)
+        handles = {}
+        for i, (_label, mechanism, live, recorded) in enumerate(rows):
+            y = len(rows) - 1 - i
+            for offset, span, alpha, kind in ((0.18, live, 0.4, "live run"), (-0.18, recorded, 1.0, "recorded")):
+                if span is None:
+                    continue
+                mean, lo, hi = span
+                bar = ax.barh(y + offset, mean, 0.34, color=colour(mechanism), alpha=alpha, edgecolor="black", lw=0.4)
+                ax.errorbar(mean, y + offset, xerr=[[mean - lo], [hi - mean]], color="black", lw=1.0, capsize=2)
+                handles.setdefault(kind, bar)
+        for value, style_, name in ((chance, ":", "chance"), (majority, (0, (4, 2)), "majority class")):
+            if value is not None:
+                handles[f"{name} {value:.2f}"] = ax.axvline(value, color="black", ls=style_, lw=1.0)
+        ax.set_yticks(range(len(rows)), [r[0] for r in reversed(rows)])
+        ax.set_xlabel(xlabel)
+        ax.set_xlim(0.0, 1.0)
+        ax.grid(True, axis="x", alpha=0.3)
+        _legend_above(ax, ncol=4, handlelength=1.6, handles=list(handles.values()), labels=list(handles))
+    return fig
