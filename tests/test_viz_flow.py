@@ -641,3 +641,15 @@ def test_accuracy_figure_draws_live_and_recorded_bars_with_their_ranges():
     assert {"live run", "recorded", "chance 0.10", "majority class 0.11"} <= set(legend)
     with pytest.raises((TypeError, ValueError), match="accuracy_figure"):
         vf.accuracy_figure([])
+
+
+def test_chapter_figures_are_closed_so_a_notebook_shows_each_once():
+    figs = [
+        vf.weight_maps({"a": torch.rand(2, 2)}),
+        vf.right_key_figure([1, 2], {"softmax": [0.1, 0.2]}),
+        vf.clamp_figure({"N = M": torch.tensor([0.5, 1.5])}),
+        vf.accuracy_figure([("softmax", "softmax", (0.3, 0.2, 0.4), None)]),
+    ]
+    for fig in figs:
+        assert not plt.fignum_exists(fig.number)
+        assert_readable(fig)  # a closed figure still renders

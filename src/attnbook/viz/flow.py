@@ -37,6 +37,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import torch
 from matplotlib.collections import LineCollection
+from matplotlib.ticker import NullFormatter
 
 from .._checks import (
     check_bool,
@@ -781,7 +782,8 @@ def flow_explorer(**overrides) -> FlowExplorer:
 #
 # Each takes plain numbers (tensors, arrays, (mean, low, high) spans), so that a chapter computes what it
 # shows in a visible cell and hands the drawing to one call. Every figure is PAGE_WIDTH wide, its text at
-# least MIN_FONT points, and closes nothing: the notebook shows it once.
+# least MIN_FONT points; each is closed before it is returned, so that a notebook shows it once (as the
+# cell's result), never a second time through the inline backend.
 
 _NEUTRALS = ("#4d4d4d", "#8c510a", "#bababa", "#dfc27d")  # settings that are not mechanisms
 
@@ -854,6 +856,7 @@ def weight_maps(
         fig.colorbar(image, ax=axes.ravel().tolist(), fraction=0.035, pad=0.12 if row_sums else 0.04)
         if title:
             fig.suptitle(title)
+    plt.close(fig)  # shown once, by the cell's result (not again by the inline backend)
     return fig
 
 
@@ -900,6 +903,7 @@ def right_key_figure(
         ax.set_ylim(0.0, 1.05)
         ax.grid(True, alpha=0.3)
         ax.legend(loc="center left", bbox_to_anchor=(1.02, 0.5), frameon=False)
+    plt.close(fig)  # shown once, by the cell's result (not again by the inline backend)
     return fig
 
 
@@ -945,6 +949,7 @@ def lookup_share_figure(live: Sequence, recorded: Sequence | None = None):
         axes[0][0].set_ylabel("weight on the right key")
         fig.legend(list(handles.values()), list(handles), loc="upper center", ncol=2, frameon=False,
                    bbox_to_anchor=(0.5, 1.0))  # fmt: skip
+    plt.close(fig)  # shown once, by the cell's result (not again by the inline backend)
     return fig
 
 
@@ -970,10 +975,14 @@ def clamp_figure(samples: dict, *, clamp: float = 1.0):
                     weights=np.full(v.shape, 1.0 / v.size), label=f"{label}: {cut:.0%} cut")  # fmt: skip
         ax.axvline(clamp, color="black", ls="--", lw=1.0, label=f"clamp at {clamp:g}")
         ax.set_xscale("log")
+        ticks = [t for t in (0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 20, 50) if edges[0] <= t <= edges[-1]]
+        ax.set_xticks(ticks, [f"{t:g}" for t in ticks])
+        ax.xaxis.set_minor_formatter(NullFormatter())
         ax.set_xlabel("conserved outgoing flow Ô of a source, before the clamp")
         ax.set_ylabel("share of sources")
         ax.grid(True, alpha=0.3)
         _legend_above(ax, ncol=2, handlelength=1.6)
+    plt.close(fig)  # shown once, by the cell's result (not again by the inline backend)
     return fig
 
 
@@ -1014,5 +1023,6 @@ def accuracy_figure(
         ax.set_xlabel(xlabel)
         ax.set_xlim(0.0, 1.0)
         ax.grid(True, axis="x", alpha=0.3)
-        _legend_above(ax, ncol=4, handlelength=1.6, handles=list(handles.values()), labels=list(handles))
+        _legend_above(ax, ncol=2, handlelength=1.6, handles=list(handles.values()), labels=list(handles))
+    plt.close(fig)  # shown once, by the cell's result (not again by the inline backend)
     return fig
