@@ -11,7 +11,14 @@ BENCHMARKS = pathlib.Path(__file__).resolve().parents[1] / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))
 import recording  # noqa: E402
 
-SCRIPTS = ["bench_claims.py", "bench_decoding.py", "bench_generation.py", "bench_training.py", "bench_lm_training.py", "bench_compile.py"]
+SCRIPTS = [
+    "bench_claims.py",
+    "bench_decoding.py",
+    "bench_generation.py",
+    "bench_training.py",
+    "bench_lm_training.py",
+    "bench_compile.py",
+]
 
 
 def test_refuses_a_busy_machine_unless_forced(monkeypatch, capsys):
