@@ -206,16 +206,18 @@ def _orthogonal_gaussian(
 class PerformerFeatures(nn.Module):
     """FAVOR+ positive random features: phi(q) . phi(k) estimates the softmax kernel exp(q . k / sqrt(D)).
 
+    ::
+
         phi(x) = exp(W x' - |x'|^2 / 2) / sqrt(R),   x' = x / D^(1/4),   W (R, D) with rows w_r ~ N(0, I_D)
 
     so that E[phi(q) . phi(k)] = exp(q' . k') = exp(q . k / sqrt(D)) (Choromanski et al., "Rethinking
     Attention with Performers", ICLR 2021, Lemma 1). With ``orthogonal=True`` the rows are orthogonal in
     blocks of D (Sec. 2.4), which lowers the variance. The features are positive, so normalisers never
     vanish. The error shrinks like 1 / sqrt(R), and grows quickly with the norms of q and k (the variance
-    of each term is about exp(|q' + k'|^2) times its mean squared).
+    of each term is about ``exp(|q' + k'|^2)`` times its mean squared).
 
-    Range: each exponent is w_r . x' - |x'|^2 / 2 <= |w_r|^2 / 2, so features overflow float32 (exponent
-    above 88) only when some |w_r|^2 > 177, which for D = 64 is ten standard deviations above its mean; for
+    Range: each exponent is ``w_r . x' - |x'|^2 / 2 <= |w_r|^2 / 2``, so features overflow float32 (exponent
+    above 88) only when some ``|w_r|^2 > 177``, which for D = 64 is ten standard deviations above its mean; for
     very long q or k the features underflow to 0 and the output goes to 0 (the eps in the denominator).
     The features are evaluated in at least float32 (with autocast off) and returned in the input's dtype
     (under autocast: the autocast dtype); ``linear_attention`` calls them on float32 copies of half inputs.

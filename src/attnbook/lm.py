@@ -49,7 +49,8 @@ from ._checks import (
 )
 from .softmax import KVCache
 
-__all__ = ["DecoderLM", "Block", "KVCache", "LMState", "sinusoidal_positions", "state_bytes"]
+# KVCache is imported here for code written for 0.1 (attnbook.lm.KVCache); it is documented as attnbook.KVCache
+__all__ = ["DecoderLM", "Block", "LMState", "sinusoidal_positions", "state_bytes"]
 
 
 def sinusoidal_positions(positions: torch.Tensor, dim: int, dtype: torch.dtype | None = None) -> torch.Tensor:
