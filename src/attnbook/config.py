@@ -28,6 +28,7 @@ from ._checks import check_choice
 
 __all__ = ["ENV_VAR", "fast", "pick", "device"]
 
+#: The environment variable that picks the small (CI) sizes: ``ATTNBOOK_FAST=1``.
 ENV_VAR = "ATTNBOOK_FAST"
 T = TypeVar("T")
 

@@ -181,6 +181,7 @@ def relu_feature_map(x: torch.Tensor) -> torch.Tensor:
     return F.relu(x)
 
 
+#: The built-in feature maps by name (``LinearAttention(feature_map="elu")``): elu + 1 and ReLU.
 FEATURE_MAPS: dict[str, FeatureMap] = {"elu": elu_feature_map, "relu": relu_feature_map}
 
 

@@ -156,6 +156,8 @@ def _moh_reference(
     return reference.moh_layer(layer, x, is_causal=is_causal, **masks)[0]
 
 
+#: Every mechanism of the package by name, with its function, module, float64 reference and whether a causal
+#: form exists: the registry that the tests, the benchmarks and the chapters iterate over.
 MECHANISMS: dict[str, Mechanism] = {
     m.name: m
     for m in (

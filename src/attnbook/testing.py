@@ -31,6 +31,7 @@ class Tolerance(TypedDict):
     atol: float
 
 
+#: The tolerance of a comparison with a float64 reference, per dtype of the implementation under test.
 TOLERANCES: dict[torch.dtype, Tolerance] = {
     torch.float64: Tolerance(rtol=1e-9, atol=1e-11),
     torch.float32: Tolerance(rtol=2e-4, atol=2e-5),

@@ -129,6 +129,7 @@ def _cases() -> dict[str, Case]:
     return {c.name: c for c in cases}
 
 
+#: The benchmark cases by name: each implementation that :func:`run_benchmark` times, with what it computes.
 CASES: dict[str, Case] = _cases()
 
 

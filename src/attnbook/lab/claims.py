@@ -137,6 +137,7 @@ def _variants(*items: Variant) -> dict[str, Variant]:
     return {v.name: v for v in items}
 
 
+#: The mechanisms and ablations the studies train, by name: a registry mechanism and its keyword settings.
 VARIANTS: dict[str, Variant] = _variants(
     Variant("softmax", "softmax", title="softmax"),
     Variant("linear", "linear", title="linear (elu + 1)"),
@@ -1202,22 +1203,32 @@ def lookup_share_demo(
 # ----------------------------------------------------------------------------------------------------------
 # Sizes: small (a chapter's live run on a CPU), recorded (benchmarks/bench_claims.py)
 
+#: The ListOps task of a chapter's live run: depth <= 2, 8 to 24 tokens.
 LISTOPS_TASK_SMALL = ListOpsTask(ListOps(max_depth=2, max_args=4, min_length=8, max_length=24))
+#: The training setup of a chapter's live ListOps run (CPU, seconds).
 LISTOPS_SMALL = Setup(d_model=32, n_heads=4, n_layers=2, batch=32, steps=150, lr=3e-3, warmup=15, eval_every=25,
                       eval_size=256)  # fmt: skip
+#: The ListOps task of the recording (benchmarks/bench_claims.py): depth <= 3, 16 to 48 tokens.
 LISTOPS_TASK_RECORDED = ListOpsTask(ListOps(max_depth=3, max_args=4, min_length=16, max_length=48))
+#: The training setup of the recorded ListOps run.
 LISTOPS_RECORDED = Setup(d_model=64, n_heads=4, n_layers=2, batch=32, steps=1200, lr=2e-3, warmup=100,
                          eval_every=150, eval_size=2000)  # fmt: skip
 
+#: The associative-recall task of the head-width study (8 facts, 16 keys, 8 values).
 HEADS_TASK = RecallTask(n_pairs=8, n_keys=16, n_values=8)
+#: The training setup of a chapter's live head-width run.
 HEADS_SMALL = Setup(d_model=32, n_heads=4, n_layers=1, batch=64, steps=150, lr=1e-2, warmup=10, eval_every=25,
                     eval_size=256)  # fmt: skip
+#: The training setup of the recorded head-width run.
 HEADS_RECORDED = Setup(d_model=32, n_heads=4, n_layers=1, batch=64, steps=1000, lr=5e-3, warmup=30,
                        eval_every=50, eval_size=1000)  # fmt: skip
 
+#: The multi-key recall task of the MoH study (6 facts, 3 of them asked for at once).
 MOH_TASK = MultiKeyRecallTask(n_pairs=6, n_keys=12, n_values=3, n_queried=3)
+#: The training setup of a chapter's live MoH run.
 MOH_SMALL = Setup(d_model=64, n_heads=8, n_layers=1, batch=64, steps=200, lr=5e-3, warmup=10, eval_every=25,
                   eval_size=256)  # fmt: skip
+#: The training setup of the recorded MoH run.
 MOH_RECORDED = Setup(d_model=64, n_heads=8, n_layers=1, batch=64, steps=800, lr=5e-3, warmup=30, eval_every=25,
                      eval_size=1000)  # fmt: skip
 

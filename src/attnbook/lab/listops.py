@@ -59,11 +59,16 @@ __all__ = [
     "label_distribution",
 ]
 
+#: The four operators' opening tokens: maximum, minimum, median, sum modulo 10.
 OPERATORS = ("[MAX", "[MIN", "[MED", "[SM")
+#: Every token: the digits 0-9 (ids 0-9), the operators (10-13), the closing bracket and padding.
 VOCAB: tuple[str, ...] = tuple(str(d) for d in range(10)) + OPERATORS + ("]", "<pad>")
 MAX_ID, MIN_ID, MED_ID, SM_ID = 10, 11, 12, 13
+#: The id of the closing bracket "]".
 CLOSE = 14
+#: The id of the padding token.
 PAD = 15
+#: The number of classes: a list's value is a digit.
 N_CLASSES = 10
 _SHORTEST = 4  # [OP d d ]
 _MAX_TRIES = 10_000
