@@ -73,7 +73,26 @@ def install_cell(chapter: pathlib.Path) -> str:
     if remote not in source:
         raise SystemExit(f"{chapter.name}: the install cell does not install {remote}")
     # A private copy of the checkout's package source (pip builds a local folder in place).
-    return source.replace(remote, envs.package_source(ROOT / "_build" / "colab-source").as_uri())
+    # The folder's name has no hyphen: pip reads a local folder named like "colab-source" as a project
+    # "colab" at version "source" and keeps the wheel it builds in its persistent cache under that folder's
+    # URL, so a later run on the same machine installed an old attnbook (CI failed on a stale viz.flow).
+    return source.replace(remote, envs.package_source(ROOT / "_build" / "colab_source").as_uri())
+
+
+def stale_files() -> list[str]:
+    """The package's files that differ between the checkout's src/ and what the install cell installed."""
+    code = "import attnbook, pathlib; print(pathlib.Path(attnbook.__file__).parent)"
+    installed = pathlib.Path(
+        subprocess.run([str(PY), "-c", code], check=True, capture_output=True, text=True, cwd=str(VENV)).stdout.strip()
+    )
+    source = ROOT / "src" / "attnbook"
+    names = {p.relative_to(source) for p in source.rglob("*") if p.is_file() and "__pycache__" not in p.parts}
+    names |= {p.relative_to(installed) for p in installed.rglob("*") if p.is_file() and "__pycache__" not in p.parts}
+    return sorted(
+        str(n)
+        for n in names
+        if not ((source / n).is_file() and (installed / n).is_file() and (source / n).read_bytes() == (installed / n).read_bytes())
+    )
 
 
 def main() -> None:
@@ -92,7 +111,11 @@ def main() -> None:
 
     # The install cell, executed as Colab executes it: google.colab is importable.
     prelude = "import sys, types; sys.modules['google.colab'] = types.ModuleType('google.colab')\n"
-    run(str(PY), "-c", prelude + install_cell(chapter))
+    # no wheel cache either: what is installed is built from this checkout, now
+    run(str(PY), "-c", prelude + install_cell(chapter), env={**os.environ, "PIP_NO_CACHE_DIR": "1"})
+    stale = stale_files()
+    if stale:
+        raise SystemExit(f"the install cell installed an attnbook that is not this checkout's: {stale[:10]} differ")
     after = versions()
     if after != before:
         raise SystemExit(f"installing attnbook changed Colab's packages: {before} -> {after}")
