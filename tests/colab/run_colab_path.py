@@ -88,11 +88,12 @@ def stale_files() -> list[str]:
     source = ROOT / "src" / "attnbook"
     names = {p.relative_to(source) for p in source.rglob("*") if p.is_file() and "__pycache__" not in p.parts}
     names |= {p.relative_to(installed) for p in installed.rglob("*") if p.is_file() and "__pycache__" not in p.parts}
-    return sorted(
-        str(n)
-        for n in names
-        if not ((source / n).is_file() and (installed / n).is_file() and (source / n).read_bytes() == (installed / n).read_bytes())
-    )
+
+    def same(name: pathlib.Path) -> bool:
+        a, b = source / name, installed / name
+        return a.is_file() and b.is_file() and a.read_bytes() == b.read_bytes()
+
+    return sorted(str(n) for n in names if not same(n))
 
 
 def main() -> None:
