@@ -145,6 +145,26 @@ def test_a_padded_batch_equals_each_sequence_run_alone(name, causal, poison):
         assert (out[padding] == layer.out_projection.bias).all()
 
 
+@pytest.mark.parametrize("name", ["softmax", "linear", "flow", "mobile"])
+def test_one_tensor_as_queries_keys_and_values_is_self_attention(name):
+    """nn.MultiheadAttention is called as mha(x, x, x, key_padding_mask=pad): the same tensor three times is
+    self-attention, so a padded position receives no flow there either (Flow-Attention's real outputs would
+    change otherwise). A copy of x as the keys is cross-attention: only the keys are padded."""
+    torch.manual_seed(0)
+    layer = MECHANISMS[name].module(16, 4).double().eval()
+    x = torch.randn(2, 9, 16, dtype=torch.float64)
+    padding = torch.zeros(2, 9, dtype=torch.bool)
+    padding[0, 6:] = True
+    self_attention = layer(x, key_padding_mask=padding)
+    torch.testing.assert_close(layer(x, x, x, key_padding_mask=padding), self_attention, rtol=0, atol=0)
+    torch.testing.assert_close(layer(x, x, key_padding_mask=padding), self_attention, rtol=0, atol=0)
+    alone = layer(x[:1, :6])
+    torch.testing.assert_close(layer(x, x, x, key_padding_mask=padding)[:1, :6], alone, **tol(torch.float64))
+    if name == "flow":  # padded queries are sinks of cross-attention: the real outputs differ
+        crossed = layer(x, x.clone(), x.clone(), key_padding_mask=padding)[:1, :6]
+        assert (crossed - alone).abs().max() > 1e-3
+
+
 @pytest.mark.parametrize("name", ["linear", "flow", "mobile"])
 def test_a_mechanism_without_weights_refuses_an_attn_mask_and_says_why(name):
     q, k, v = qkv(B, H, N, N, D, D)

@@ -219,7 +219,9 @@ class ProjectedAttention(nn.Module, Generic[StateT]):
             True
         """
         name = type(self).__name__
-        self_attention = keys is None
+        # self-attention: layer(x), or nn.MultiheadAttention's idiom layer(x, x, x) with the same tensor (there a
+        # padded position must not receive flow either, or Flow-Attention's real outputs would change)
+        self_attention = keys is None or (keys is queries and (values is None or values is queries))
         keys = queries if keys is None else keys
         values = keys if values is None else values
         check_layer_inputs(
