@@ -145,8 +145,9 @@ wheel-test: wheel
 	@# torch: the front-end environments' CPU build through a .pth file when it is this pin, else installed here
 	TORCH="$(TORCH)" $(WHEEL_VENV)/bin/python tests/frontend/envs.py --share-torch $(WHEEL_VENV) \
 	  || $(WHEEL_VENV)/bin/$(PIP_INSTALL) "$(TORCH)"
-	@# the wheel with the book's extra (the tests of attnbook.viz need it), and timm without its requirements
-	$(WHEEL_VENV)/bin/$(PIP_INSTALL) -c $(LOCK) "$$(ls $(DIST)/*.whl)[book]" pytest pytest-xdist hypothesis
+	@# the wheel with the book's extra (the tests of attnbook.viz need it), and timm without its requirements;
+	@# mypy for tests/test_typing.py, which type-checks a user's file against the installed wheel
+	$(WHEEL_VENV)/bin/$(PIP_INSTALL) -c $(LOCK) "$$(ls $(DIST)/*.whl)[book]" pytest pytest-xdist hypothesis mypy
 	$(WHEEL_VENV)/bin/$(PIP_INSTALL) --no-deps "$(TIMM)"
 	ATTNBOOK_TEST_INSTALLED=1 $(PARALLEL) $(WHEEL_VENV)/bin/pytest -q -n $(PYTEST_WORKERS) -m "not browser" \
 	  -p no:cacheprovider $(PACKAGE_TESTS) tests

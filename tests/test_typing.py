@@ -26,7 +26,7 @@ def test_mypy_reports_exactly_the_marked_mistakes_of_a_user_file():
     return_flows=True or output_final_state=True used as a tensor, a state of the wrong kind, a misspelt field,
     ...) and on no other line: the correct uses in the same file type-check. The library's own modules are followed
     silently, as mypy treats an installed package (`make lint` checks them)."""
-    api = pytest.importorskip("mypy.api")  # the wheel-test's venv has no mypy
+    api = pytest.importorskip("mypy.api")  # make wheel-test installs it; a venv without mypy skips
     lines = USER_FILE.read_text().splitlines()
     marked = {i for i, line in enumerate(lines, start=1) if MARK.search(line)}
     assert len(marked) >= 6, "the user file must hold at least six deliberate mistakes"
