@@ -30,6 +30,36 @@ def test_prefill_and_steps_give_the_logits_of_one_forward(name, batch):
     assert decoder.t == 30
 
 
+def _variant(kind):
+    from attnbook import FlowAttention, LinearAttention
+    from attnbook.feature_maps import PerformerFeatures
+
+    size = dict(d_input=24, d_model=24, d_output=24, n_heads=4, causal=True)
+    if kind == "relu":
+        return LinearAttention(**size, feature_map="relu")
+    if kind == "performer":  # 10 features of each width-6 head: not elementwise, R != D
+        return LinearAttention(**size, feature_map=PerformerFeatures(10, 6, seed=0))
+    return FlowAttention(**size, drop_out=0.0, **{kind: False})
+
+
+@pytest.mark.parametrize("kind", ["relu", "performer", "competition", "allocation"])
+def test_layers_swapped_into_a_model_step_as_their_forward(kind):
+    """A block's attention replaced by another feature map or by a Flow ablation: the decoder's own step paths
+    (q and k features in one call, a feature map of another width, no competition or no allocation) give the
+    logits of one forward."""
+    m = model("flow" if kind in ("competition", "allocation") else "linear")
+    torch.manual_seed(1)
+    for block in m.blocks:
+        block.attn = _variant(kind).double().eval()
+    tokens = torch.randint(0, 256, (2, 20))
+    decoder = StaticDecoder(m, batch=2, capacity=20)
+    parts = [decoder.prefill(tokens[:, :7])] + [decoder.step(tokens[:, t]).unsqueeze(1) for t in range(7, 20)]
+    torch.testing.assert_close(torch.cat(parts, 1), m(tokens), **tol(torch.float64))
+    nxt = torch.randint(0, 256, (2,))
+    _, expected = m(tokens, output_final_state=True)
+    torch.testing.assert_close(m.step(nxt, decoder.state())[0], m.step(nxt, expected)[0], **tol(torch.float64))
+
+
 @pytest.mark.parametrize("name", CAUSAL)
 def test_its_state_is_the_one_the_eager_steps_reach(name):
     m = model(name)

@@ -8,17 +8,21 @@ checks, in Python, in the dispatch of about a hundred small operations, in new t
 :class:`StaticDecoder` does the same arithmetic with as few operations as it can:
 
 * the state is made once, for a given batch and capacity, and every step writes into it: a recurrent state
-  (linear attention's [S | z], Flow-Attention's prefix sums) is updated in place, a KV cache is a preallocated
-  (B, H, capacity, D) buffer whose row t is written and whose first t + 1 rows are read by SDPA as a view
-  (no copy, no growth);
-* each layer's query, key and value projections are one matrix product, the positions a precomputed table,
-  the linear attention's numerator and normaliser one product with [S | z];
+  (linear attention's [S | z], Flow-Attention's prefix sums, kept in pairs so that one operation updates the
+  queries' and the keys' sums) is updated in place, a KV cache is a preallocated (B, H, capacity, D) buffer
+  whose row t is written and whose first t + 1 rows are read as a view (no copy, no growth): by SDPA on a GPU,
+  by two batched products on the CPU, where SDPA's fused kernel read the cache at two thirds of their speed for
+  one query;
+* each layer's query, key and value projections are one matrix product, the positions a precomputed table, the
+  query and key features one call, the linear attention's numerator and normaliser one product with [S | z];
+* the attention's outputs are written into a buffer whose last column is 1, so that the out projection, its
+  bias and the residual connection are one call (``torch.addmm(x, o1, [Wo; bo])``);
 * no checks inside a step (the decoder checks once, when it is made and when a prompt is prefilled).
 
 A prompt is prefilled in one parallel call (``model(prompt, output_final_state=True)``, the library's chunked
 forward) and its state copied into the buffers. Optionally the step is compiled (``compile=True``:
 ``torch.compile``; on CUDA ``mode="reduce-overhead"`` records it as a CUDA graph, which needs every shape
-fixed: the KV cache is then read whole, with the rows after t masked).
+fixed: the KV cache is then read whole, with the rows after t masked; on the CPU inductor's C++ wrapper).
 
 Every step's logits equal :meth:`~attnbook.lm.DecoderLM.step`'s to rounding (``tests/test_decoding.py``).
 """
@@ -46,54 +50,65 @@ __all__ = ["StaticDecoder"]
 
 
 class _Layer:
-    """One block's weights, gathered for the step: norms, the fused q/k/v projection, out projection, MLP."""
+    """One block's weights, gathered for the step (made once, by :class:`StaticDecoder`).
+
+    ``wqkv`` (C, 3 H D) and ``bqkv``: the query, key and value projections as one product. ``wo1`` (H Dv + 1, C):
+    the out projection with its bias as a last row, so that with the attention's outputs written into a buffer
+    whose last column is 1 the projection and its bias are one product, added to the residual stream by the
+    same call (``torch.addmm(x, o1, wo1)``). ``w1``, ``b1``, ``w2``, ``b2``: the MLP.
+    """
 
     def __init__(self, block: Block):
         attn = block.attn
-        self.norm1, self.norm2 = block.norm1, block.norm2
+        self.norm1 = (block.norm1.weight, block.norm1.bias, block.norm1.eps)
+        self.norm2 = (block.norm2.weight, block.norm2.bias, block.norm2.eps)
         first, second = cast(nn.Linear, block.mlp[0]), cast(nn.Linear, block.mlp[2])
         self.w1, self.b1, self.w2, self.b2 = first.weight.t(), first.bias, second.weight.t(), second.bias
         self.attn = attn
         self.eps = 0.0
         self.bqkv: torch.Tensor | None
-        self.phi: Callable[[torch.Tensor], torch.Tensor] = _elu_plus_one
+        self.phi: Callable[[torch.Tensor], torch.Tensor] | None = None  # None: elu + 1, on q and k at once
+        self.elementwise = True  # phi maps each number on its own (q's and k's features in one call)
+        self.competition = self.allocation = True
         if isinstance(attn, MoHAttention):
             self.kind = "moh"
             self.H, self.D = attn.num_heads, attn.head_dim
             self.wqkv, self.bqkv = attn.qkv.weight.t(), attn.qkv.bias
-            self.wo, self.bo = attn.proj.weight.t(), attn.proj.bias
+            out_weight, out_bias = attn.proj.weight, attn.proj.bias
             self.moh = attn
-            return
-        family = attn
-        self.H = family.n_heads
-        self.D = family.d_model // family.n_heads
-        projections = (family.query_projection, family.key_projection, family.value_projection)
-        self.wqkv = torch.cat([p.weight for p in projections]).t()  # (C, 3 H D): one product for q, k and v
-        self.bqkv = torch.cat([p.bias for p in projections])
-        self.wo, self.bo = family.out_projection.weight.t(), family.out_projection.bias
-        if isinstance(attn, LinearAttention):
-            self.kind = "linear"
-            self.eps = attn.eps
-            # the built-in maps as one operation each (the layer's own feature map checks its input first);
-            # elu + 1 as F.elu(x) + 1, which differs from the layer's form by rounding only
-            built_in: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {"elu": _elu_plus_one, "relu": F.relu}
-            self.phi = built_in.get(_BUILT_IN.get(attn.feature_map, ""), attn.feature_map)
-        elif isinstance(attn, FlowAttention):
-            self.kind = "flow"
-            self.eps = attn.eps
         else:
-            self.kind = "softmax"
+            self.H = attn.n_heads
+            self.D = attn.d_model // attn.n_heads
+            projections = (attn.query_projection, attn.key_projection, attn.value_projection)
+            self.wqkv = torch.cat([p.weight for p in projections]).t()  # (C, 3 H D): one product for q, k and v
+            self.bqkv = torch.cat([p.bias for p in projections])
+            out_weight, out_bias = attn.out_projection.weight, attn.out_projection.bias
+            if isinstance(attn, LinearAttention):
+                self.kind = "linear"
+                self.eps = attn.eps
+                built_in = _BUILT_IN.get(attn.feature_map)
+                # the built-in maps as one operation each on q and k together (the layer's own map checks its
+                # input first); elu + 1 as F.elu(x) + 1, which differs from the layer's form by rounding only
+                if built_in == "relu":
+                    self.phi = F.relu
+                elif built_in != "elu":
+                    self.phi, self.elementwise = attn.feature_map, False
+            elif isinstance(attn, FlowAttention):
+                self.kind = "flow"
+                self.eps = attn.eps
+                self.competition, self.allocation = attn.competition, attn.allocation
+            else:
+                self.kind = "softmax"
+        bias = out_bias if out_bias is not None else out_weight.new_zeros(out_weight.shape[0])
+        self.wo1 = torch.cat([out_weight.t(), bias.unsqueeze(0)])  # (H Dv + 1, C)
+        self.HDv = self.wo1.shape[0] - 1
+
+    def features(self, qk: torch.Tensor) -> torch.Tensor:
+        """phi of the queries and keys of one token, (B, 2, H, D) -> (B, 2, H, R), for an elementwise map."""
+        return F.elu(qk).add_(1.0) if self.phi is None else self.phi(qk)
 
 
 _BUILT_IN = {phi: name for name, phi in FEATURE_MAPS.items()}
-
-
-def _elu_plus_one(x: torch.Tensor) -> torch.Tensor:
-    return F.elu(x).add_(1.0)
-
-
-def _linear(x: torch.Tensor, weight_t: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    return torch.addmm(bias, x, weight_t) if bias is not None else x @ weight_t
 
 
 class StaticDecoder:
@@ -104,7 +119,8 @@ class StaticDecoder:
         batch: the batch size B of every prompt and step.
         capacity: the most tokens (prompt and generated) a KV cache holds; recurrent states need none, but the
             position table has this many rows too.
-        compile: compile the step with ``torch.compile`` (on CUDA as a CUDA graph, ``mode="reduce-overhead"``).
+        compile: compile the step with ``torch.compile`` (on CUDA as a CUDA graph, ``mode="reduce-overhead"``;
+            on the CPU with inductor's C++ wrapper, which calls the compiled kernels without Python in between).
 
     Example:
         >>> import torch
@@ -127,12 +143,15 @@ class StaticDecoder:
         weight = model.embed.weight
         self.device, self.dtype = weight.device, weight.dtype
         self.acc = accumulation_dtype(self.dtype)
+        self.cast = self.acc != self.dtype  # the state is kept in a wider dtype than the model's
         with torch.no_grad():
             self.embed = (weight * math.sqrt(model.dim)).detach()  # (V, C): sqrt(C) E, scaled once
             positions = torch.arange(self.capacity, device=self.device)
             self.positions = sinusoidal_positions(positions, model.dim, self.dtype)  # (capacity, C)
             self.layers = [_Layer(cast(Block, block)) for block in model.blocks]
             self.head = weight.detach().t()  # (C, V): the head tied to the embeddings
+            norm = model.norm
+            self.norm = (norm.weight, norm.bias, norm.eps)
         self.t = 0
         self._allocate()
         self._step = self._step_eager
@@ -141,31 +160,44 @@ class StaticDecoder:
         # 2.13's CPU code generation gave linear attention wrong logits: tests/test_decoding.py.)
         self.graph = compile
         if compile:
-            mode = "reduce-overhead" if self.device.type == "cuda" else None
-            self._step = torch.compile(self._step_eager, mode=mode, dynamic=False, fullgraph=True)
+            if self.device.type == "cuda":
+                self._step = torch.compile(self._step_eager, mode="reduce-overhead", dynamic=False, fullgraph=True)
+            else:  # inductor's C++ wrapper calls the kernels without Python between them (113 against 139 us a
+                # step of chapter 7's 128-wide model with the Python wrapper, alternating, one thread)
+                options: dict[str, str | int | bool | Callable[..., Any]] = {"cpp_wrapper": True}
+                self._step = torch.compile(self._step_eager, dynamic=False, fullgraph=True, options=options)
 
     # -- state ---------------------------------------------------------------------------------------------
 
     def _allocate(self) -> None:
         B, cap, acc = self.batch, self.capacity, self.acc
         self.states: list[Any] = []
+        self.outputs: list[torch.Tensor] = []  # per layer (B, H Dv + 1): the attention's outputs, then a 1
+        self.values1: list[torch.Tensor | None] = []  # linear attention: (B, H, 1, Dv + 1), [v | 1]
         for layer in self.layers:
             H, D = layer.H, layer.D
             like = layer.wqkv
+            out = like.new_ones(B, layer.HDv + 1)
+            self.outputs.append(out)
+            values1 = None
             if layer.kind == "linear":
-                self.states.append(like.new_zeros(B * H, D, D + 1, dtype=acc))  # [S | z] of every (b, h)
+                R = D if layer.elementwise else layer.phi(like.new_zeros(1, D, dtype=acc)).shape[-1]  # type: ignore[misc]
+                self.states.append(like.new_zeros(B, H, R, D + 1, dtype=acc))  # [S | z] of every (b, h)
+                values1 = like.new_ones(B, H, 1, D + 1, dtype=acc)
             elif layer.kind == "flow":
-                zeros = {f: like.new_zeros(B, H, D, dtype=acc) for f in FlowState._fields[1:5]}
                 self.states.append(
                     {
-                        **zeros,
+                        # the running sums in pairs, so that one operation updates both: [query_sum, key_sum]
+                        # and [query_over_incoming, key_over_outgoing], each (B, 2, H, D)
+                        "sums": like.new_zeros(B, 2, H, D, dtype=acc),
+                        "ratios": like.new_zeros(B, 2, H, D, dtype=acc),
                         "exp_mean": like.new_zeros(B, H, dtype=acc),
                         "kv": like.new_zeros(B, H, D, D, dtype=acc),
                     }
                 )
             else:
                 self.states.append((like.new_zeros(B, H, cap, D), like.new_zeros(B, H, cap, D)))
-        self.values1 = self.layers[0].wqkv.new_ones(B * self.layers[0].H, 1, self.layers[0].D + 1, dtype=acc)
+            self.values1.append(values1)
 
     def reset(self) -> None:
         """Forget every token: position 0, empty states."""
@@ -191,18 +223,19 @@ class StaticDecoder:
         check_int(tokens.shape[1], "the prompt's length", name=name, maximum=self.capacity, why=" (the capacity)")
         self.reset()
         logits, state = self.model(tokens, output_final_state=True)  # (B, P, V)
-        for layer, held, layer_state in zip(self.layers, self.states, state.layers, strict=True):
-            self._load(layer, held, layer_state)
+        for held, layer_state in zip(self.states, state.layers, strict=True):
+            self._load(held, layer_state)
         self.t = tokens.shape[1]
         return cast(torch.Tensor, logits)
 
-    def _load(self, layer: _Layer, held: Any, state: Any) -> None:
-        B, H, D = self.batch, layer.H, layer.D
+    def _load(self, held: Any, state: Any) -> None:
         if isinstance(state, LinearState):
-            held.copy_(torch.cat([state.S, state.z.unsqueeze(-1)], dim=-1).reshape(B * H, D, D + 1))
+            held.copy_(torch.cat([state.S, state.z.unsqueeze(-1)], dim=-1))
         elif isinstance(state, FlowState):
-            for field, x in held.items():
-                x.copy_(getattr(state, field))
+            held["sums"].copy_(torch.stack([state.query_sum, state.key_sum], 1))
+            held["ratios"].copy_(torch.stack([state.query_over_incoming, state.key_over_outgoing], 1))
+            held["exp_mean"].copy_(state.exp_mean)
+            held["kv"].copy_(state.kv)
         elif isinstance(state, KVCache):
             keys, values = held
             keys[:, :, : state.t].copy_(state.keys)
@@ -226,70 +259,78 @@ class StaticDecoder:
 
     def _step_eager(self, token: torch.Tensor, t: Any) -> torch.Tensor:
         position = self.positions.index_select(0, t.view(1)) if self.graph else self.positions[t]  # (1, C) or (C,)
-        x = self.embed[token] + position  # (B, C)
-        for layer, state in zip(self.layers, self.states, strict=True):
-            h = F.layer_norm(x, x.shape[-1:], layer.norm1.weight, layer.norm1.bias, layer.norm1.eps)
-            x = x + self._attend(layer, state, h, t)  # (B, C)
-            h = F.layer_norm(x, x.shape[-1:], layer.norm2.weight, layer.norm2.bias, layer.norm2.eps)
-            x = x + _linear(F.gelu(_linear(h, layer.w1, layer.b1)), layer.w2, layer.b2)  # (B, C)
-        norm = self.model.norm
-        return F.layer_norm(x, x.shape[-1:], norm.weight, norm.bias, norm.eps) @ self.head  # (B, V)
+        x = torch.add(self.embed.index_select(0, token), position)  # (B, C)
+        C = x.shape[-1]
+        for layer, state, out, values1 in zip(self.layers, self.states, self.outputs, self.values1, strict=True):
+            h = F.layer_norm(x, (C,), *layer.norm1[:2], layer.norm1[2])
+            if layer.kind == "moh":
+                self._moh(layer, state, h, t, out)
+            else:
+                qkv = torch.addmm(layer.bqkv, h, layer.wqkv) if layer.bqkv is not None else h @ layer.wqkv
+                if layer.kind == "linear":
+                    self._linear_step(layer, state, values1, qkv, out)
+                elif layer.kind == "flow":
+                    self._flow_step(layer, state, qkv, t, out)
+                else:
+                    B, H, D = x.shape[0], layer.H, layer.D
+                    q, k, v = qkv.view(B, 3, H, D).unbind(1)  # (B, H, D) each
+                    self._cached(state, q, k, v, t, None, out)
+            x = torch.addmm(x, out, layer.wo1)  # x + o Wo + bo: the out projection and the residual in one call
+            h = F.layer_norm(x, (C,), *layer.norm2[:2], layer.norm2[2])
+            x = torch.addmm(x, F.gelu(torch.addmm(layer.b1, h, layer.w1)), layer.w2).add_(layer.b2)  # (B, C)
+        return F.layer_norm(x, (C,), *self.norm[:2], self.norm[2]) @ self.head  # (B, V)
 
-    def _attend(self, layer: _Layer, state: Any, h: torch.Tensor, t: Any) -> torch.Tensor:
-        B, H, D = h.shape[0], layer.H, layer.D
-        if layer.kind == "moh":
-            return self._moh(layer, state, h, t)
-        qkv = _linear(h, layer.wqkv, layer.bqkv).view(B, 3, H, D)  # (B, 3, H, D)
-        q, k, v = qkv[:, 0], qkv[:, 1], qkv[:, 2]  # (B, H, D) each
-        if layer.kind == "linear":
-            out = self._linear_step(layer, state, q, k, v)
-        elif layer.kind == "flow":
-            out = self._flow_step(layer, state, q, k, v, t)
-        else:
-            out = self._cached(state, q, k, v, t, None)
-        return _linear(out.reshape(B, H * D).to(h.dtype), layer.wo, layer.bo)  # (B, C)
+    def _write(self, out: torch.Tensor, layer: _Layer) -> torch.Tensor:
+        """The first H Dv columns of a layer's output buffer, as (B, H, 1, Dv), for an ``out=`` to write into."""
+        return out[:, : layer.HDv].view(out.shape[0], layer.H, 1, -1)
 
-    def _linear_step(
-        self, layer: _Layer, Sz: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
-    ) -> torch.Tensor:
+    def _linear_step(self, layer: _Layer, Sz: torch.Tensor, values1: Any, qkv: torch.Tensor, out: torch.Tensor) -> None:
         """S += phi(k) v^T, z += phi(k) as one rank-one update of [S | z]; out = phi(q)^T S / (phi(q)^T z + eps)."""
-        B, H, D = q.shape
+        B, H, D = Sz.shape[0], layer.H, layer.D
         acc = Sz.dtype
-        phi = layer.phi
-        fq = phi(q.reshape(B * H, 1, D).to(acc))  # (B H, 1, R)
-        fk = phi(k.reshape(B * H, D, 1).to(acc))  # (B H, R, 1): a column
-        values1 = self.values1  # (B H, 1, D + 1): [v | 1], its last column ones
-        values1[..., :D] = v.reshape(B * H, 1, D)
-        Sz.baddbmm_(fk, values1)  # (B H, R, D + 1), in place
-        r = torch.bmm(fq, Sz)  # (B H, 1, D + 1): numerator and normaliser in one product
-        return (r[..., :D] / (r[..., D:] + layer.eps)).view(B, H, D)
+        qkv = qkv.view(B, 3, H, D)
+        if layer.elementwise:
+            qk = qkv[:, :2].to(acc) if self.cast else qkv[:, :2]
+            f = layer.features(qk)  # (B, 2, H, R): phi(q) and phi(k) in one call
+            fq, fk = f[:, 0].unsqueeze(-2), f[:, 1].unsqueeze(-1)  # (B, H, 1, R), (B, H, R, 1)
+        else:
+            phi = cast(Callable[[torch.Tensor], torch.Tensor], layer.phi)
+            fq, fk = phi(qkv[:, 0].to(acc)).unsqueeze(-2), phi(qkv[:, 1].to(acc)).unsqueeze(-1)
+        values1[..., :D].copy_(qkv[:, 2].unsqueeze(-2))  # [v | 1], (B, H, 1, D + 1)
+        Sz.addcmul_(fk, values1)  # (B, H, R, D + 1): S += phi(k) v^T and z += phi(k), in place
+        r = torch.matmul(fq, Sz)  # (B, H, 1, D + 1): numerator and normaliser in one product
+        torch.div(r[..., :D], r[..., D:].add_(layer.eps), out=self._write(out, layer))
 
     def _flow_step(
-        self, layer: _Layer, s: dict[str, torch.Tensor], q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, t: Any
-    ) -> torch.Tensor:
+        self, layer: _Layer, s: dict[str, torch.Tensor], qkv: torch.Tensor, t: Any, out: torch.Tensor
+    ) -> None:
         """One token of causal Flow-Attention on the prefix sums held in place (as
-        :func:`attnbook.flow_attention_step`)."""
+        :func:`attnbook.flow_attention_step`): the queries' and keys' quantities side by side, (B, 2, H, ...), so
+        that each running sum of the pair is updated by one operation."""
         acc, eps = s["kv"].dtype, layer.eps
+        B, H, D = qkv.shape[0], layer.H, layer.D
         n = t + 1  # the tokens seen, this one included
-        qs, ks, va = torch.sigmoid(q.to(acc)), torch.sigmoid(k.to(acc)), v.to(acc)  # (B, H, D)
-        s["key_sum"].add_(ks)
-        s["query_sum"].add_(qs)
-        incoming = ((qs + eps) * (s["key_sum"] + eps)).sum(-1) / n  # (B, H)
-        outgoing = ((ks + eps) * (s["query_sum"] + eps)).sum(-1) / n
-        s["key_over_outgoing"].add_(ks / outgoing.unsqueeze(-1))
-        s["query_over_incoming"].add_(qs / incoming.unsqueeze(-1))
-        conserved_in = ((qs + eps) * (s["key_over_outgoing"] + eps)).sum(-1) / n
-        conserved_out = (((ks + eps) * (s["query_over_incoming"] + eps)).sum(-1) / n).clamp(-1.0, 1.0)
-        expo = conserved_out.exp()  # (B, H)
-        s["exp_mean"].add_((expo - s["exp_mean"]) / n)
-        competition = expo / s["exp_mean"]
-        if not layer.attn.competition:
-            competition = torch.ones_like(expo)
-        allocation = torch.sigmoid(conserved_in) if layer.attn.allocation else torch.ones_like(expo)
-        kv = s["kv"]
-        kv.add_(ks.unsqueeze(-1) * (va * competition.unsqueeze(-1)).unsqueeze(-2))  # (B, H, D, Dv)
-        out = (qs.unsqueeze(-2) @ kv).squeeze(-2)  # (B, H, Dv)
-        return cast(torch.Tensor, out * (allocation / (incoming * n)).unsqueeze(-1))
+        qkv = qkv.view(B, 3, H, D)
+        qk = torch.sigmoid(qkv[:, :2].to(acc) if self.cast else qkv[:, :2])  # (B, 2, H, D): [q~, k~]
+        sums, ratios = s["sums"], s["ratios"]
+        sums.add_(qk)  # [sum q~, sum k~]
+        shifted = qk + eps
+        # [I n, O n]: (q~ + eps) . (sum k~ + eps) and (k~ + eps) . (sum q~ + eps), (B, 2, H)
+        flows = (shifted * (sums + eps).flip(1)).sum(-1)
+        # [sum q~ / I, sum k~ / O] += [q~ / I, k~ / O]
+        if isinstance(n, int):
+            ratios.addcdiv_(qk, flows.unsqueeze(-1), value=n)
+        else:
+            ratios.add_(qk * n / flows.unsqueeze(-1))
+        conserved = (shifted * (ratios + eps).flip(1)).sum(-1) / n  # (B, 2, H): [I^, O^]
+        v = qkv[:, 2].to(acc) if self.cast else qkv[:, 2]  # (B, H, Dv)
+        if layer.competition:
+            expo = conserved[:, 1].clamp(-1.0, 1.0).exp()  # (B, H)
+            mean = s["exp_mean"].lerp_(expo, 1.0 / n)  # the running mean of exp(O^), this token's included
+            v = v * (expo / mean).unsqueeze(-1)
+        s["kv"].addcmul_(qk[:, 1].unsqueeze(-1), v.unsqueeze(-2))  # (B, H, D, Dv) += k~ (c v)^T
+        scale = torch.sigmoid(conserved[:, 0]) / flows[:, 0] if layer.allocation else flows[:, 0].reciprocal()
+        torch.mul(torch.matmul(qk[:, 0].unsqueeze(-2), s["kv"]), scale[..., None, None], out=self._write(out, layer))
 
     def _cached(
         self,
@@ -299,33 +340,45 @@ class StaticDecoder:
         v: torch.Tensor,
         t: Any,
         scale: float | None,
-    ) -> torch.Tensor:
-        """The new query over the cached keys 0 .. t: row t written in place, SDPA on a view of the rows."""
+        out: torch.Tensor,
+    ) -> None:
+        """The new query over the cached keys 0 .. t: row t written in place, then read as a view of the cache."""
         keys, values = cache
+        B, H, D = q.shape
+        target = out[:, : H * values.shape[-1]].view(B, H, 1, -1)
         if self.graph:  # fixed shapes: write by index, read every row, mask those after t (O(capacity) a step)
             index = t.view(1)
             keys.index_copy_(2, index, k.unsqueeze(2))
             values.index_copy_(2, index, v.unsqueeze(2))
             allowed = (torch.arange(keys.shape[2], device=keys.device) <= t).view(1, 1, 1, -1)  # (1, 1, 1, capacity)
-            out = F.scaled_dot_product_attention(q.unsqueeze(2), keys, values, attn_mask=allowed, scale=scale)
+            target.copy_(F.scaled_dot_product_attention(q.unsqueeze(2), keys, values, attn_mask=allowed, scale=scale))
+            return
+        keys[:, :, t] = k
+        values[:, :, t] = v
+        n = t + 1
+        if keys.device.type == "cpu":
+            # On the CPU, one query's scores, softmax and sum as two batched products: SDPA's fused kernel read
+            # the cache at two thirds of this speed for a single query (benchmarks/bench_decoding.py)
+            scores = torch.matmul(q.unsqueeze(2), keys[:, :, :n].transpose(-1, -2))  # (B, H, 1, n)
+            weights = torch.softmax(scores.mul_(scale if scale is not None else D**-0.5), dim=-1)
+            torch.matmul(weights, values[:, :, :n], out=target)
         else:
-            keys[:, :, t] = k
-            values[:, :, t] = v
-            n = t + 1
-            out = F.scaled_dot_product_attention(q.unsqueeze(2), keys[:, :, :n], values[:, :, :n], scale=scale)
-        return out.squeeze(2)  # (B, H, Dv)
+            target.copy_(F.scaled_dot_product_attention(q.unsqueeze(2), keys[:, :, :n], values[:, :, :n], scale=scale))
 
-    def _moh(self, layer: _Layer, cache: tuple[torch.Tensor, torch.Tensor], h: torch.Tensor, t: Any) -> torch.Tensor:
+    def _moh(
+        self, layer: _Layer, cache: tuple[torch.Tensor, torch.Tensor], h: torch.Tensor, t: Any, out: torch.Tensor
+    ) -> None:
         """One token of MoH: the router's gates (the layer's own :meth:`~attnbook.MoHAttention.route`), the heads
-        over the cache, the gated heads projected."""
+        over the cache, the gated heads normalised (the layer's ``norm``) into the output buffer."""
         attn = layer.moh
         B, H, D = h.shape[0], layer.H, layer.D
         gates = attn.route(h.unsqueeze(1)).gates[:, 0]  # (B, H), in at least float32
-        qkv = _linear(h, layer.wqkv, layer.bqkv).view(B, 3, H, D)
+        qkv = (torch.addmm(layer.bqkv, h, layer.wqkv) if layer.bqkv is not None else h @ layer.wqkv).view(B, 3, H, D)
         q, k = attn.q_norm(qkv[:, 0]), attn.k_norm(qkv[:, 1])
-        heads = self._cached(cache, q, k, qkv[:, 2], t, attn.scale)  # (B, H, D)
+        self._cached(cache, q, k, qkv[:, 2], t, attn.scale, out)
+        heads = out[:, : H * D].view(B, H, D)
         gated = (heads.to(gates.dtype) * gates.unsqueeze(-1)).reshape(B, H * D)
-        return _linear(attn.norm(gated).to(h.dtype), layer.wo, layer.bo)  # (B, C)
+        out[:, : H * D].copy_(attn.norm(gated))
 
     def tensors(self) -> list[torch.Tensor]:
         """Every tensor of the held state (for counting the memory allocated behind it)."""
@@ -339,13 +392,15 @@ class StaticDecoder:
         layers: list[Any] = []
         B, t = self.batch, self.t
         for layer, held in zip(self.layers, self.states, strict=True):
-            H, D = layer.H, layer.D
             if layer.kind == "linear":
-                Sz = held.view(B, H, D, D + 1).clone()
-                layers.append(LinearState(Sz[..., :D], Sz[..., D]))
+                Sz = held.clone()  # (B, H, R, Dv + 1)
+                layers.append(LinearState(Sz[..., :-1], Sz[..., -1]))
             elif layer.kind == "flow":
                 count = torch.full((B,), t, device=self.device, dtype=torch.int64)
-                layers.append(FlowState(count, *(held[f].clone() for f in FlowState._fields[1:])))
+                sums, ratios = held["sums"].clone(), held["ratios"].clone()
+                # FlowState's order: key_sum, query_sum, key_over_outgoing, query_over_incoming, exp_mean, kv
+                pairs = (sums[:, 1], sums[:, 0], ratios[:, 1], ratios[:, 0])
+                layers.append(FlowState(count, *pairs, held["exp_mean"].clone(), held["kv"].clone()))
             else:
                 keys, values = held
                 layers.append(KVCache.empty().extend(keys[:, :, :t], values[:, :, :t]) if t else KVCache.empty())

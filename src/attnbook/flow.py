@@ -797,9 +797,9 @@ class FlowAttention(ProjectedAttention[FlowState]):
         (B, S, d_input), (B, S, d_input) -> (B, L, d_output); ``key_padding_mask`` (B, S) bool, True = padding.
         In self-attention (``layer(x)``, or ``layer(x, x, x)`` with one tensor, as ``nn.MultiheadAttention`` is
         called) a padded position neither sends nor receives flow, so the real positions equal a run on the
-        unpadded sequence; with separate keys only the keys are padded. ``attn_mask`` must be None. Causal self-attention also
-        takes ``initial_state`` (a :class:`FlowState`) and ``output_final_state=True`` (-> ``(y, FlowState)``);
-        ``step(x_t, state)``: (B, d_input) -> ((B, d_output), FlowState).
+        unpadded sequence; with separate keys only the keys are padded. ``attn_mask`` must be None. Causal
+        self-attention also takes ``initial_state`` (a :class:`FlowState`) and ``output_final_state=True``
+        (-> ``(y, FlowState)``); ``step(x_t, state)``: (B, d_input) -> ((B, d_output), FlowState).
 
     Example:
         >>> import torch, attnbook
