@@ -30,6 +30,21 @@ def test_prefill_and_steps_give_the_logits_of_one_forward(name, batch):
     assert decoder.t == 30
 
 
+@pytest.mark.parametrize("up_to", [0, 10_000], ids=["batched-products", "sdpa"])
+@pytest.mark.parametrize("name", ["softmax", "moh"])
+def test_both_ways_of_reading_a_kv_cache_give_the_logits_of_one_forward(name, up_to, monkeypatch):
+    """On the CPU a long cache is read by two batched products, a short one by SDPA (decoding._SDPA_UP_TO keys):
+    the threshold moved so that each path reads every step."""
+    import attnbook.decoding
+
+    monkeypatch.setattr(attnbook.decoding, "_SDPA_UP_TO", up_to)
+    m = model(name)
+    tokens = torch.randint(0, 256, (2, 25))
+    decoder = StaticDecoder(m, batch=2, capacity=25)
+    parts = [decoder.prefill(tokens[:, :5])] + [decoder.step(tokens[:, t]).unsqueeze(1) for t in range(5, 25)]
+    torch.testing.assert_close(torch.cat(parts, 1), m(tokens), **tol(torch.float64))
+
+
 def _variant(kind):
     from attnbook import FlowAttention, LinearAttention
     from attnbook.feature_maps import PerformerFeatures

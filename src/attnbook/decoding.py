@@ -10,9 +10,9 @@ checks, in Python, in the dispatch of about a hundred small operations, in new t
 * the state is made once, for a given batch and capacity, and every step writes into it: a recurrent state
   (linear attention's [S | z], Flow-Attention's prefix sums, kept in pairs so that one operation updates the
   queries' and the keys' sums) is updated in place, a KV cache is a preallocated (B, H, capacity, D) buffer
-  whose row t is written and whose first t + 1 rows are read as a view (no copy, no growth): by SDPA on a GPU,
-  by two batched products on the CPU, where SDPA's fused kernel read the cache at two thirds of their speed for
-  one query;
+  whose row t is written and whose first t + 1 rows are read as a view (no copy, no growth): by SDPA, but on
+  the CPU beyond 2048 keys by two batched products, where SDPA's fused kernel read the cache at two thirds of
+  their speed for one query;
 * each layer's query, key and value projections are one matrix product, the positions a precomputed table, the
   query and key features one call, the linear attention's numerator and normaliser one product with [S | z];
 * the attention's outputs are written into a buffer whose last column is 1, so that the out projection, its
@@ -109,6 +109,8 @@ class _Layer:
 
 
 _BUILT_IN = {phi: name for name, phi in FEATURE_MAPS.items()}
+# the cached keys up to which the CPU step reads a KV cache with SDPA (_cached; measured, one thread)
+_SDPA_UP_TO = 2048
 
 
 class StaticDecoder:
@@ -356,9 +358,10 @@ class StaticDecoder:
         keys[:, :, t] = k
         values[:, :, t] = v
         n = t + 1
-        if keys.device.type == "cpu":
-            # On the CPU, one query's scores, softmax and sum as two batched products: SDPA's fused kernel read
-            # the cache at two thirds of this speed for a single query (benchmarks/bench_decoding.py)
+        if keys.device.type == "cpu" and n > _SDPA_UP_TO:
+            # On the CPU, one query over a long cache: scores, softmax and sum as two batched products. SDPA's
+            # fused kernel read two layers' caches at two thirds of their speed at t = 8192 (451 against 662 us);
+            # up to about 2048 keys its single call is the quicker (9 against 14 us a layer at t = 16)
             scores = torch.matmul(q.unsqueeze(2), keys[:, :, :n].transpose(-1, -2))  # (B, H, 1, n)
             weights = torch.softmax(scores.mul_(scale if scale is not None else D**-0.5), dim=-1)
             torch.matmul(weights, values[:, :, :n], out=target)
