@@ -117,3 +117,18 @@ def test_crossover_is_the_first_position_from_which_softmax_stays_slower():
     assert generation.crossover(fake([1, 3, 4], [2, 2, 2])) == 256
     assert generation.crossover(fake([3, 1, 4], [2, 2, 2])) == 4096  # slower at 16, but not from there on
     assert generation.crossover(fake([1, 1, 1], [2, 2, 2])) is None
+
+
+@pytest.mark.slow
+def test_the_compiled_step_is_measured_beside_the_static_one():
+    """decoders=("static", "compiled"): both timed on the CPU; the compiled step's peak memory is not counted
+    (the CPU count runs under a dispatch mode, which a compiled step cannot run under), its state is."""
+    both = generation.measure(
+        TINY, mechanism_names=["linear"], positions=[4, 8], repeats=2, warmup=1, decoders=("static", "compiled"),
+        progress=False,
+    )  # fmt: skip
+    records = {(r["decoder"], r["t"]): r for r in both["records"]}
+    assert set(records) == {(d, t) for d in ("static", "compiled") for t in (4, 8)}
+    for (decoder, _), r in records.items():
+        assert r["median_s"] > 0 and r["state_bytes"] == records["static", 4]["state_bytes"]
+        assert (r["step_peak_bytes"] is None) == (decoder == "compiled")

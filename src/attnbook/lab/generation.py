@@ -126,7 +126,8 @@ def measure(
     Returns:
         A dict with keys ``config``, ``environment`` and ``records``: one record per decoder, mechanism and
         position, with keys ``decoder``, ``mechanism``, ``t``, ``median_s``, ``min_s``, ``samples_s``,
-        ``state_bytes``, ``allocated_bytes``, ``step_peak_bytes`` and ``recurrent``.
+        ``state_bytes``, ``allocated_bytes``, ``step_peak_bytes`` (None for a compiled step on the CPU) and
+        ``recurrent``.
     """
     names = list(mechanism_names or mechanisms.names(causal=True))
     check_count(positions, "positions", name="measure", item="position")
@@ -167,7 +168,13 @@ def measure(
                         "samples_s": [x / burst for x in timing[key].samples],
                         "state_bytes": held[key][0],
                         "allocated_bytes": held[key][1],
-                        "step_peak_bytes": peak_memory(run.advance, device),
+                        # the CPU count works by a dispatch mode, which a compiled step cannot run under
+                        # (and whose fused kernels' storage it would not see): None there
+                        "step_peak_bytes": (
+                            None
+                            if decoder == "compiled" and device.type != "cuda"
+                            else peak_memory(run.advance, device)
+                        ),
                         "recurrent": run.model.recurrent,
                     }
                 )
