@@ -60,6 +60,8 @@ class _Generation:
 
     def __init__(self, model, text: torch.Tensor, device, decoder: str, capacity: int):
         self.model, self.text, self.device = model, text, device
+        # the bytes as token ids on the device once, so that a step's next token is a view, not five operations
+        self.tokens = text.reshape(-1).to(device, torch.long)
         fast = decoder != "eager"
         self.fast = StaticDecoder(model, batch=1, capacity=capacity, compile=decoder == "compiled") if fast else None
         self.state: Any = None
@@ -80,7 +82,8 @@ class _Generation:
         self.t = t
 
     def advance(self) -> None:
-        token = self._bytes(self.t, 1)[0]
+        i = self.t % self.tokens.numel()
+        token = self.tokens[i : i + 1]  # (1,)
         if self.fast is not None:
             self.fast.step(token)
         else:
