@@ -99,9 +99,25 @@ def test_floor_table_and_the_decoding_summary_read_a_bench_decoding_recording(re
     assert set(floors) == {"softmax", "linear", "flow", "moh"}
     assert all(f["times"] == pytest.approx(4.0) for f in floors.values())
     text = generation.decoding_summary(recording)
-    assert "4.0x the floor" in text and "from t* = 8 on" in text and "(20.0x)" in text
+    assert "median (static), against its floor" in text and " 4.0x" in text and "from t* = 8 on" in text
+    assert "(20.0x)" in text and "|" not in text  # no compiled step recorded
     at_floors = floors["softmax"]["floor_s"] / floors["linear"]["floor_s"]
-    assert f"softmax / linear at t = 64: 3.0x (static), 3.0x (eager); {at_floors:.1f}x at the floors" in text
+    assert f"softmax / linear: 3.0x static, 3.0x eager; {at_floors:.1f}x at the floors" in text
+    assert max(map(len, text.splitlines())) <= 80
+
+
+def test_the_decoding_summary_shows_the_compiled_step_and_the_eager_prefill_when_recorded(result):
+    """A recording with a compiled decoder: its step beside the static one (here twice as quick: 2.0x the floor),
+    its ratio; the prompt against the eager steps too (what generate took in 0.1)."""
+    recording = _decoding_recording(result)
+    faster = [{**r, "decoder": "compiled", "median_s": r["median_s"] / 2} for r in recording["records"]]
+    recording = {**recording, "records": recording["records"] + faster,
+                 "config": {**recording["config"], "decoders": ["static", "compiled"]}}  # fmt: skip
+    recording["summary"]["ratio_at_t_max"]["compiled"] = {"linear": 5.0, "flow": 4.0}
+    recording["prefill"]["linear"]["eager_steps_s"] = 0.5
+    text = generation.decoding_summary(recording)
+    assert "median (static | compiled)" in text and "4.0x |" in text and " 2.0x" in text
+    assert "3.0x static, 3.0x eager, 5.0x compiled" in text and "500 ms eager (50.0x)" in text
     assert max(map(len, text.splitlines())) <= 80
 
 

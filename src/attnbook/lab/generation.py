@@ -311,31 +311,41 @@ def floor_table(recording: dict, t: int | None = None, decoder: str = "static") 
 
 def decoding_summary(recording: dict) -> str:
     """A ``bench_decoding.py`` recording for an 80-column page: every step at the last position against its floor
-    (static decoder), softmax's step over the recurrent ones there, measured and at the floors, the crossover t*,
-    and the prefill of a long prompt against stepping through it."""
+    (static decoder, and the compiled one where it was recorded), softmax's step over the recurrent ones there,
+    measured and at the floors, the crossover t*, and the prefill of a long prompt against stepping through it
+    (static steps, and the eager steps that ``generate`` took in 0.1)."""
     ts, _ = series(recording, "median_s", "static")
     t = ts[-1]
     floors = floor_table(recording, t)
-    lines = [f"per-token step at t = {t} (static decoder, median) against its floor:"]
+    decoders = recording["config"].get("decoders", ["static"])
+    compiled = floor_table(recording, t, "compiled") if "compiled" in decoders else None
+    head = "static" + (" | compiled" if compiled else "")
+    lines = [f"per-token step at t = {t}, median ({head}), against its floor:"]
     for name, f in floors.items():
-        lines.append(
-            f"  {name:8s}{1e3 * f['step_s']:6.2f} ms   floor {1e3 * f['floor_s']:6.3f} ms"
-            f" ({f['bytes'] / 1e6:4.1f} MB read)   {f['times']:5.1f}x the floor"
+        line = (
+            f"  {name:8s}{1e3 * f['step_s']:5.2f} ms  floor {1e3 * f['floor_s']:5.3f} ms ({f['bytes'] / 1e6:4.1f} MB)"
         )
+        line += f" {f['times']:4.1f}x"
+        if compiled:
+            line += f" | {1e3 * compiled[name]['step_s']:5.2f} ms {compiled[name]['times']:4.1f}x"
+        lines.append(line)
     s = recording["summary"]
     for name in ("linear", "flow"):
         at_floor = floors["softmax"]["floor_s"] / floors[name]["floor_s"]
-        lines.append(
-            f"softmax / {name} at t = {t}: {s['ratio_at_t_max']['static'][name]:.1f}x (static),"
-            f" {s['ratio_at_t_max']['eager'][name]:.1f}x (eager); {at_floor:.1f}x at the floors"
-        )
-    lines.append(f"linear attention's step is the quicker one from t* = {s['crossover_t']} on")
+        ratios = s["ratio_at_t_max"]
+        measured = ", ".join(f"{ratios[d][name]:.1f}x {d}" for d in ("static", "eager", "compiled") if d in ratios)
+        lines.append(f"softmax / {name}: {measured}; {at_floor:.1f}x at the floors")
+    lines.append(f"linear attention's static step is the quicker one from t* = {s['crossover_t']} on")
     prefill = recording["prefill"]
-    lines.append(f"a prompt of {prefill['prompt']} tokens: one prefill against as many static steps")
+    lines.append(f"a prompt of {prefill['prompt']} tokens: one prefill against stepping through it")
     for name, p in prefill.items():
-        if name != "prompt":
-            lines.append(
-                f"  {name:8s}{1e3 * p['prefill_s']:6.0f} ms against {1e3 * p['static_steps_s']:5.0f} ms"
-                f" ({p['steps_over_prefill']:4.1f}x); logits differ by {p['max_logit_difference']:.0e}"
-            )
+        if name == "prompt":
+            continue
+        line = f"  {name:8s}{1e3 * p['prefill_s']:5.0f} ms against {1e3 * p['static_steps_s']:5.0f} ms static"
+        line += f" ({p['steps_over_prefill']:4.1f}x)"
+        if "eager_steps_s" in p:
+            line += f", {1e3 * p['eager_steps_s']:5.0f} ms eager ({p['eager_steps_s'] / p['prefill_s']:4.1f}x)"
+        lines.append(line)
+    worst = max(p["max_logit_difference"] for n, p in prefill.items() if n != "prompt")
+    lines.append(f"  the prefill's logits and the steps' differ by at most {worst:.0e}")
     return "\n".join(lines)
