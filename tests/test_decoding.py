@@ -120,8 +120,9 @@ def test_reset_starts_afresh_and_capacity_is_a_clear_limit():
 
 @pytest.mark.slow
 def test_the_compiled_step_gives_the_same_logits():
-    """torch.compile of the step, fixed shapes (the position a tensor, the KV cache read whole and masked)."""
-    for name in ("linear", "softmax"):
+    """torch.compile of the step, fixed shapes (the position a tensor, the KV cache read whole and masked), for
+    every causal mechanism (bench_decoding records each compiled step)."""
+    for name in CAUSAL:
         torch._dynamo.reset()
         m = DecoderLM(name, dim=16, n_heads=2, n_layers=1).eval()
         tokens = torch.randint(0, 256, (1, 10))
