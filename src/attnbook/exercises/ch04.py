@@ -280,7 +280,8 @@ def check_spread_growth(answer) -> Result:
     right = _measured()
     if _near(value, right, n):
         sd = statistics.stdev(right)
-        return Result(True, f"{name}: {what} is right; from seed to seed the growth varies by about {sd:.2g}.")
+        why = f"the standard deviation over the {len(right)} seeds the checker reran"
+        return Result(True, f"{name}: {what} is right; from seed to seed the growth varies by about {sd:.2g} ({why}).")
     if value < 1:
         return Result(
             False, f"{name}: {what} would mean the spread shrinks; divide the spread with scaled q, k by the "

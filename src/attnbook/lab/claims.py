@@ -1363,14 +1363,19 @@ def head_width_spans(result: HeadWidthStudy | dict, *, trained: bool = True) -> 
 
 
 def head_width_table(live: HeadWidthStudy, recorded: dict | None = None) -> str:
-    """The head-width study as text for an 80-column page: per head width D and variant, the accuracy and the
-    trained heads' effective rank, live and recorded (mean over seeds)."""
+    """The head-width study as text for an 80-column page: per head width D and variant, the accuracy (mean over
+    seeds, and their range when there are several) and the trained heads' effective rank, live and recorded."""
     check_instance(live, "live", HeadWidthStudy, name="head_width_table", what="a HeadWidthStudy")
     ours = head_width_spans(live)
     theirs = {} if recorded is None else head_width_spans(recorded)
     n_live = len(live.runs[live.variants[0]][live.widths[0]])
-    steps = f"{live.setup.steps} steps, {n_live} seeds"
-    rec = "" if recorded is None else f"{recorded['setup']['steps']} steps, {len(recorded['seeds'])} seeds"
+    n_rec = 0 if recorded is None else len(recorded["seeds"])
+
+    def seeds(n: int) -> str:
+        return f"{n} seed" + ("" if n == 1 else "s")
+
+    steps = f"{live.setup.steps} steps, {seeds(n_live)}"
+    rec = "" if recorded is None else f"{recorded['setup']['steps']} steps, {seeds(n_rec)}"
     lines = [f"{'':12s}{'live: ' + steps:>30s}" + (f"{'recorded: ' + rec:>32s}" if rec else "   (no recording here)")]
     lines.append(f"{'':12s}{'accuracy':>20s}{'rank':>10s}" + (f"{'accuracy':>22s}{'rank':>10s}" if rec else ""))
     for d in live.widths:
@@ -1382,7 +1387,8 @@ def head_width_table(live: HeadWidthStudy, recorded: dict | None = None) -> str:
                     row += f"{'-':>20s}{'-':>10s}" if spans is ours else f"{'-':>22s}{'-':>10s}"
                     continue
                 a, r = s["accuracy"], s["rank"]
-                acc = f"{a[0]:.3f} ({a[1]:.2f}-{a[2]:.2f})"
+                one = (n_live if spans is ours else n_rec) == 1  # one seed: no range to give
+                acc = f"{a[0]:.3f}" if one else f"{a[0]:.3f} ({a[1]:.2f}-{a[2]:.2f})"
                 row += f"{acc:>20s}{r[0]:>10.2f}" if spans is ours else f"{acc:>22s}{r[0]:>10.2f}"
             lines.append(row)
     return "\n".join(lines)
