@@ -447,3 +447,29 @@ def test_results_are_shown_within_the_72_columns_of_an_exercise_box(exercise_id,
         with pytest.raises(AssertionError) as raised:
             r.require()
         assert str(raised.value) == shown
+
+
+def _masked_after_the_softmax(q, k, v):  # (issue 29) as a student writes it: softmax, then zero the future
+    n = q.shape[-2]
+    p = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), dim=-1) * torch.ones(n, n).tril()
+    return p / p.sum(-1, keepdim=True) @ v
+
+
+def _exp_as_is(q, k, v):  # (issue 29) exp of the scores without subtracting the maximum
+    n = q.shape[-2]
+    e = torch.exp(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])) * torch.ones(n, n).tril()
+    return e / e.sum(-1, keepdim=True) @ v
+
+
+@pytest.mark.parametrize(
+    "answer, says",
+    [
+        (_masked_after_the_softmax, "the future masked afterwards"),
+        (_exp_as_is, "overflows to inf"),
+    ],
+)
+def test_causal_attention_catches_a_large_score_on_a_future_or_a_visible_key(answer, says):
+    """Both pass on scores of unit size; a score of about 2000 sqrt(D) on a future key (masking after the softmax
+    leaves 0 / 0) or on a visible one (exp overflows) makes rows NaN, and the mistake is named."""
+    r = check("1.2", answer)
+    assert not r.passed and "a large score on" in r.message and says in r.message, r.message

@@ -301,3 +301,21 @@ def test_number_answers_of_the_wrong_type_get_feedback(exercise_id, answer):
 def test_function_answers_of_the_wrong_type_get_feedback(exercise_id, answer):
     rejected(exercises.check(exercise_id, answer), "expected a function")
     rejected(exercises.check(exercise_id, lambda *args: answer))
+
+
+def test_top_k_gates_with_an_exp_that_overflows_is_told_to_subtract_the_maximum():
+    """(issue 29) Logits shifted by 800 (float64) and 100 (float32) change no gate; exp without the maximum
+    overflows, the answer is NaN there, and the note says why."""
+
+    def gates_with(softmax):
+        def top_k_gates(logits, k):
+            p = softmax(logits)
+            mask = torch.zeros_like(p, dtype=torch.bool).scatter(-1, logits.topk(k, dim=-1).indices, True)
+            kept = torch.where(mask, p, 0)
+            return k * kept / kept.sum(-1, keepdim=True)
+
+        return top_k_gates
+
+    assert exercises.check("5.2", gates_with(lambda x: torch.softmax(x, -1))).passed
+    r = exercises.check("5.2", gates_with(lambda x: x.exp() / x.exp().sum(-1, keepdim=True)))
+    assert not r.passed and "shifted by 800" in r.message and "largest logit before exp" in r.message, r.message

@@ -363,3 +363,57 @@ def test_function_answers_of_the_wrong_type_get_feedback(exercise_id, answer):
 @pytest.mark.parametrize("answer", ODD_ANSWERS, ids=ODD_IDS)
 def test_7_1_answers_of_the_wrong_type_get_feedback(answer):
     rejected(exercises.check("7.1", answer))
+
+
+def _softmax_as_is(x, dim=-1):  # (issue 29) exp of the logits without subtracting the maximum
+    e = x.exp()
+    return e / e.sum(dim, keepdim=True)
+
+
+def _cached_step_with(softmax):
+    def cached_step(q_t, k_t, v_t, keys, values):
+        keys, values = torch.cat([keys, k_t.unsqueeze(2)], 2), torch.cat([values, v_t.unsqueeze(2)], 2)
+        scores = (q_t.unsqueeze(-2) @ keys.transpose(-2, -1)) / math.sqrt(q_t.shape[-1])  # (B, H, 1, t)
+        return (softmax(scores, -1) @ values).squeeze(-2), keys, values
+
+    return cached_step
+
+
+def _distribution_with(softmax):
+    def next_byte_distribution(logits, temperature, top_k):
+        scaled = logits / temperature
+        if top_k is not None:
+            kth = scaled.topk(top_k, dim=-1).values[:, -1:]
+            scaled = scaled.masked_fill(scaled < kth, float("-inf"))
+        return softmax(scaled, -1)
+
+    return next_byte_distribution
+
+
+def _bits_with(log_softmax):
+    def bits_per_byte(logits, tokens):
+        logp = log_softmax(logits[:, :-1], -1).gather(-1, tokens[:, 1:, None])
+        return -logp.mean() / math.log(2)
+
+    return bits_per_byte
+
+
+@pytest.mark.parametrize(
+    "exercise, right, forms",
+    [
+        ("7.2", _bits_with(torch.log_softmax), [_bits_with(lambda x, d: torch.softmax(x, d).log())]),
+        ("7.3", _cached_step_with(torch.softmax), []),
+        ("7.4", _distribution_with(torch.softmax), []),
+    ],
+)
+def test_a_softmax_without_its_maximum_overflows_on_shifted_logits_and_is_told_so(exercise, right, forms):
+    """(issue 29) Logits or scores shifted by a few hundred, which changes no probability: exp as it is overflows
+    to inf and the answer is NaN there; the note says to subtract the maximum. log(softmax(x)) stays right (a
+    shift leaves the differences small)."""
+    assert exercises.check(exercise, right).passed
+    for form in forms:
+        assert exercises.check(exercise, form).passed
+    wrong = {"7.2": _bits_with(lambda x, d: _softmax_as_is(x, d).log()), "7.3": _cached_step_with(_softmax_as_is),
+             "7.4": _distribution_with(_softmax_as_is)}[exercise]  # fmt: skip
+    r = exercises.check(exercise, wrong)
+    assert not r.passed and "shifted" in r.message and "largest value before exp" in r.message, r.message

@@ -224,7 +224,32 @@ def _nan_on_first_row(q, k, v):
     return torch.softmax(scores.masked_fill(~_tril(q.shape[-2], -1), -math.inf), dim=-1) @ v
 
 
+def _masked_after_softmax(q, k, v):
+    """The softmax over every key, then the future zeroed and the rows renormalised: a large score on a future key
+    takes all of a row's weight, nothing is left for the past, and the renormalisation is 0 / 0."""
+    dtype, (q, k, v) = q.dtype, (x.double() for x in (q, k, v))
+    p = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), dim=-1) * _tril(q.shape[-2])
+    return (p / p.sum(-1, keepdim=True) @ v).to(dtype)
+
+
+def _exp_without_the_maximum(q, k, v):
+    """exp of the masked scores without subtracting each row's maximum: a large score overflows to inf, inf / inf."""
+    dtype, (q, k, v) = q.dtype, (x.double() for x in (q, k, v))
+    e = torch.exp(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])) * _tril(q.shape[-2])
+    return (e / e.sum(-1, keepdim=True) @ v).to(dtype)
+
+
 _CAUSAL_MISTAKES = [
+    Diagnosis(
+        "the softmax is taken over every key and the future masked afterwards: a large score on a future key "
+        "takes all of the row, and renormalising what is left is 0 / 0; mask the scores (-inf) before the softmax",
+        _masked_after_softmax,
+    ),
+    Diagnosis(
+        "exp is taken of the scores as they are: a large score overflows to inf and the row becomes inf / inf; "
+        "subtract each row's largest (allowed) score first, as torch.softmax does",
+        _exp_without_the_maximum,
+    ),
     Diagnosis("the scores are not divided by sqrt(D)", _scaled(lambda d: 1.0)),
     Diagnosis("the scores are divided by D instead of sqrt(D)", _scaled(lambda d: 1.0 / d)),
     Diagnosis("the scores are multiplied by sqrt(D) instead of divided by it", _scaled(lambda d: math.sqrt(d))),
@@ -252,6 +277,23 @@ def _qkv(B: int, H: int, N: int, D: int, Dv: int, seed: int, dtype=torch.float64
     )  # q, k (B, H, N, D), v (B, H, N, Dv)
 
 
+def _large_score(B: int, N: int, D: int, seed: int, *, future: bool, dtype=torch.float64) -> tuple:
+    """q, k, v (B, 1, N, D) where one score is about 2000 sqrt(D): on a key in query 0's future (``future``), or on
+    key 0 for the last query, which sees it. A right answer is unaffected by the first and exact with the second."""
+    q, k, v = (x.clone() for x in _qkv(B, 1, N, D, D, seed=seed))
+    if future:
+        k[..., N - 1, :] = 2000 * q[..., 0, :]  # query 0 must not see key N - 1
+    else:
+        k[..., 0, :] = 2000 * q[..., N - 1, :]  # the last query sees key 0
+    return tuple(x.to(dtype) for x in (q, k, v))
+
+
+LARGE_SCORE = (
+    "one score on these inputs is about 2000 sqrt(D): mask the scores before the softmax (not the weights after "
+    "it), and subtract each row's largest score before exp (torch.softmax does)"
+)
+
+
 def _causal_cases() -> list[Case]:
     return [
         Case(_qkv(2, 1, 5, 4, 3, seed=10), label="q, k (2, 1, 5, 4) and v (2, 1, 5, 3)"),
@@ -260,6 +302,18 @@ def _causal_cases() -> list[Case]:
         Case(_qkv(1, 2, 64, 8, 6, seed=19), label="q, k (1, 2, 64, 8), v (1, 2, 64, 6)", note=FIXED_SIZE),
         Case(_qkv(2, 1, 65, 3, 2, seed=22), label="q, k (2, 1, 65, 3), v (2, 1, 65, 2)", note=FIXED_SIZE),
         Case(_qkv(1, 2, 6, 4, 4, seed=25, dtype=torch.float32), label="float32 q, k, v (1, 2, 6, 4)"),
+        Case(_large_score(1, 6, 4, 40, future=True), label="a large score on a future key", note=LARGE_SCORE),
+        Case(
+            _large_score(2, 9, 8, 43, future=True),
+            label="(2, 1, 9, 8), a large score on a future key",
+            note=LARGE_SCORE,
+        ),
+        Case(_large_score(1, 6, 4, 46, future=False), label="a large score on a visible key", note=LARGE_SCORE),
+        Case(
+            _large_score(2, 9, 8, 49, future=False, dtype=torch.float32),
+            label="float32, a large score on a visible key",
+            note=LARGE_SCORE,
+        ),
     ]
 
 
@@ -273,7 +327,7 @@ def check_causal_attention(fn) -> Result:
         name="causal_attention",
         diagnoses=_CAUSAL_MISTAKES,
         success="causal_attention is right: scaled by 1/sqrt(D), each query sees itself and the past only "
-        "(N = 1 to 65, float32 too).",
+        "(N = 1 to 65, float32 too, a large score on a future or a visible key).",
     )
 
 

@@ -137,6 +137,10 @@ def _eps_in_sum_late(logits, k):
 
 
 FIXED_SIZE = "these inputs are larger than the others: does something depend on a fixed size (N, E)?"
+LARGE_LOGITS = (
+    "every logit on these inputs is shifted by a constant, which changes no probability: subtract each row's "
+    "largest logit before exp (torch.softmax does), or exp overflows to inf"
+)
 
 
 def _gate_cases() -> list[Case]:
@@ -153,6 +157,12 @@ def _gate_cases() -> list[Case]:
         Case((logits(2, 64, 8, scale=2.0), 2), label="logits (2, 64, 8), h_r = 2", note=FIXED_SIZE),
         Case((logits(1, 70, 16), 4), label="logits (1, 70, 16), h_r = 4", note=FIXED_SIZE),
         Case((logits(1, 5, 6, dtype=torch.float32), 2), label="float32 logits (1, 5, 6), h_r = 2"),
+        Case((logits(2, 6, 8) + 800, 3), label="logits (2, 6, 8) shifted by 800, h_r = 3", note=LARGE_LOGITS),
+        Case(
+            (logits(1, 5, 6, dtype=torch.float32) + 100, 2),
+            label="float32 logits shifted by 100, h_r = 2",
+            note=LARGE_LOGITS,
+        ),
     ]
 
 
@@ -164,7 +174,8 @@ def check_top_k_gates(fn) -> Result:
         _gate_cases(),
         expected=_router_gates,
         name="top_k_gates",
-        success="top_k_gates matches the layer's router on all 7 inputs (up to 70 tokens, 16 heads, float32).",
+        success="top_k_gates matches the layer's router on all 9 inputs (up to 70 tokens, 16 heads, float32, "
+        "logits shifted by a large constant).",
         diagnoses=[
             Diagnosis("the kept probabilities are not renormalised (divide by their sum)", _not_renormalised),
             Diagnosis(

@@ -94,6 +94,12 @@ def _bpb_shifted_back(logits, tokens):
     return float(-logp.gather(-1, tokens[:, :-1].unsqueeze(-1)).mean() / math.log(2))
 
 
+LARGE_LOGITS = (
+    "every logit on these inputs is shifted by several hundred, which changes no probability: subtract each "
+    "row's largest value before exp (torch.softmax and torch.log_softmax do), or exp overflows to inf"
+)
+
+
 def _bpb_negative(logits, tokens):
     return -reference_bits_per_byte(logits, tokens)
 
@@ -115,6 +121,8 @@ def _bpb_cases() -> list[Case]:
         Case((torch.zeros(1, 2, 256, dtype=torch.float64), torch.tensor([[65, 66]])), label="the uniform guess"),
         Case((long_logits, long_tokens), label="random logits for 2 sequences of 64 bytes"),
         Case((wrong, text), label="an unsure model on 100 bytes of code"),
+        Case((logits + 800, tokens), label="the random logits shifted by 800", note=LARGE_LOGITS),
+        Case((long_logits + 900, long_tokens), label="64 bytes, logits shifted by 900", note=LARGE_LOGITS),
     ]
 
 
@@ -207,11 +215,16 @@ def _step_query_axis_softmax(q_t, k_t, v_t, keys, values):
 def _cached_cases() -> list[Case]:
     g = torch.Generator().manual_seed(73)
 
-    def case(B, H, past, D, label):
+    def case(B, H, past, D, label, shift=0.0):
         q, k, v = (torch.randn(B, H, D, generator=g, dtype=torch.float64) for _ in range(3))
         keys = torch.randn(B, H, past, D, generator=g, dtype=torch.float64)
         values = torch.randn(B, H, past, D, generator=g, dtype=torch.float64)
-        return Case((q * 2, k * 2, v, keys * 2, values), label=label)
+        # ``shift``: one direction added to the query and to every key, which adds about shift^2 / sqrt(D) to
+        # every score (the same for all keys, up to shift times a unit-size term): exp overflows, softmax does not
+        u = torch.zeros(D, dtype=torch.float64)
+        u[0] = shift
+        note = LARGE_LOGITS if shift else None
+        return Case((q * 2 + u, k * 2 + u, v, keys * 2 + u, values), label=label, note=note)
 
     return [
         case(2, 3, 5, 4, "a token after 5 cached ones (B=2, H=3, D=4)"),
@@ -219,6 +232,8 @@ def _cached_cases() -> list[Case]:
         case(1, 1, 11, 2, "a token after 11 cached ones (D=2)"),
         case(1, 2, 63, 8, "the 64th token (63 cached, D=8)"),
         case(2, 1, 70, 3, "a token after 70 cached ones (B=2, D=3)"),
+        case(1, 2, 6, 4, "scores shifted by about 800 (6 cached, D=4)", shift=40.0),
+        case(2, 1, 20, 9, "scores shifted by about 750 (20 cached, D=9)", shift=47.5),
     ]
 
 
@@ -327,6 +342,10 @@ def _distribution_cases() -> list[Case]:
         Case((more, 1.3, 64), label="64 rows, temperature 1.3, top-64"),
         Case((logits, 0.9, 256), label="temperature 0.9, top-256 (every byte)"),
         Case((logits.float(), 0.8, 10), label="float32 logits, temperature 0.8, top-10"),
+        Case((logits + 80, 0.1, None), label="logits shifted by 80, temperature 0.1", note=LARGE_LOGITS),
+        Case(
+            (logits.float() + 10, 0.1, 10), label="float32, shifted by 10, temperature 0.1, top-10", note=LARGE_LOGITS
+        ),
     ]
 
 
