@@ -248,24 +248,23 @@ def check_step_time_fit(answer, *, ops: Mapping[str, float], ms: Mapping[str, fl
 # ----------------------------------------------------------------------------------------------- 6.4
 
 
-def _lookup_counts(model, tokens, task, threshold: float) -> tuple[int, int, int]:
-    """(heads surely above the threshold, heads within 3 standard errors of it, heads) from the mean share
-    over the probe sequences and its standard error across them."""
+_ROUNDING = 1e-6  # a mean share this close to the threshold may be counted either way (float rounding only)
+
+
+def _lookup_means(model, tokens, task) -> torch.Tensor:
+    """Each head's mean lookup share over the probe sequences ``tokens``, (H,) float64."""
     from ..lab.headtohead import lookup_share
 
-    share = lookup_share(model, tokens, task).double()  # (B, H)
-    mean = share.mean(0)  # (H,)
-    se = share.std(0) / math.sqrt(share.shape[0]) if share.shape[0] > 1 else torch.zeros_like(mean)
-    borderline = (mean - threshold).abs() <= 3 * se
-    return int(((mean > threshold) & ~borderline).sum()), int(borderline.sum()), int(mean.numel())
+    return lookup_share(model, tokens, task).double().mean(0)
 
 
 @exercise("6.4")
 def check_lookup_heads(answer, *, model, tokens, task, threshold: float = 0.5) -> Result:
     """Exercise 6.4: heads of ``model`` whose mean lookup share on ``tokens`` is above ``threshold``.
 
-    The tolerance is measured: a head whose mean share lies within 3 standard errors (across the probe
-    sequences) of the threshold may be counted either way.
+    The checker averages the same probe sequences the student does, so the count is exact: only a head whose
+    mean share is within float rounding (1e-6) of the threshold may be counted either way. A wrong
+    count is told which head lies close to the threshold, if one does.
     """
     from ..lab.headtohead import RecallTask, TinyModel
 
@@ -284,7 +283,9 @@ def check_lookup_heads(answer, *, model, tokens, task, threshold: float = 0.5) -
         return Result(False, "6.4: tokens= must be the (sequences, N) probe batch of the task (task.batch(...)[0]).")
     if not isinstance(task, RecallTask):
         return Result(False, f"6.4: task= must be the race's RecallTask, got a {type(task).__name__}.")
-    sure, borderline, heads = _lookup_counts(model, tokens, task, threshold)
+    mean = _lookup_means(model, tokens, task)
+    on_edge = (mean - threshold).abs() <= _ROUNDING
+    sure, borderline, heads = int(((mean > threshold) & ~on_edge).sum()), int(on_edge.sum()), int(mean.numel())
     value = as_number(answer)
     if value is not None and math.isfinite(value) and value != round(value):
         return Result(False, f"{name}: {value:g} is not a count; count the heads whose mean share is above one half.")
@@ -294,6 +295,13 @@ def check_lookup_heads(answer, *, model, tokens, task, threshold: float = 0.5) -
         return check_value(name, answer, sure)  # "no answer yet" / "expected a number, got ..."
     if value == heads - sure - borderline and not sure <= heads - sure - borderline <= sure + borderline:
         return Result(False, f"{name}: {value:g} is not right: that counts the heads below one half.")
+    close = [h for h in range(heads) if 0 < abs(float(mean[h]) - threshold) <= 0.05]
+    if abs(value - sure) == 1 and close:
+        near = ", ".join(f"head {h} ({float(mean[h]):.3f})" for h in close)
+        return Result(
+            False, f"{name}: {value:g} is not right, by one: {near} lies close to one half; compare each head's "
+            "mean share with 0.5 itself (the mean over the same sequences is exact, no margin is allowed)."
+        )  # fmt: skip
     return Result(
         False,
         f"{name}: {value:g} is not right. Hint: lookup_share(model, tokens, task) is (sequences, heads); average "
