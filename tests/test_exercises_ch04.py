@@ -326,3 +326,12 @@ def test_spread_growth_tolerance_comes_from_the_seeds():
     mean, sd = statistics.fmean(right), statistics.stdev(right)
     assert 0.2 < sd < 2  # the growth varies from seed to seed, and the checker measures by how much
     assert check("4.4", mean + 0.5 * sd).passed and not check("4.4", mean + 2.5 * sd).passed
+
+
+@pytest.mark.parametrize("form", [list, tuple, torch.tensor, np.array], ids=["list", "tuple", "tensor", "ndarray"])
+def test_spread_growth_takes_the_eight_growths_in_any_container(form):
+    """(issue 29) The solution builds the growths as a tensor; as a tensor or an array they were 'expected a
+    number, got a tensor of shape (8,)', though the same values as a list passed."""
+    growths = ch04._measured()[:8]  # seeds 0 .. 7, as the statement asks
+    result = check("4.4", form(growths))
+    assert result.passed and "the mean of your 8 growths" in result.message, result.message

@@ -319,3 +319,15 @@ def test_top_k_gates_with_an_exp_that_overflows_is_told_to_subtract_the_maximum(
     assert exercises.check("5.2", gates_with(lambda x: torch.softmax(x, -1))).passed
     r = exercises.check("5.2", gates_with(lambda x: x.exp() / x.exp().sum(-1, keepdim=True)))
     assert not r.passed and "shifted by 800" in r.message and "largest logit before exp" in r.message, r.message
+
+
+@pytest.mark.parametrize(
+    "form",
+    [lambda loss: loss.numpy(), lambda loss: np.array(loss.item()), lambda loss: loss.item(), lambda loss: loss],
+    ids=["0-d numpy", "np.array of a float", "Python float", "0-d tensor"],
+)
+def test_load_balancing_loss_is_accepted_as_any_0_d_number(form):
+    """(issue 29) A 0-d numpy result was turned into shape (1,) and rejected as 'the result has shape (1,),
+    expected ()'."""
+    result = exercises.check("5.3", lambda probs, k: form(load_balancing_loss(probs, k)))
+    assert result.passed, result.message

@@ -224,7 +224,9 @@ def _coarser(a: torch.dtype, b: torch.dtype) -> torch.dtype:
 def _as_tensor(got, expected: torch.Tensor):
     """A numpy array as a tensor, a number as a 0-d tensor of ``expected``'s dtype (when that is 0-d)."""
     if isinstance(got, np.ndarray) and got.dtype.kind in "biuf":
-        return torch.from_numpy(np.ascontiguousarray(got))
+        if got.ndim == 0 and expected.dim() == 0:  # a 0-d array is a number, as a Python float is
+            return torch.tensor(got.item(), dtype=expected.dtype)
+        return torch.from_numpy(np.array(got))  # a contiguous copy (np.ascontiguousarray made a 0-d array 1-d)
     if expected.dim() == 0 and not isinstance(got, torch.Tensor):
         value = as_number(got)
         if value is not None:

@@ -263,6 +263,10 @@ def check_spread_growth(answer) -> Result:
     growths they give on the seeds 0 .. 7.
     """
     name = "4.4 growth of the spread"
+    if isinstance(answer, torch.Tensor) and answer.dim() == 1 and answer.numel() > 1:
+        answer = answer.tolist()  # the growths as the solution builds them, before .tolist()
+    elif type(answer).__module__ == "numpy" and getattr(answer, "ndim", 0) == 1 and len(answer) > 1:
+        answer = answer.tolist()
     if isinstance(answer, (list, tuple)) and answer and all(as_number(a) is not None for a in answer):
         values = [float(as_number(a)) for a in answer]
         value, n = statistics.fmean(values), len(values)
