@@ -164,13 +164,19 @@ def test_taylor_mistakes_are_named(answer, diagnosis):
     assert named(r, diagnosis), r.message
 
 
+def test_taylor_features_as_a_numpy_array_are_accepted():
+    """(issue 29) Every other function checker takes numpy; this one reported 'taylor_features raised TypeError'
+    for the package's own validation of a right answer returned with .numpy()."""
+    r = check("2.2", lambda x: taylor_flat(x).numpy())
+    assert r.passed, r.message
+
+
 def test_taylor_reports_what_is_not_a_feature_map():
     r = check("2.2", lambda x: taylor_flat(x).flatten(-2))  # mixes the leading dimensions
     assert not r.passed and "taylor_features: the feature map must keep the leading dimensions of x" in r.message
     message = check("2.2", lambda x: x.tolist()).message
-    assert (
-        "raised TypeError" in message and "the feature map must return a floating-point tensor, got a list" in message
-    )
+    assert "raised" not in message and "what taylor_features returned cannot be used" in message  # (issue 29)
+    assert "the feature map must return a floating-point tensor, got a list" in message
     widths = check("2.2", lambda x: taylor_flat(x)[..., : x.shape[-2] + 1])  # the width depends on N: x, y differ
     assert not widths.passed and "the feature map must give x and y features of one width R" in widths.message
     assert "returned None" in check("2.2", lambda x: None).message

@@ -414,6 +414,11 @@ def in_place_message(name: str, argument: str, label: str) -> str:
 _NOTHING = object()  # the answer gave nothing to compare on this case (it raised, or returned None)
 
 
+class BadReturn(Exception):
+    """Raised by a checker's wrapper around the student's function when what the function *returned* cannot be
+    used (checked by the package's own validation): reported as what it returned, not as an exception it raised."""
+
+
 @dataclass
 class _Run:
     case: Case
@@ -432,6 +437,9 @@ def _run(fn: Callable, case: Case, want, name: str, rtol, atol) -> _Run:
         got = fn(*args, **kwargs)
     except NotImplementedError:
         run.fatal, run.stub = f"{name} is not written yet (it raises NotImplementedError): fill in the body", True
+        return run
+    except BadReturn as exc:  # the function ran; what it returned is unusable
+        run.fatal = f"{name}, on {case.label}: {exc}"
         return run
     except Exception as exc:  # the student's bug, reported with its message
         run.fatal = f"{name} raised {type(exc).__name__} on {case.label}: {exc}"

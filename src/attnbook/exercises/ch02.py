@@ -15,11 +15,12 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
+import numpy as np
 import torch
 
 from .._checks import check_feature_widths, check_features
 from ..testing import tol
-from ._core import Case, Diagnosis, Result, check_function, exercise
+from ._core import BadReturn, Case, Diagnosis, Result, check_function, exercise
 
 __all__ = [
     "State",
@@ -212,9 +213,14 @@ def _kernel_of(fn):
         fx, fy = fn(x), fn(y)
         if fx is None or fy is None:  # the unfinished stub: check_function reports it as not done yet
             return None
-        check_features(fx, x, name="taylor_features", label="x")
-        check_features(fy, y, name="taylor_features", label="y")
-        check_feature_widths(fx, fy, name="taylor_features", labels=("x", "y"))
+        # a numpy array is taken as a tensor, as every checker takes it
+        fx, fy = (torch.from_numpy(np.array(f)) if isinstance(f, np.ndarray) else f for f in (fx, fy))
+        try:
+            check_features(fx, x, name="taylor_features", label="x")
+            check_features(fy, y, name="taylor_features", label="y")
+            check_feature_widths(fx, fy, name="taylor_features", labels=("x", "y"))
+        except (TypeError, ValueError) as exc:  # the package's validation of what it returned
+            raise BadReturn(f"what taylor_features returned cannot be used as features: {exc}") from None
         return fx @ fy.transpose(-2, -1)
 
     return kernel
