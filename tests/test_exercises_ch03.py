@@ -435,3 +435,13 @@ def test_number_answers_of_the_wrong_type_get_feedback(exercise_id, answer):
 def test_function_answers_of_the_wrong_type_get_feedback(exercise_id, answer):
     rejected(check(exercise_id, answer), "expected a function")
     rejected(check(exercise_id, lambda *args: answer))
+
+
+@pytest.mark.parametrize("answer, ok", [(2.24, True), (2.238, True), (2.2377, True), (2.2, False), (2.25, False),
+                                        (2.23, False)])  # fmt: skip
+def test_largest_competition_rounded_as_a_cell_prints_it(answer, ok):
+    """(issue 29) The exact value 8e / (e + 7) = 2.23766... given rounded to 3 or more significant digits is right
+    (the book's own "about 2.24" was rejected with a hint that blamed the derivation); coarser or wrongly
+    rounded values are not."""
+    r = check("3.4", answer)
+    assert r.passed == ok, r.message

@@ -292,3 +292,15 @@ def test_the_tolerance_of_the_fit_is_the_spread_of_float32_arithmetic():
     low = float(fit(OPS, MS, dtype=torch.float32)[0])
     assert 0 < abs(low - exact) / exact < 1e-4  # float32 moves the prediction, a little
     assert not math.isclose(exact, MS["mobile"], rel_tol=1e-3)  # the wrong answers are much further away
+
+
+def test_step_time_fit_rounded_as_a_cell_prints_it():
+    """(issue 29) The checker printed "20.4636 is right." for the exact fit, yet 20.4636 typed back was rejected,
+    and so was 20.5, what the solution cell prints; a right value rounded to 3 or more significant digits passes,
+    a value off in its last digit does not."""
+    exact = float(fit(OPS, MS)[0])
+    for digits in (3, 4, 6):
+        accepted(exercises.check("6.3", float(f"{exact:.{digits}g}"), ops=OPS, ms=MS))
+    off = float(f"{exact:.4g}") + 10 ** (math.floor(math.log10(abs(exact))) - 3)  # the 4th digit one too high
+    rejected(exercises.check("6.3", off, ops=OPS, ms=MS), "Hint")
+    rejected(exercises.check("6.3", float(f"{exact:.2g}"), ops=OPS, ms=MS))  # two digits are too few

@@ -541,6 +541,23 @@ def check_function(
     return Result(False, f"{name}, on {run.case.label}: {run.problem}.{note}")
 
 
+ROUNDED_DIGITS = 3  # the fewest significant digits to which a value may be given rounded (check_value)
+
+
+def _rounded_to(value: float, want: float, resolution: float, others: Sequence[float]) -> int | None:
+    """The number of significant digits (at least :data:`ROUNDED_DIGITS`) to which ``value`` is ``want`` rounded,
+    or None; None too when a known wrong value in ``others`` rounds to the same number at that precision."""
+    if value == 0 or want == 0 or not math.isfinite(value):
+        return None
+    for k in range(ROUNDED_DIGITS, 16):
+        rounded = float(f"{want:.{k}g}")
+        if abs(value - rounded) <= resolution * abs(rounded):
+            if any(math.isfinite(o) and float(f"{o:.{k}g}") == rounded for o in others):
+                return None  # at this precision a known mistake gives the same number: no verdict by rounding
+            return k
+    return None
+
+
 def check_value(
     name: str,
     answer,
@@ -553,7 +570,9 @@ def check_value(
 ) -> Result:
     """A numeric answer (a derive or explore exercise): ``answer`` against ``expected`` within ``rtol`` / ``atol``.
 
-    ``answer`` may be any real number (numpy scalars and 0-d tensors included). ``mistakes`` are known wrong
+    ``answer`` may be any real number (numpy scalars and 0-d tensors included), and may be the expected value
+    rounded to at least :data:`ROUNDED_DIGITS` significant digits, as a cell prints it (unless a known mistake
+    rounds to the same number at that precision). ``mistakes`` are known wrong
     values and what each one means, ``(7, "7 is M, the number of sources")``; a value is recognised only where
     it is not also within the tolerance of ``expected``. An ``expected`` that is NaN or infinite (degenerate
     data) fails whatever the answer.
@@ -576,6 +595,10 @@ def check_value(
 
     if math.isfinite(value) and near(value, want):
         return Result(True, f"{name}: {_number(value)} is right.")
+    # the exact value rounded, as a printed cell shows it (20.5 or 20.4636 for 20.46364...)
+    digits = _rounded_to(value, want, max(8 * _resolution(answer), 1e-15), [w for w, _ in mistakes])
+    if digits is not None:
+        return Result(True, f"{name}: {value:.{digits}g} is right (the value, {_number(want)}, to {digits} digits).")
     for wrong, meaning in mistakes:
         if math.isfinite(value) and near(value, wrong) and not near(wrong, want):
             return Result(False, f"{name}: {_number(value)} is not right: {meaning}")
