@@ -197,7 +197,7 @@ def first_difference(
         return None
     i = int(wrong.nonzero()[0])
     where = _index(i, tuple(expected.shape)) if expected.dim() else ()
-    at = f"at index {where} it" if where else ""  # a scalar: "the result is 2.5, expected 3"
+    at = f"at index {where}" if where else ""  # a scalar: "the result is 2.5, expected 3"
     n_wrong = int(wrong.sum())
     of = f" ({n_wrong} of {g.numel()} entries differ)" if g.numel() > 1 else ""
     if bad_value[i]:
