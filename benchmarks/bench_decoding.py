@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 
 import torch
-from recording import quiet_or_exit, stamp
+from recording import add_burst_argument, quiet_or_exit, stamp
 
 from attnbook.decoding import StaticDecoder
 from attnbook.lab import generation, lm
@@ -158,13 +158,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--positions", type=int, nargs="+", default=list(generation.POSITIONS))
     parser.add_argument("--repeats", type=int, default=21)
-    parser.add_argument(
-        "--burst",
-        type=int,
-        default=64,
-        help="tokens per timed call (default 64: between bursts of 8 to 16 tokens the other models had evicted "
-        "this one's weights from the caches, and a step measured up to 1.4x slower than in a generation that runs on)",
-    )
+    add_burst_argument(parser)
     parser.add_argument("--prompt", type=int, default=4096, help="prefill length (default 4096)")
     parser.add_argument("--compiled", action="store_true", help="also time the compiled step (slow to compile)")
     parser.add_argument("--no-eager", action="store_true", help="leave the eager path out")

@@ -21,7 +21,7 @@ import json
 from pathlib import Path
 
 import torch
-from recording import quiet_or_exit, stamp
+from recording import add_burst_argument, quiet_or_exit, stamp
 
 from attnbook.lab import generation, lm
 
@@ -50,13 +50,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=31)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--threads", type=int, default=1, help="CPU threads (default 1)")
-    parser.add_argument(
-        "--burst",
-        type=int,
-        default=64,
-        help="tokens per timed call (default 64: between bursts of 8 to 16 tokens the other models had evicted "
-        "this one's weights from the caches, and a step measured up to 1.4x slower than in a generation that runs on)",
-    )
+    add_burst_argument(parser)
     parser.add_argument("--decoders", nargs="+", default=["static", "eager"], choices=list(generation.DECODERS))
     parser.add_argument("--force", action="store_true", help="record even when the machine is busy")
     parser.add_argument("--out-dir", type=Path, default=Path(__file__).parent / "results" / "ch07")

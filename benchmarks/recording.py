@@ -7,6 +7,7 @@ recording stores the load average before and after it and the commit it measured
 
 from __future__ import annotations
 
+import argparse
 import os
 import subprocess
 import sys
@@ -47,3 +48,14 @@ def stamp(environment: dict, load_before: list[float], force: bool) -> dict:
     environment["forced"] = bool(force and load_before[0] > (os.cpu_count() or 1) / 2)
     environment["commit"] = commit()
     return environment
+
+
+def add_burst_argument(parser: argparse.ArgumentParser) -> None:
+    """``--burst``, the tokens of one generation timed per call (bench_decoding.py, bench_generation.py)."""
+    parser.add_argument(
+        "--burst",
+        type=int,
+        default=64,
+        help="tokens per timed call (default 64: between bursts of 8 to 16 tokens the other models had evicted "
+        "this one's weights from the caches, and a step measured up to 1.4x slower than in a generation that runs on)",
+    )
