@@ -243,6 +243,16 @@ class TestChapterStandard:
                     bad.append(f"cell {i}: {source(cell).splitlines()[0][:60]!r}")
         assert bad == [], "folded checks without '# @title Check: ...' and cellView form:\n" + "\n".join(bad)
 
+    def test_every_cell_the_website_folds_or_trims_is_a_colab_form(self, path):
+        """A code cell tagged hide-* or remove-* (a check, a live explorer whose output the website cannot keep,
+        the install cell) has a form title and "cellView": "form", so Colab shows its title, not its code."""
+        bad = []
+        for i, cell in enumerate(load(path)["cells"]):
+            if cell["cell_type"] == "code" and any(t.startswith(("hide-", "remove-")) for t in tags(cell)):
+                if not (re.match(r"#\s?@title \S", source(cell)) and cell["metadata"].get("cellView") == "form"):
+                    bad.append(f"cell {i}: {source(cell).splitlines()[0][:60]!r}")
+        assert bad == [], "folded or trimmed cells without a form title and cellView form:\n" + "\n".join(bad)
+
     def test_no_visible_code_cell_is_longer_than_25_lines(self, path):
         """A visible cell shows one idea; plumbing goes into attnbook.lab / attnbook.viz. Folded checks and solutions
         (titled forms) and hidden cells are exempt."""
