@@ -64,7 +64,6 @@ class _Layer:
         self.norm2 = (block.norm2.weight, block.norm2.bias, block.norm2.eps)
         first, second = cast(nn.Linear, block.mlp[0]), cast(nn.Linear, block.mlp[2])
         self.w1, self.b1, self.w2, self.b2 = first.weight.t(), first.bias, second.weight.t(), second.bias
-        self.attn = attn
         self.eps = 0.0
         self.bqkv: torch.Tensor | None
         self.phi: Callable[[torch.Tensor], torch.Tensor] | None = None  # None: elu + 1, on q and k at once
@@ -101,7 +100,6 @@ class _Layer:
                 self.kind = "softmax"
         bias = out_bias if out_bias is not None else out_weight.new_zeros(out_weight.shape[0])
         self.wo1 = torch.cat([out_weight.t(), bias.unsqueeze(0)])  # (H Dv + 1, C)
-        self.HDv = self.wo1.shape[0] - 1
 
     def features(self, qk: torch.Tensor) -> torch.Tensor:
         """phi of the queries and keys of one token, (B, 2, H, D) -> (B, 2, H, R), for an elementwise map."""
@@ -109,6 +107,13 @@ class _Layer:
 
 
 _BUILT_IN = {phi: name for name, phi in FEATURE_MAPS.items()}
+
+
+def _heads(out: torch.Tensor, H: int) -> torch.Tensor:
+    """A layer's output buffer (B, H Dv + 1) without its column of ones, as (B, H, 1, Dv): what ``out=`` writes."""
+    return out[:, :-1].view(out.shape[0], H, 1, -1)
+
+
 # the cached keys up to which the CPU step reads a KV cache with SDPA (_cached; measured, one thread)
 _SDPA_UP_TO = 2048
 
@@ -179,7 +184,7 @@ class StaticDecoder:
         for layer in self.layers:
             H, D = layer.H, layer.D
             like = layer.wqkv
-            out = like.new_ones(B, layer.HDv + 1)
+            out = like.new_ones(B, layer.wo1.shape[0])
             self.outputs.append(out)
             values1 = None
             if layer.kind == "linear":
@@ -282,10 +287,6 @@ class StaticDecoder:
             x = torch.addmm(x, F.gelu(torch.addmm(layer.b1, h, layer.w1)), layer.w2).add_(layer.b2)  # (B, C)
         return F.layer_norm(x, (C,), *self.norm[:2], self.norm[2]) @ self.head  # (B, V)
 
-    def _write(self, out: torch.Tensor, layer: _Layer) -> torch.Tensor:
-        """The first H Dv columns of a layer's output buffer, as (B, H, 1, Dv), for an ``out=`` to write into."""
-        return out[:, : layer.HDv].view(out.shape[0], layer.H, 1, -1)
-
     def _linear_step(self, layer: _Layer, Sz: torch.Tensor, values1: Any, qkv: torch.Tensor, out: torch.Tensor) -> None:
         """S += phi(k) v^T, z += phi(k) as one rank-one update of [S | z]; out = phi(q)^T S / (phi(q)^T z + eps)."""
         B, H, D = Sz.shape[0], layer.H, layer.D
@@ -301,7 +302,7 @@ class StaticDecoder:
         values1[..., :D].copy_(qkv[:, 2].unsqueeze(-2))  # [v | 1], (B, H, 1, D + 1)
         Sz.addcmul_(fk, values1)  # (B, H, R, D + 1): S += phi(k) v^T and z += phi(k), in place
         r = torch.matmul(fq, Sz)  # (B, H, 1, D + 1): numerator and normaliser in one product
-        torch.div(r[..., :D], r[..., D:].add_(layer.eps), out=self._write(out, layer))
+        torch.div(r[..., :D], r[..., D:].add_(layer.eps), out=_heads(out, H))
 
     def _flow_step(
         self, layer: _Layer, s: dict[str, torch.Tensor], qkv: torch.Tensor, t: Any, out: torch.Tensor
@@ -332,7 +333,7 @@ class StaticDecoder:
             v = v * (expo / mean).unsqueeze(-1)
         s["kv"].addcmul_(qk[:, 1].unsqueeze(-1), v.unsqueeze(-2))  # (B, H, D, Dv) += k~ (c v)^T
         scale = torch.sigmoid(conserved[:, 0]) / flows[:, 0] if layer.allocation else flows[:, 0].reciprocal()
-        torch.mul(torch.matmul(qk[:, 0].unsqueeze(-2), s["kv"]), scale[..., None, None], out=self._write(out, layer))
+        torch.mul(torch.matmul(qk[:, 0].unsqueeze(-2), s["kv"]), scale[..., None, None], out=_heads(out, H))
 
     def _cached(
         self,
@@ -346,8 +347,7 @@ class StaticDecoder:
     ) -> None:
         """The new query over the cached keys 0 .. t: row t written in place, then read as a view of the cache."""
         keys, values = cache
-        B, H, D = q.shape
-        target = out[:, : H * values.shape[-1]].view(B, H, 1, -1)
+        target = _heads(out, q.shape[1])
         if self.graph:  # fixed shapes: write by index, read every row, mask those after t (O(capacity) a step)
             index = t.view(1)
             keys.index_copy_(2, index, k.unsqueeze(2))
@@ -363,7 +363,7 @@ class StaticDecoder:
             # fused kernel read two layers' caches at two thirds of their speed at t = 8192 (451 against 662 us);
             # up to about 2048 keys its single call is the quicker (9 against 14 us a layer at t = 16)
             scores = torch.matmul(q.unsqueeze(2), keys[:, :, :n].transpose(-1, -2))  # (B, H, 1, n)
-            weights = torch.softmax(scores.mul_(scale if scale is not None else D**-0.5), dim=-1)
+            weights = torch.softmax(scores.mul_(scale if scale is not None else q.shape[-1] ** -0.5), dim=-1)
             torch.matmul(weights, values[:, :, :n], out=target)
         else:
             target.copy_(F.scaled_dot_product_attention(q.unsqueeze(2), keys[:, :, :n], values[:, :, :n], scale=scale))
@@ -379,9 +379,8 @@ class StaticDecoder:
         qkv = (torch.addmm(layer.bqkv, h, layer.wqkv) if layer.bqkv is not None else h @ layer.wqkv).view(B, 3, H, D)
         q, k = attn.q_norm(qkv[:, 0]), attn.k_norm(qkv[:, 1])
         self._cached(cache, q, k, qkv[:, 2], t, attn.scale, out)
-        heads = out[:, : H * D].view(B, H, D)
-        gated = (heads.to(gates.dtype) * gates.unsqueeze(-1)).reshape(B, H * D)
-        out[:, : H * D].copy_(attn.norm(gated))
+        gated = (_heads(out, H).to(gates.dtype) * gates[..., None, None]).reshape(B, H * D)
+        out[:, :-1].copy_(attn.norm(gated))
 
     def tensors(self) -> list[torch.Tensor]:
         """Every tensor of the held state (for counting the memory allocated behind it)."""
