@@ -3,10 +3,14 @@ batch sizes and lengths (the second shape once broke every module: an error mess
 size), and with ``dynamic=True``; the compiled calls give eager's numbers, gradients included, and a dynamic
 compile is not recompiled at further lengths.
 
-The ``eager`` backend checks tracing only (no code generation), so this is fast. ``fullgraph=True`` turns any
+The ``eager`` backend checks tracing only (no code generation), so this is fast. On a GPU the same tests run
+with code generation: ``ATTNBOOK_COMPILE_DEVICE=cuda ATTNBOOK_COMPILE_BACKEND=inductor pytest tests/test_compile.py``
+(what ``benchmarks/gpu_session.sh`` does); every tensor is then made on that device. ``fullgraph=True`` turns any
 graph break into an error; on a GPU a break would mean no fusion across it. The lengths put partial chunks
 and several chunks in the causal paths (chunk size 16).
 """
+
+import os
 
 import pytest
 import torch
@@ -16,6 +20,8 @@ from attnbook import _prefix
 from attnbook.lm import DecoderLM
 from attnbook.mechanisms import MECHANISMS
 
+BACKEND = os.environ.get("ATTNBOOK_COMPILE_BACKEND", "eager")
+DEVICE = os.environ.get("ATTNBOOK_COMPILE_DEVICE", "cpu")
 H, D, CHUNK = 2, 8, 16
 SHAPES = [(2, 64), (3, 70), (1, 5)]  # (B, N): whole chunks, a partial chunk, less than a chunk
 FUNCTIONS = [
@@ -38,12 +44,15 @@ MODES = [pytest.param(False, True, id="no_grad-dynamic"), pytest.param(True, Non
 
 @pytest.fixture(autouse=True)
 def _fresh_dynamo():
-    """Each case traces from scratch (no cache hits, no recompilation limits shared between cases)."""
+    """Each case traces from scratch (no cache hits, no recompilation limits shared between cases), with every
+    tensor and layer made on DEVICE."""
     torch._dynamo.reset()
+    with torch.device(DEVICE):
+        yield
 
 
 def compiled(fn, dynamic=None):
-    return torch.compile(fn, backend="eager", fullgraph=True, dynamic=dynamic)
+    return torch.compile(fn, backend=BACKEND, fullgraph=True, dynamic=dynamic)
 
 
 def check_same(fn, compiled_fn, inputs, grad: bool):

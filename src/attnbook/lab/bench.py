@@ -153,13 +153,32 @@ class _Progress:
             sys.stderr.flush()
 
 
+def _nvidia_driver() -> str | None:
+    """The NVIDIA driver's version as nvidia-smi reports it, or None where nvidia-smi is missing or fails."""
+    import subprocess
+
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+            check=True,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip().splitlines()[0] if out.stdout.strip() else None
+
+
 def environment(device: torch.device | str = "cpu") -> dict:
     """Where a result came from: device name, library versions, date (UTC), threads."""
     from .. import __version__
 
     device = torch.device(device)
+    driver = None
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device)
+        driver = _nvidia_driver()
     else:
         name = platform.processor() or platform.machine()
         try:
@@ -172,6 +191,7 @@ def environment(device: torch.device | str = "cpu") -> dict:
         "device_name": name,
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
+        "driver": driver,
         "attnbook": __version__,
         "python": platform.python_version(),
         "platform": platform.platform(),
