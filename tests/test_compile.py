@@ -194,3 +194,19 @@ def test_no_layer_breaks_its_graph(name, causal):
             explained = torch._dynamo.explain(layer)(torch.randn(2, 33, 16))
         assert explained.graph_break_count == 0, [str(r.reason) for r in explained.break_reasons]
         assert explained.graph_count == 1
+
+
+def test_compiling_is_not_exporting_where_torch_folds_is_exporting_to_true(monkeypatch):
+    """Some torch releases fold ``torch.compiler.is_exporting()`` to True inside any dynamo trace (torch 2.11 on
+    an H200: compiled causal linear attention took the export-only path and broke its graph at an ``item()``).
+    With that behaviour imitated, causal layers still compile as one graph and a compiled MoH layer still keeps
+    its load-balancing loss (which it leaves out only when exported). Here, on torch 2.13, only the MoH half fails
+    without the fix: this torch folds the ``item()`` of a constant instead of breaking the graph."""
+    monkeypatch.setattr(torch.compiler, "is_exporting", lambda: torch.compiler.is_compiling())  # True only traced
+    for name in ("linear", "flow"):
+        layer = MECHANISMS[name].module(16, 2, causal=True)
+        x = torch.randn(2, 40, 16)
+        torch.testing.assert_close(compiled(layer, dynamic=True)(x), layer(x), **tol(torch.float32))
+    moh = MECHANISMS["moh"].module(16, 4).train()
+    compiled(moh)(torch.randn(2, 9, 16))
+    assert moh.load_balancing_loss is not None

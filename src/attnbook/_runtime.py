@@ -86,8 +86,17 @@ def tracing() -> bool:
 
 
 def exporting() -> bool:
-    """True while ``torch.export`` traces the code."""
-    is_exporting = getattr(torch.compiler, "is_exporting", None)
+    """True while ``torch.export`` traces the code, and not while ``torch.compile`` does.
+
+    Reads the flag that ``torch.export`` sets (``torch.compiler._is_exporting_flag``) rather than calling
+    ``torch.compiler.is_exporting()``: inside a dynamo trace some torch releases fold that call to True for
+    ``torch.compile`` as well (torch 2.11 on an H200 did: compiled causal linear attention took the export path,
+    with a graph break at its ``item()``, and inductor failed on it under ``dynamic=True``).
+    """
+    flag = getattr(torch.compiler, "_is_exporting_flag", None)
+    if isinstance(flag, bool):
+        return flag
+    is_exporting = getattr(torch.compiler, "is_exporting", None)  # a torch without the flag
     return bool(is_exporting is not None and is_exporting())
 
 

@@ -168,6 +168,12 @@ class StaticDecoder:
         self.graph = compile
         if compile:
             if self.device.type == "cuda":
+                # A CUDA graph copies every input that torch does not know to be static into its own buffer at
+                # each replay, and is not recorded at all when such an input is written in place: on an H200
+                # (torch 2.11) inductor skipped the graph ("mutated inputs") and the compiled step ran no faster
+                # than the eager one. Every tensor the step reads or writes keeps its address; torch is told so.
+                for tensor in self._tensors():
+                    torch._dynamo.mark_static_address(tensor)
                 self._step = torch.compile(self._step_eager, mode="reduce-overhead", dynamic=False, fullgraph=True)
             else:  # inductor's C++ wrapper calls the kernels without Python between them (113 against 139 us a
                 # step of chapter 7's 128-wide model with the Python wrapper, alternating, one thread)
@@ -175,6 +181,25 @@ class StaticDecoder:
                 self._step = torch.compile(self._step_eager, dynamic=False, fullgraph=True, options=options)
 
     # -- state ---------------------------------------------------------------------------------------------
+
+    def _tensors(self) -> list[torch.Tensor]:
+        """Every tensor the step reads or writes: weights, positions, states, caches and output buffers."""
+        found: list[torch.Tensor] = []
+
+        def add(x: Any) -> None:
+            if isinstance(x, torch.Tensor):
+                found.append(x)
+            elif isinstance(x, (list, tuple)):
+                for y in x:
+                    add(y)
+            elif isinstance(x, dict):
+                for y in x.values():
+                    add(y)
+
+        add([self.embed, self.positions, self.head, self.norm, self.states, self.outputs, self.values1])
+        for layer in self.layers:
+            add([v for v in vars(layer).values() if not isinstance(v, torch.nn.Module)])
+        return found
 
     def _allocate(self) -> None:
         B, cap, acc = self.batch, self.capacity, self.acc
@@ -259,6 +284,8 @@ class StaticDecoder:
             check_int(t + 1, "the number of tokens", name="StaticDecoder.step", maximum=self.capacity, why=why)
         if self.graph:  # fixed shapes: the position is a tensor
             logits = self._step(token, torch.full((), t, device=self.device, dtype=torch.long))
+            if self.device.type == "cuda":  # the next replay of the CUDA graph writes over its output
+                logits = logits.clone()
         else:
             logits = self._step(token, t)
         self.t = t + 1

@@ -394,7 +394,7 @@ def moh_attention(
     for b in range(B):
         for n in range(N):
             xt = x[b, n]  # (C,)
-            shared = [torch.ones((), dtype=x.dtype)] * s
+            shared = [torch.ones((), dtype=x.dtype, device=x.device)] * s
             if s > 1:
                 shared = list(_softmax_literal(cast(torch.Tensor, wg_1).double() @ xt) * s)
             routed: list[torch.Tensor] = []
