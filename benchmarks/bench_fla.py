@@ -38,6 +38,14 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("bench_fla: no CUDA device; nothing measured")
         return 0
+    import time
+
+    t0 = time.perf_counter()
+
+    def progress(what: str) -> None:  # a run stopped by its limit still says how far it got
+        print(f"[bench_fla +{time.perf_counter() - t0:.0f} s] {what}", flush=True)
+
+    progress("importing fla")
     try:
         import fla
         from fla.ops.linear_attn import chunk_linear_attn
@@ -87,6 +95,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return call
 
+    progress("first calls (fla's Triton kernels compile and autotune here)")
     with torch.no_grad():
         a = ours(q, k, v).float()
         b = theirs(*native).transpose(1, 2).float()
@@ -103,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
         "dtype": "bfloat16",
         "agreement": agreement,
     }
+    progress("timing")
     for mode, make in (("forward", lambda f, x, u: forward(f, x)), ("forward_backward", training)):
         timing = compare(
             {name: make(*spec) for name, spec in fns.items()}, repeats=args.repeats, warmup=2, device=device
