@@ -551,3 +551,48 @@ def test_mean_steps_to_counts_a_seed_that_never_got_there_with_its_budget():
     b = h2h.Curve("linear", [0, 10, 20], [0, 1, 2], [0.1, 0.5, 0.6], [1] * 3, seed=1)
     race = h2h.Race(TASK, {"linear": [a, b]})
     assert race.mean_steps_to("linear", 0.9) == pytest.approx((10 + 20) / 2)
+
+
+def test_the_gpu_report_is_summarised_section_by_section():
+    """gpu_report_lines on a report with every section: counts per dtype and mode, and the goals' numbers."""
+    acc = [
+        {"mechanism": m, "dtype": d, "compile": "eager", "passed": m != "flow" or d != "float16", "worst": w}
+        for m, w in (("linear", 0.2), ("flow", 1.5))
+        for d in ("float32", "float16")
+    ]
+    impl = {"median_s": 0.007, "speedup_vs_sdpa": 20.0, "times_memory_floor": 13.5}
+    report = {
+        "environment": {"device_name": "G", "torch": "t", "cuda": "c", "driver": "d"},
+        "sections_done": ["accuracy", "sync", "targets"],
+        "accuracy": acc,
+        "sync": [{"passed": True}, {"passed": False}],
+        "targets": {
+            "dtype": "bfloat16",
+            "shape": {"B": 4, "H": 16, "D": 64},
+            "non_causal": {
+                "N": 65536,
+                "sdpa_s": 0.14,
+                "memory_floor_s": 0.0005,
+                "impls": {"linear_compiled": impl, "flow_eager": impl},
+                "linear": {"best": "linear_compiled", **impl},
+                "flow": {"best": "flow_eager", **impl},
+            },
+            "causal": {
+                "N": 16384,
+                "sdpa_causal_s": 0.00495,
+                "best": "linear_causal_compiled",
+                "impls": {"linear_causal_compiled": {"median_s": 0.00484}},
+            },
+        },
+    }
+    lines = h2h.gpu_report_lines(report)
+    assert lines[0] == "G, torch t, CUDA c, driver d"
+    assert "float32  eager   : 2 of 2 cases pass (worst 1.50 of the tolerance)" in lines[1]
+    assert "float16  eager   : 1 of 2 cases pass" in lines[2]
+    assert lines[3] == "sync: 1 of 2 forwards make the host wait for nothing"
+    assert "7.00 ms (compiled) | SDPA 140.0 ms: 20.0x faster | floor 0.50 ms: 13.5x above" in lines[5]
+    assert "(eager)" in lines[6]
+    assert lines[7].endswith("4.84 ms (compiled) | SDPA causal 4.95 ms")
+    assert lines[-1] == "benchmark: not run"
+    with pytest.raises(TypeError, match="report"):
+        h2h.gpu_report_lines([])

@@ -63,6 +63,7 @@ from ..moh import MoHAttention
 from . import bench, recordings
 
 __all__ = [
+    "gpu_report_lines",
     "MECHANISMS",
     "RecallTask",
     "RecallEmbedding",
@@ -1052,3 +1053,65 @@ def slopes_table(result: dict) -> str:
             f"{slope('forward_peak_bytes', name)}{last:13.1f}  {where}".rstrip()
         )
     return "\n".join(lines)
+
+
+def gpu_report_lines(report: dict) -> list[str]:
+    """The GPU check's report (``benchmarks/results/gpu_check_<GPU>.json``) as a few lines of text: the device,
+    the accuracy cases passed per dtype and mode (with the worst error as a fraction of the tolerance), the
+    forwards free of host-device syncs, and the goals that were measured. Sections the run did not reach are
+    named as not run.
+
+    Example:
+        >>> report = {"environment": {"device_name": "GPU", "torch": "2.11", "cuda": "13.0", "driver": "580"},
+        ...           "sections_done": ["sync"], "sync": [{"mechanism": "linear", "passed": True}]}
+        >>> print("\\n".join(gpu_report_lines(report)))
+        GPU, torch 2.11, CUDA 13.0, driver 580
+        accuracy: not run
+        sync: 1 of 1 forwards make the host wait for nothing
+        targets: not run
+        benchmark: not run
+    """
+    check_instance(report, "report", dict, name="gpu_report_lines", what="the GPU check's report, a dict")
+    e = report.get("environment", {})
+    lines = [f"{e.get('device_name')}, torch {e.get('torch')}, CUDA {e.get('cuda')}, driver {e.get('driver')}"]
+    done = report.get("sections_done", [])
+    if "accuracy" in done:
+        groups: dict[tuple[str, str], list[dict]] = {}
+        for r in report["accuracy"]:
+            groups.setdefault((r["dtype"], r["compile"]), []).append(r)
+        for (dtype, mode), rs in groups.items():
+            ok = sum(r["passed"] for r in rs)
+            worst = max(r["worst"] for r in rs)
+            lines.append(
+                f"accuracy {dtype:8s} {mode:8s}: {ok} of {len(rs)} cases pass (worst {worst:.2f} of the tolerance)"
+            )
+    else:
+        lines.append("accuracy: not run")
+    if "sync" in done:
+        ok = sum(r["passed"] for r in report["sync"])
+        lines.append(f"sync: {ok} of {len(report['sync'])} forwards make the host wait for nothing")
+    else:
+        lines.append("sync: not run")
+    if "targets" in done:
+        t = report["targets"]
+        long, causal = t["non_causal"], t["causal"]
+        sh = t["shape"]
+        lines.append(f"targets, {t['dtype']}, B = {sh['B']}, H = {sh['H']}, D = {sh['D']}:")
+        for name in ("linear", "flow"):
+            best = long[name]["best"]
+            ms = long["impls"][best]["median_s"] * 1e3
+            how = best.rsplit("_", 1)[-1]  # eager or compiled
+            lines.append(
+                f"  {name:6s} N = {long['N']}: {ms:.2f} ms ({how}) | SDPA {long['sdpa_s'] * 1e3:.1f} ms: "
+                f"{long[name]['speedup_vs_sdpa']:.1f}x faster | floor {long['memory_floor_s'] * 1e3:.2f} ms: "
+                f"{long[name]['times_memory_floor']:.1f}x above"
+            )
+        best = causal["best"]
+        lines.append(
+            f"  causal linear N = {causal['N']}: {causal['impls'][best]['median_s'] * 1e3:.2f} ms "
+            f"({best.rsplit('_', 1)[-1]}) | SDPA causal {causal['sdpa_causal_s'] * 1e3:.2f} ms"
+        )
+    else:
+        lines.append("targets: not run")
+    lines.append("benchmark: " + ("done" if "benchmark" in done else "not run"))
+    return lines
