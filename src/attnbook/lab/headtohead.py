@@ -1082,9 +1082,7 @@ def gpu_report_lines(report: dict) -> list[str]:
         for (dtype, mode), rs in groups.items():
             ok = sum(r["passed"] for r in rs)
             worst = max(r["worst"] for r in rs)
-            lines.append(
-                f"accuracy {dtype:8s} {mode:8s}: {ok} of {len(rs)} cases pass (worst {worst:.2f} of the tolerance)"
-            )
+            lines.append(f"accuracy {dtype} {mode}: {ok} of {len(rs)} pass (worst {worst:.2f} of tolerance)")
     else:
         lines.append("accuracy: not run")
     if "sync" in done:
@@ -1096,20 +1094,20 @@ def gpu_report_lines(report: dict) -> list[str]:
         t = report["targets"]
         long, causal = t["non_causal"], t["causal"]
         sh = t["shape"]
-        lines.append(f"targets, {t['dtype']}, B = {sh['B']}, H = {sh['H']}, D = {sh['D']}:")
+        lines.append(f"targets ({t['dtype']}, B = {sh['B']}, H = {sh['H']}, D = {sh['D']}), times in ms:")
+        lines.append(f"  {'':13s}{'N':>6s}{'time':>7s}{'SDPA':>7s}{'faster':>8s}{'floor':>7s}{'x floor':>8s}")
         for name in ("linear", "flow"):
             best = long[name]["best"]
-            ms = long["impls"][best]["median_s"] * 1e3
-            how = best.rsplit("_", 1)[-1]  # eager or compiled
             lines.append(
-                f"  {name:6s} N = {long['N']}: {ms:.2f} ms ({how}) | SDPA {long['sdpa_s'] * 1e3:.1f} ms: "
-                f"{long[name]['speedup_vs_sdpa']:.1f}x faster | floor {long['memory_floor_s'] * 1e3:.2f} ms: "
-                f"{long[name]['times_memory_floor']:.1f}x above"
+                f"  {name:13s}{long['N']:6d}{long['impls'][best]['median_s'] * 1e3:7.2f}{long['sdpa_s'] * 1e3:7.1f}"
+                f"{long[name]['speedup_vs_sdpa']:7.1f}x{long['memory_floor_s'] * 1e3:7.2f}"
+                f"{long[name]['times_memory_floor']:7.1f}x  {best.rsplit('_', 1)[-1]}"
             )
         best = causal["best"]
+        ms, base = causal["impls"][best]["median_s"] * 1e3, causal["sdpa_causal_s"] * 1e3
         lines.append(
-            f"  causal linear N = {causal['N']}: {causal['impls'][best]['median_s'] * 1e3:.2f} ms "
-            f"({best.rsplit('_', 1)[-1]}) | SDPA causal {causal['sdpa_causal_s'] * 1e3:.2f} ms"
+            f"  {'causal linear':13s}{causal['N']:6d}{ms:7.2f}{base:7.2f}{base / ms:7.2f}x{'':15s}"
+            f"  {best.rsplit('_', 1)[-1]}"
         )
     else:
         lines.append("targets: not run")
