@@ -31,10 +31,14 @@ command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,clo
 GPU=$("$PY" -c "import re, torch; print(re.sub(r'[^A-Za-z0-9]+', '_', torch.cuda.get_device_name(0)).strip('_'))")
 DIR="${OUT:-benchmarks/results}"
 mkdir -p "$DIR"
-REPORT="$DIR/gpu_check_${GPU}.json"
+REPORT="$DIR/gpu_check_${GPU}${REPORT_SUFFIX:-}.json"
 echo "report: $REPORT (budget ${BUDGET_S}s for compiled checks, hard limit ${LIMIT_S}s)"
 set +e
-timeout --signal=INT --kill-after=20 "$LIMIT_S" "$PY" -m attnbook.lab.check_gpu --out "$REPORT" --budget-s "$BUDGET_S"
+# CHECK_GPU_ARGS: more options of check_gpu, e.g. "--no-targets" for a run that only adds what an earlier one
+# left out (then name another REPORT_SUFFIX so that the earlier report is kept)
+# shellcheck disable=SC2086
+timeout --signal=INT --kill-after=20 "$LIMIT_S" "$PY" -m attnbook.lab.check_gpu --out "$REPORT" --budget-s "$BUDGET_S" \
+    ${CHECK_GPU_ARGS:-}
 status=$?
 set -e
 echo "check_gpu exit status $status; report at $REPORT"

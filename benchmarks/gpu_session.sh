@@ -4,7 +4,8 @@
 #     bash benchmarks/gpu_session.sh timing   # the GPU report, generation per token, fla: alone on the GPU
 #     bash benchmarks/gpu_session.sh book     # chapters 1-7 at full size, CUDA unit tests, compile on CUDA
 #
-# Results go to $OUT (else _build/gpu/). Every step has its own time limit and a failing step does not stop the
+# Results go to $OUT (else _build/gpu/). A later lease can run what an earlier one left out: the limits and the
+# chapters are variables (CHECK_GPU_S, BUDGET_S, CHECK_GPU_ARGS, REPORT_SUFFIX, DECODING_S, FLA_S, CHAPTERS). Every step has its own time limit and a failing step does not stop the
 # next; the phase's limit is PHASE_S seconds (timing: 400, book: 330 by default), after which what is left is
 # reported as not run. Python packages the machine lacks (nbclient, ipykernel, ipywidgets, flash-linear-attention)
 # are installed from wheels in .whl/ when that folder exists (the device machine has no package index).
@@ -53,19 +54,22 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=c
 GPU=$("$PY" -c "import re, torch; print(re.sub(r'[^A-Za-z0-9]+', '_', torch.cuda.get_device_name(0)).strip('_'))")
 
 if [ "$PHASE" = timing ]; then
-    step check_gpu 200 env OUT="$DIR" BUDGET_S=150 LIMIT_S=185 bash benchmarks/gpu_check.sh
-    step decoding 130 "$PY" benchmarks/bench_decoding.py --device cuda --compiled --repeats 5 --force \
+    check_s="${CHECK_GPU_S:-200}"
+    step check_gpu "$check_s" env OUT="$DIR" BUDGET_S="${BUDGET_S:-150}" LIMIT_S=$((check_s - 15)) \
+        bash benchmarks/gpu_check.sh
+    step decoding "${DECODING_S:-130}" "$PY" benchmarks/bench_decoding.py --device cuda --compiled --repeats 5 --force \
         --positions 16 64 256 1024 4096 8192 --out "$DIR/decoding_cuda.json"
     if [ ! -f "$DIR/decoding_cuda.json" ]; then  # the compiled (CUDA graph) step failed: the rest without it
         step decoding_eager 80 "$PY" benchmarks/bench_decoding.py --device cuda --repeats 5 --force \
             --positions 16 256 1024 8192 --out "$DIR/decoding_cuda.json"
     fi
-    step fla 60 "$PY" benchmarks/bench_fla.py --out "$DIR/fla_${GPU}.json"
+    step fla "${FLA_S:-60}" "$PY" benchmarks/bench_fla.py --out "$DIR/fla_${GPU}.json"
 else
     # Chapters at full size, all at once (their times include each other's load), beside the unit tests.
     deadline=$(($(left) - 30))
+    # shellcheck disable=SC2086
     "$PY" benchmarks/run_chapters.py --full --jobs 7 --deadline-s "$deadline" --out "$DIR/chapters_${GPU}.json" \
-        --executed _build/gpu-executed >_build/gpu-logs/chapters.log 2>&1 &
+        --executed _build/gpu-executed ${CHAPTERS:-} >_build/gpu-logs/chapters.log 2>&1 &
     chapters=$!
     step unit_cuda 120 "$PY" -m pytest -q -n 4 -p no:cacheprovider -k cuda tests/test_flow.py tests/test_linear.py \
         tests/test_mobile.py tests/test_moh.py tests/test_softmax.py tests/test_check_gpu.py
