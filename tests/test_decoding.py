@@ -1,6 +1,8 @@
 """attnbook.decoding.StaticDecoder: the state allocated once and updated in place gives the logits of the
 teaching path (DecoderLM.step) and of one whole forward, for every causal mechanism, and says what is wrong."""
 
+import gc
+
 import pytest
 import torch
 from support import tol
@@ -131,3 +133,37 @@ def test_the_compiled_step_gives_the_same_logits():
         compiled.prefill(tokens[:, :6])
         for t in range(6, 10):
             torch.testing.assert_close(compiled.step(tokens[:, t]), plain.step(tokens[:, t]), **tol(torch.float32))
+
+
+class _Writes(torch.utils._python_dispatch.TorchDispatchMode):
+    """The storages of every tensor an operator writes in place (or into through ``out=``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.written = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        for i, arg in enumerate(func._schema.arguments):  # positional by index, keyword (out=) by name
+            value = args[i] if i < len(args) else kwargs.get(arg.name)
+            if arg.alias_info is not None and arg.alias_info.is_write and isinstance(value, torch.Tensor):
+                self.written.add(value.untyped_storage().data_ptr())
+        return func(*args, **kwargs)
+
+
+@pytest.mark.parametrize("name", CAUSAL)
+def test_every_tensor_a_step_writes_is_one_it_declares_static(name):
+    """On CUDA the compiled step is a CUDA graph only if every tensor it writes in place is marked static
+    (StaticDecoder._tensors, each passed to torch._dynamo.mark_static_address): a state buffer left out would
+    make inductor skip the graph again ("mutated inputs", as on the H200)."""
+    decoder = StaticDecoder(model(name, torch.float32), batch=2, capacity=40)
+    decoder.prefill(torch.randint(0, 256, (2, 5)))
+    declared = {t.untyped_storage().data_ptr() for t in decoder._tensors()}
+    held = {t.untyped_storage().data_ptr() for t in decoder.tensors()}
+    assert held <= declared
+    alive = [t for t in gc.get_objects() if type(t) in (torch.Tensor, torch.nn.Parameter)]  # type(): no lookups
+    before = {t.untyped_storage().data_ptr() for t in alive}
+    with _Writes() as mode:
+        decoder.step(torch.randint(0, 256, (2,)))
+    persistent = {ptr for ptr in mode.written if ptr in before}  # not a temporary of the step
+    assert persistent and persistent <= declared
