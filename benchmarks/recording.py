@@ -42,7 +42,9 @@ def commit() -> str | None:
 
 
 def stamp(environment: dict, load_before: list[float], force: bool) -> dict:
-    """``environment`` with the load before and after, whether the quiet rule was overridden, and the commit."""
+    """``environment`` with the load before and after, the cores it is judged against, whether the quiet rule was
+    overridden, and the commit."""
+    environment["cores"] = os.cpu_count()
     environment["load_average_before"] = load_before
     environment["load_average_after"] = list(os.getloadavg())
     environment["forced"] = bool(force and load_before[0] > (os.cpu_count() or 1) / 2)

@@ -34,7 +34,7 @@ def test_refuses_a_busy_machine_unless_forced(monkeypatch, capsys):
     assert recording.quiet_or_exit("bench_x", force=False) == [0.9, 1.0, 0.5]
     environment = recording.stamp({}, [0.9, 1.0, 0.5], force=False)
     assert environment["forced"] is False and environment["load_average_after"] == [0.9, 1.0, 0.5]
-    assert "commit" in environment
+    assert "commit" in environment and environment["cores"] == 2  # what the load is judged against
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
