@@ -196,7 +196,7 @@ class StaticDecoder:
                 for y in x.values():
                     add(y)
 
-        add([self.embed, self.positions, self.head, self.norm, self.states, self.outputs, self.values1])
+        add([self.embed, self.positions, self.head, self.norm, self.tensors(), self.outputs, self.values1])
         for layer in self.layers:
             add([v for v in vars(layer).values() if not isinstance(v, torch.nn.Module)])
         return found
