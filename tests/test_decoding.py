@@ -156,7 +156,7 @@ def test_every_tensor_a_step_writes_is_one_it_declares_static(name):
     """On CUDA the compiled step is a CUDA graph only if every tensor it writes in place is marked static
     (StaticDecoder._tensors, each passed to torch._dynamo.mark_static_address): a state buffer left out would
     make inductor skip the graph again ("mutated inputs", as on the H200)."""
-    decoder = StaticDecoder(model(name, torch.float32), batch=2, capacity=40)
+    decoder = StaticDecoder(model(name, torch.float32), batch=2, capacity=40, native=False)  # torch's operations
     decoder.prefill(torch.randint(0, 256, (2, 5)))
     declared = {t.untyped_storage().data_ptr() for t in decoder._tensors()}
     held = {t.untyped_storage().data_ptr() for t in decoder.tensors()}
@@ -167,3 +167,103 @@ def test_every_tensor_a_step_writes_is_one_it_declares_static(name):
         decoder.step(torch.randint(0, 256, (2,)))
     persistent = {ptr for ptr in mode.written if ptr in before}  # not a temporary of the step
     assert persistent and persistent <= declared
+
+
+# -- the native step (_step.c) --------------------------------------------------------------------------------
+
+NATIVE = ["linear", "flow", "softmax", "relu", "competition", "allocation"]
+
+
+def _native_model(kind, dim, n_heads):
+    name = {"relu": "linear", "competition": "flow", "allocation": "flow"}.get(kind, kind)
+    torch.manual_seed(0)
+    m = DecoderLM(name, dim=dim, n_heads=n_heads, n_layers=2).eval()
+    if kind in ("relu", "competition", "allocation"):
+        from attnbook import FlowAttention, LinearAttention
+
+        size = dict(d_input=dim, d_model=dim, d_output=dim, n_heads=n_heads, causal=True)
+        for block in m.blocks:
+            block.attn = (
+                LinearAttention(**size, feature_map="relu")
+                if kind == "relu"
+                else FlowAttention(**size, drop_out=0.0, **{kind: False})
+            ).eval()
+    return m
+
+
+@pytest.mark.parametrize("width", [(24, 4), (24, 3), (64, 2)], ids=["D=6", "D=8", "D=32"])
+@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize("kind", NATIVE)
+def test_the_native_step_gives_the_logits_and_state_of_the_model(kind, batch, width):
+    """One C call a token (float32, CPU): the logits of torch's static step and of one float64 forward, and the
+    state the eager steps reach, for every mechanism and variant it runs; D = 8 and 32 take _step.c's AVX2 loops
+    over the KV cache (eight keys at a time, the rest one by one: 61 keys is 7 x 8 + 5), D = 6 its plain ones."""
+    m = _native_model(kind, *width)
+    tokens = torch.randint(0, 256, (batch, 61))
+    native, plain = StaticDecoder(m, batch=batch, capacity=64), StaticDecoder(m, batch=batch, capacity=64, native=False)
+    assert native.native and not plain.native
+    got, expected = [native.prefill(tokens[:, :9])], [plain.prefill(tokens[:, :9])]
+    for t in range(9, 61):
+        got.append(native.step(tokens[:, t]).unsqueeze(1))
+        expected.append(plain.step(tokens[:, t]).unsqueeze(1))
+    got, expected = torch.cat(got, 1), torch.cat(expected, 1)
+    torch.testing.assert_close(got, expected, **tol(torch.float32))
+    torch.testing.assert_close(got.double(), m.double()(tokens), **tol(torch.float32))
+    m.float()
+    held, reached = native.state(), plain.state()
+    nxt = torch.randint(0, 256, (batch,))
+    torch.testing.assert_close(m.step(nxt, held)[0], m.step(nxt, reached)[0], **tol(torch.float32))
+    native.reset()
+    torch.testing.assert_close(native.step(tokens[:, 0]), m(tokens[:, :1])[:, 0], **tol(torch.float32))
+
+
+def test_the_native_step_checks_its_token_and_runs_only_what_it_can():
+    m = model("linear", torch.float32)
+    decoder = StaticDecoder(m, batch=2, capacity=8)
+    assert decoder.native
+    ids = r"StaticDecoder.step: token must hold token ids in 0..255, got values in "
+    with pytest.raises(ValueError, match=ids + "3..256"):
+        decoder.step(torch.tensor([3, 256]))
+    with pytest.raises(ValueError, match=ids + "-1..0"):
+        decoder.step(torch.tensor([-1, 0]))
+    assert decoder.t == 0  # nothing was read or written
+    with pytest.raises(ValueError, match=r"StaticDecoder.step: the token's batch size must be 2"):
+        decoder.step(torch.tensor([1, 2, 3]))
+    with pytest.raises(TypeError, match=r"StaticDecoder.step: token must be an integer tensor"):
+        decoder.step(torch.tensor([1.0, 2.0]))
+    # int32 ids and a strided view are taken as they come
+    strided = torch.tensor([[5, 0], [7, 0]], dtype=torch.int32)[:, 0]
+    torch.testing.assert_close(decoder.step(strided), m(torch.tensor([[5], [7]]))[:, 0])
+    # where it cannot run, torch's operations do, or native=True says why
+    assert not StaticDecoder(model("moh", torch.float32)).native
+    assert not StaticDecoder(model("linear", torch.float64)).native
+    assert not StaticDecoder(model("linear", torch.float32), compile=True).native
+    why = r"StaticDecoder: the native step must be available for native=True, got the model is float64"
+    with pytest.raises(ValueError, match=why):
+        StaticDecoder(model("linear", torch.float64), native=True)
+    with pytest.raises(ValueError, match=r"got block 0 is mixture-of-head attention"):
+        StaticDecoder(model("moh", torch.float32), native=True)
+    with pytest.raises(ValueError, match=r"StaticDecoder: native must be False with compile=True"):
+        StaticDecoder(m, compile=True, native=True)
+
+
+def test_without_a_compiler_the_decoder_says_why_and_keeps_torchs_operations(monkeypatch, tmp_path):
+    from attnbook import _native
+
+    monkeypatch.setenv("ATTNBOOK_NATIVE", "0")
+    assert _native._build() == (None, "ATTNBOOK_NATIVE=0 is set")
+    monkeypatch.delenv("ATTNBOOK_NATIVE")
+    failing = tmp_path / "cc"
+    failing.write_text("#!/bin/sh\necho 'cc: error: no such thing' >&2\nexit 1\n")
+    failing.chmod(0o755)
+    monkeypatch.setenv("CC", str(failing))
+    lib, why = _native._build()
+    assert lib is None and why.startswith(f"{failing} could not compile _step.c: cc: error: no such thing")
+    monkeypatch.setattr(_native, "_state", {})  # this process's compiled library forgotten, for the decoder
+    decoder = StaticDecoder(model("linear", torch.float32))
+    assert not decoder.native
+    with pytest.raises(ValueError, match=r"got .*could not compile _step.c"):
+        StaticDecoder(model("linear", torch.float32), native=True)
+    tokens = torch.randint(0, 256, (1, 6))
+    decoder.prefill(tokens[:, :5])
+    torch.testing.assert_close(decoder.step(tokens[:, 5]), model("linear", torch.float32)(tokens)[:, 5])

@@ -29,6 +29,7 @@ Every step's logits equal :meth:`~attnbook.lm.DecoderLM.step`'s to rounding (``t
 
 from __future__ import annotations
 
+import ctypes
 import math
 from collections.abc import Callable
 from typing import Any, cast
@@ -37,7 +38,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ._checks import check_bool, check_choice, check_instance, check_int, check_token_ids
+from . import _native
+from ._checks import (
+    check_bool,
+    check_choice,
+    check_exclusive,
+    check_instance,
+    check_int,
+    check_supported,
+    check_token_ids,
+)
 from ._runtime import accumulation_dtype
 from .feature_maps import FEATURE_MAPS
 from .flow import FlowAttention, FlowState
@@ -141,12 +151,24 @@ class StaticDecoder:
         True
     """
 
-    def __init__(self, model: DecoderLM, *, batch: int = 1, capacity: int = 4096, compile: bool = False):
+    def __init__(
+        self,
+        model: DecoderLM,
+        *,
+        batch: int = 1,
+        capacity: int = 4096,
+        compile: bool = False,
+        native: bool | None = None,
+    ):
         name = "StaticDecoder"
         self.model = check_instance(model, "model", DecoderLM, name=name, what="a DecoderLM")
         self.batch = check_int(batch, "batch", name=name, minimum=1)
         self.capacity = check_int(capacity, "capacity", name=name, minimum=1)
         compile = check_bool(compile, "compile", name=name)
+        if native is not None:
+            native = check_bool(native, "native", name=name)
+            why = " (a compiled step is torch's; the native one is already one call)"
+            check_exclusive(compile, native, "compile", "native", name=name, why=why)
         weight = model.embed.weight
         self.device, self.dtype = weight.device, weight.dtype
         self.acc = accumulation_dtype(self.dtype)
@@ -162,6 +184,19 @@ class StaticDecoder:
         self.t = 0
         self._allocate()
         self._step = self._step_eager
+        # The native step (_step.c, one C call a token): by default wherever it can run, unless compiled
+        self.native = False
+        self._native: tuple[Any, ...] | None = None
+        if native or (native is None and not compile):
+            why = self._native_unsupported()
+            if not why:
+                built = _native.library()
+                why = "" if built is not None else _native.unavailable()
+                if built is not None:
+                    self._native = self._native_context(built)
+                    self.native = True
+            if native:
+                check_supported(not why, "the native step", name=name, expected="be available for native=True", got=why)
         # Compiled, the step has fixed shapes (the position a tensor, the KV cache read whole with the rows after
         # t masked): one graph for every t, which a CUDA graph can replay. (With dynamic shapes instead, torch
         # 2.13's CPU code generation gave linear attention wrong logits: tests/test_decoding.py.)
@@ -179,6 +214,67 @@ class StaticDecoder:
                 # step of chapter 7's 128-wide model with the Python wrapper, alternating, one thread)
                 options: dict[str, str | int | bool | Callable[..., Any]] = {"cpp_wrapper": True}
                 self._step = torch.compile(self._step_eager, dynamic=False, fullgraph=True, options=options)
+
+    # -- the native step ----------------------------------------------------------------------------------------
+
+    def _native_unsupported(self) -> str:
+        """Why the native step cannot run this decoder ('' when it can): it does float32 on the CPU, and the
+        blocks of softmax attention, linear attention with elu + 1 or relu features, and Flow-Attention."""
+        if self.device.type != "cpu":
+            return f"the model is on {self.device} (the native step runs on the CPU)"
+        if self.dtype != torch.float32:
+            return f"the model is {str(self.dtype).removeprefix('torch.')} (the native step runs float32)"
+        for i, layer in enumerate(self.layers):
+            if layer.kind == "moh":
+                return f"block {i} is mixture-of-head attention (torch's operations run it)"
+            if layer.kind == "linear" and layer.phi not in (None, F.relu):
+                return f"block {i}'s feature map is not elu + 1 or relu (torch's operations run it)"
+            if layer.norm1[0] is None or layer.norm2[0] is None:
+                return f"block {i}'s layer norms have no weights"
+        if self.norm[0] is None:
+            return "the final layer norm has no weights"
+        return ""
+
+    def _native_context(self, lib: Any) -> tuple[Any, ...]:
+        """The ctypes structures that point _step.c at the decoder's buffers, and every tensor behind them.
+
+        Weights are copied once into the (in, out) layout the C loops read; states and caches are the decoder's
+        own tensors (so :meth:`prefill`, :meth:`reset` and :meth:`state` see what the steps write)."""
+        keep: list[torch.Tensor] = []
+
+        def ptr(x: torch.Tensor | None) -> int | None:
+            if x is None:
+                return None
+            x = x.detach().contiguous()
+            keep.append(x)
+            return x.data_ptr()
+
+        kinds = {"softmax": 0, "linear": 1, "flow": 2}
+        layers = (_native.Layer * len(self.layers))()
+        for native, layer, held in zip(layers, self.layers, self.states, strict=True):
+            native.kind, native.H, native.D = kinds[layer.kind], layer.H, layer.D
+            native.hidden, native.phi = layer.w1.shape[1], int(layer.phi is F.relu)
+            native.competition, native.allocation = int(layer.competition), int(layer.allocation)
+            native.eps, native.ln1_eps, native.ln2_eps = layer.eps, layer.norm1[2], layer.norm2[2]
+            native.ln1_w, native.ln1_b = ptr(layer.norm1[0]), ptr(layer.norm1[1])
+            native.ln2_w, native.ln2_b = ptr(layer.norm2[0]), ptr(layer.norm2[1])
+            native.wqkv, native.bqkv = ptr(layer.wqkv), ptr(layer.bqkv)
+            native.wo, native.bo = ptr(layer.wo1[:-1]), ptr(layer.wo1[-1])
+            native.w1, native.b1, native.w2, native.b2 = ptr(layer.w1), ptr(layer.b1), ptr(layer.w2), ptr(layer.b2)
+            states = [held["sums"], held["ratios"], held["exp_mean"], held["kv"]] if isinstance(held, dict) else held
+            states = list(states) if isinstance(states, (list, tuple)) else [states]
+            for slot, x in zip(("s0", "s1", "s2", "s3"), states, strict=False):
+                assert x.is_contiguous()
+                setattr(native, slot, x.data_ptr())
+        model = _native.Model()
+        model.B, model.C, model.V, model.L = self.batch, self.embed.shape[1], self.embed.shape[0], len(self.layers)
+        model.capacity, model.lnf_eps = self.capacity, self.norm[2]
+        model.embed, model.positions, model.head = ptr(self.embed), ptr(self.positions), ptr(self.head)
+        model.lnf_w, model.lnf_b = ptr(self.norm[0]), ptr(self.norm[1])
+        model.layers = layers
+        work = torch.empty(int(lib.attnbook_work_size(ctypes.byref(model))), dtype=torch.float32)
+        model.work = ptr(work)
+        return lib.attnbook_step, ctypes.pointer(model), layers, keep
 
     # -- state ---------------------------------------------------------------------------------------------
 
@@ -282,12 +378,29 @@ class StaticDecoder:
         if t >= self.capacity:
             why = " (the decoder's capacity: make one with a larger capacity)"
             check_int(t + 1, "the number of tokens", name="StaticDecoder.step", maximum=self.capacity, why=why)
+        if self._native is not None:
+            return self._native_step(token, t)
         if self.graph:  # fixed shapes: the position is a tensor
             logits = self._step(token, torch.full((), t, device=self.device, dtype=torch.long))
             if self.device.type == "cuda":  # the next replay of the CUDA graph writes over its output
                 logits = logits.clone()
         else:
             logits = self._step(token, t)
+        self.t = t + 1
+        return logits
+
+    def _native_step(self, token: torch.Tensor, t: int) -> torch.Tensor:
+        """One C call: _step.c reads the token ids (checking their range), updates the state, writes the logits."""
+        step, model = self._native[0], self._native[1]  # type: ignore[index]
+        if token.dtype != torch.long or token.shape != (self.batch,) or token.device.type != "cpu":
+            token = check_token_ids(token, "token", name="StaticDecoder.step", vocab=self.model.vocab, layout="(B,)")
+            check_choice(token.shape[0], "the token's batch size", (self.batch,), name="StaticDecoder.step")
+            token = token.to("cpu", torch.long)
+        token = token.contiguous()
+        logits = torch.empty(self.batch, self.model.vocab)
+        bad = step(model, token.data_ptr(), t, logits.data_ptr())
+        if bad:  # a token id out of range: nothing was read or written
+            check_token_ids(token, "token", name="StaticDecoder.step", vocab=self.model.vocab, layout="(B,)")
         self.t = t + 1
         return logits
 
