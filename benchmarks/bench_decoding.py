@@ -5,8 +5,10 @@ thread by default:
 
 * **per-token step** of every causal mechanism at t = 16 .. 8192 (each timed call 64 consecutive tokens of one
   generation, as ``generate`` runs them, the mean recorded), on the static decoder
-  (:class:`attnbook.decoding.StaticDecoder`, what ``generate`` uses) and on the eager teaching path
-  (:meth:`~attnbook.lm.DecoderLM.step`), all in one alternating run (:func:`attnbook.lab.generation.measure`);
+  (:class:`attnbook.decoding.StaticDecoder`, what ``generate`` uses: on the CPU its native step, one C call a
+  token, for every mechanism but MoH), on that decoder's torch operations (``native=False``) and on the eager
+  teaching path (:meth:`~attnbook.lm.DecoderLM.step`), all in one alternating run
+  (:func:`attnbook.lab.generation.measure`);
 * **floors**: the time a step cannot beat on this machine, max(arithmetic / peak, bytes / bandwidth). The
   arithmetic is the step's multiply-adds (projections, MLP, head; the state or the KV cache); the peak is a
   large single-thread matrix product measured here. The bytes are what a step must read once: every weight
@@ -168,7 +170,7 @@ def main() -> None:
     load_before = quiet_or_exit("bench_decoding", args.force)
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
-    decoders = ["static"] + ([] if args.no_eager else ["eager"]) + (["compiled"] if args.compiled else [])
+    decoders = ["static", "torch"] + ([] if args.no_eager else ["eager"]) + (["compiled"] if args.compiled else [])
     setup = lm.RECORDED
     started = time.perf_counter()
     result = generation.measure(

@@ -3,6 +3,7 @@
 import math
 
 import pytest
+import torch
 
 from attnbook.lab import generation
 from attnbook.lab.lm import Setup
@@ -69,6 +70,24 @@ def test_both_decoders_are_timed_in_one_run_and_counted_alike():
         generation.series(both, decoder="compiled")
 
 
+def test_the_static_decoder_is_native_where_it_can_be_and_torch_is_its_operations():
+    """ "static" times what generate uses (the native step for softmax, linear and Flow-Attention on the CPU in
+    float32; torch's operations for MoH), "torch" the same decoder's torch operations: same state, counted alike."""
+    runs = generation.measure(TINY, positions=[4], repeats=2, warmup=0, decoders=("static", "torch"), burst=1,
+                              progress=False)  # fmt: skip
+    assert {r["decoder"] for r in runs["records"]} == {"static", "torch"}
+    for name in ("softmax", "linear", "flow", "moh"):
+        assert (
+            generation.series(runs, "state_bytes", "static")[1][name]
+            == generation.series(runs, "state_bytes", "torch")[1][name]
+        )
+    text = torch.randint(256, (64,), dtype=torch.uint8)
+    model = TINY.model("linear").eval()
+    static = generation._Generation(model, text, torch.device("cpu"), "static", 16)
+    plain = generation._Generation(model, text, torch.device("cpu"), "torch", 16)
+    assert static.fast.native and not plain.fast.native
+
+
 def test_cost_table_prints_every_decoder_and_mechanism_in_eighty_columns(result):
     table = generation.cost_table(result).splitlines()
     assert table[1].split() == ["t=4", "t=8", "t=64", "t=64", "(KiB)", "this"]
@@ -102,22 +121,25 @@ def test_floor_table_and_the_decoding_summary_read_a_bench_decoding_recording(re
     assert "median (static), against its floor" in text and " 4.0x" in text and "from t* = 8 on" in text
     assert "(20.0x)" in text and "|" not in text  # no compiled step recorded
     at_floors = floors["softmax"]["floor_s"] / floors["linear"]["floor_s"]
-    assert f"softmax / linear: 3.0x static, 3.0x eager; {at_floors:.1f}x at the floors" in text
+    assert f"softmax / linear: 3.0x static (3.0x eager); {at_floors:.1f}x at the floors" in text
     assert max(map(len, text.splitlines())) <= 80
 
 
-def test_the_decoding_summary_shows_the_compiled_step_and_the_eager_prefill_when_recorded(result):
-    """A recording with a compiled decoder: its step beside the static one (here twice as quick: 2.0x the floor),
-    its ratio; the prompt against the eager steps too (what generate took in 0.1)."""
+@pytest.mark.parametrize("other", ["compiled", "torch"])
+def test_the_decoding_summary_shows_another_decoder_and_the_eager_prefill_when_recorded(result, other):
+    """A recording with the static decoder's torch operations or a compiled decoder: its step beside the static
+    one (here half as quick: 8.0x the floor), the ratios; the prompt against the eager steps too (what generate
+    took in 0.1). The torch operations are preferred to the compiled step where both are there."""
     recording = _decoding_recording(result)
-    faster = [{**r, "decoder": "compiled", "median_s": r["median_s"] / 2} for r in recording["records"]]
-    recording = {**recording, "records": recording["records"] + faster,
-                 "config": {**recording["config"], "decoders": ["static", "compiled"]}}  # fmt: skip
-    recording["summary"]["ratio_at_t_max"]["compiled"] = {"linear": 5.0, "flow": 4.0}
+    slower = [{**r, "decoder": other, "median_s": r["median_s"] * 2} for r in recording["records"]]
+    recording = {**recording, "records": recording["records"] + slower,
+                 "config": {**recording["config"], "decoders": ["static", other, "compiled"]}}  # fmt: skip
+    recording["summary"]["ratio_at_t_max"][other] = {"linear": 5.0, "flow": 4.0}
     recording["prefill"]["linear"]["eager_steps_s"] = 0.5
     text = generation.decoding_summary(recording)
-    assert "median (static | compiled)" in text and "4.0x |" in text and " 2.0x" in text
-    assert "3.0x static, 3.0x eager, 5.0x compiled" in text and "500 ms eager (50.0x)" in text
+    assert f"median (static | {other})" in text and "4.0x |" in text and " 8.0x" in text
+    ratios = "3.0x static (5.0x torch, 3.0x eager)" if other == "torch" else "3.0x static (3.0x eager)"
+    assert ratios in text and "500 ms eager (50.0x)" in text
     assert max(map(len, text.splitlines())) <= 80
 
 

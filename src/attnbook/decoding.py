@@ -19,6 +19,15 @@ checks, in Python, in the dispatch of about a hundred small operations, in new t
   bias and the residual connection are one call (``torch.addmm(x, o1, [Wo; bo])``);
 * no checks inside a step (the decoder checks once, when it is made and when a prompt is prefilled).
 
+That still leaves about fifty torch operations a token, each a few microseconds of dispatch, several times the
+arithmetic at chapter 7's width. So on the CPU, in float32, the step is by default *native*: ``_step.c`` does
+the whole token (embedding, every block's norms, projections, attention and MLP, the head) in one C call on the
+decoder's own buffers (compiled on first use with the host's C compiler, loaded by :mod:`ctypes`; see
+:mod:`attnbook._native`). It runs blocks of softmax attention, of linear attention with elu + 1 or relu
+features and of Flow-Attention (either ablation); a model with any other block (mixture-of-head, another
+feature map), on another device or in another dtype, or a machine without a C compiler, keeps torch's
+operations (``native=False`` asks for those; ``native=True`` says why it cannot).
+
 A prompt is prefilled in one parallel call (``model(prompt, output_final_state=True)``, the library's chunked
 forward) and its state copied into the buffers. Optionally the step is compiled (``compile=True``:
 ``torch.compile``; on CUDA ``mode="reduce-overhead"`` records it as a CUDA graph, which needs every shape
@@ -138,6 +147,9 @@ class StaticDecoder:
             position table has this many rows too.
         compile: compile the step with ``torch.compile`` (on CUDA as a CUDA graph, ``mode="reduce-overhead"``;
             on the CPU with inductor's C++ wrapper, which calls the compiled kernels without Python in between).
+        native: the native step (module docstring): None (default) where it can run and ``compile`` is False,
+            True to insist (a ValueError says why it cannot), False for torch's operations. :attr:`native`
+            says which runs.
 
     Example:
         >>> import torch

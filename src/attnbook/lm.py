@@ -402,7 +402,8 @@ class DecoderLM(nn.Module):
         it found.
 
         ``decoder="static"`` (default) steps through :class:`attnbook.decoding.StaticDecoder` (state allocated
-        once and updated in place: the same logits, several times faster per token); ``"compiled"`` compiles
+        once and updated in place: the same logits, several times faster per token; on the CPU in float32 one C
+        call a token, its native step, where the blocks allow); ``"compiled"`` compiles
         that step (``torch.compile``; on CUDA a CUDA graph); ``"eager"`` through :meth:`step`, the chapter's
         teaching path.
         """

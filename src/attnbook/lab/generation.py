@@ -7,9 +7,11 @@ advancing its own generation by one token (so the timed tokens sit at positions 
 next position is reached by a new prefill, also when the calls went past it).
 ``min_s``, the fastest of the calls, is the one least disturbed by other work on a shared machine.
 
-Three paths can be timed (``decoders``, all in one alternating run): ``"static"``,
+Four paths can be timed (``decoders``, all in one alternating run): ``"static"``,
 :class:`attnbook.decoding.StaticDecoder` (the state allocated once and updated in place, what
-:meth:`~attnbook.lm.DecoderLM.generate` uses), ``"compiled"``, that step compiled (``torch.compile``; on CUDA a
+:meth:`~attnbook.lm.DecoderLM.generate` uses: on the CPU in float32 its native step, one C call a token, where
+the blocks allow), ``"torch"``, that decoder with torch's operations (``native=False``), ``"compiled"``, those
+compiled (``torch.compile``; on CUDA a
 CUDA graph, fixed shapes), and ``"eager"``,
 :meth:`~attnbook.lm.DecoderLM.step` (the chapter's teaching path, a new state every token). Memory is counted,
 not timed: the bytes of the decoding state after exactly t tokens (:func:`attnbook.lm.state_bytes`: in use, and
@@ -51,7 +53,7 @@ __all__ = [
 ]
 
 POSITIONS = tuple(2**i for i in range(4, 14))  # 16 .. 8192
-DECODERS = ("static", "eager", "compiled")
+DECODERS = ("static", "torch", "eager", "compiled")
 
 
 class _Generation:
@@ -63,7 +65,12 @@ class _Generation:
         # the bytes as token ids on the device once, so that a step's next token is a view, not five operations
         self.tokens = text.reshape(-1).to(device, torch.long)
         fast = decoder != "eager"
-        self.fast = StaticDecoder(model, batch=1, capacity=capacity, compile=decoder == "compiled") if fast else None
+        native = False if decoder in ("torch", "compiled") else None
+        self.fast = (
+            StaticDecoder(model, batch=1, capacity=capacity, compile=decoder == "compiled", native=native)
+            if fast
+            else None
+        )
         self.state: Any = None
         self.t = 0
 
@@ -120,7 +127,7 @@ def measure(
         positions: increasing positions t at which to measure.
         repeats, warmup: as in :func:`~attnbook.lab.profiling.compare` (each call is one token).
         text: the bytes fed to the models (cycled); default a fixed random byte string.
-        decoders: which of ``"static"``, ``"eager"`` and ``"compiled"`` to time (module docstring); each
+        decoders: which of ``"static"``, ``"torch"``, ``"eager"`` and ``"compiled"`` to time (module docstring); each
             mechanism is timed on each, all in one alternating run.
         burst: tokens per timed call (their mean is recorded): 1 times a lone step right after the other
             mechanisms' (its weights and state may have left the processor's caches meanwhile); more times
@@ -311,29 +318,31 @@ def floor_table(recording: dict, t: int | None = None, decoder: str = "static") 
 
 def decoding_summary(recording: dict) -> str:
     """A ``bench_decoding.py`` recording for an 80-column page: every step at the last position against its floor
-    (static decoder, and the compiled one where it was recorded), softmax's step over the recurrent ones there,
-    measured and at the floors, the crossover t*, and the prefill of a long prompt against stepping through it
-    (static steps, and the eager steps that ``generate`` took in 0.1)."""
+    (static decoder, and its torch operations where they were recorded, else the compiled step), softmax's step
+    over the recurrent ones there, measured and at the floors, the crossover t*, and the prefill of a long prompt
+    against stepping through it (static steps, and the eager steps that ``generate`` took in 0.1)."""
     ts, _ = series(recording, "median_s", "static")
     t = ts[-1]
     floors = floor_table(recording, t)
     decoders = recording["config"].get("decoders", ["static"])
-    compiled = floor_table(recording, t, "compiled") if "compiled" in decoders else None
-    head = "static" + (" | compiled" if compiled else "")
+    other = next((d for d in ("torch", "compiled") if d in decoders), None)
+    beside = floor_table(recording, t, other) if other else None
+    head = "static" + (f" | {other}" if other else "")
     lines = [f"per-token step at t = {t}, median ({head}), against its floor:"]
     for name, f in floors.items():
         line = (
             f"  {name:8s}{1e3 * f['step_s']:5.2f} ms  floor {1e3 * f['floor_s']:5.3f} ms ({f['bytes'] / 1e6:4.1f} MB)"
         )
         line += f" {f['times']:4.1f}x"
-        if compiled:
-            line += f" | {1e3 * compiled[name]['step_s']:5.2f} ms {compiled[name]['times']:4.1f}x"
+        if beside:
+            line += f" | {1e3 * beside[name]['step_s']:5.2f} ms {beside[name]['times']:4.1f}x"
         lines.append(line)
     s = recording["summary"]
     for name in ("linear", "flow"):
         at_floor = floors["softmax"]["floor_s"] / floors[name]["floor_s"]
         ratios = s["ratio_at_t_max"]
-        measured = ", ".join(f"{ratios[d][name]:.1f}x {d}" for d in ("static", "eager", "compiled") if d in ratios)
+        others = ", ".join(f"{ratios[d][name]:.1f}x {d}" for d in ("torch", "eager") if d in ratios)
+        measured = f"{ratios['static'][name]:.1f}x static" + (f" ({others})" if others else "")
         lines.append(f"softmax / {name}: {measured}; {at_floor:.1f}x at the floors")
     lines.append(f"linear attention's static step is the quicker one from t* = {s['crossover_t']} on")
     prefill = recording["prefill"]
