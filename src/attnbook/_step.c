@@ -198,18 +198,28 @@ static int64_t scores_avx2(const float *q, const float *keys, int64_t n, int64_t
     return i;
 }
 
-/* out = sum_i weights[i] values[i] over i < n (D a multiple of 8, at most 64), accumulated in registers;
- * returns 0 when D does not suit (the caller's loop does it). */
+/* out = sum_i weights[i] values[i] over i < n (D a multiple of 8, at most 64), accumulated in registers, even
+ * and odd rows apart (two chains of fused multiply-adds instead of one, so that each waits half as long for
+ * the last); returns 0 when D does not suit (the caller's loop does it). */
 static int weighted_sum_avx2(const float *weights, const float *values, int64_t n, int64_t D, float *out) {
     if (D % 8 != 0 || D > 64) return 0;
-    __m256 acc[8];
+    __m256 even[8], odd[8];
     const int64_t chunks = D / 8;
-    for (int64_t c = 0; c < chunks; c++) acc[c] = _mm256_setzero_ps();
-    for (int64_t i = 0; i < n; i++) {
-        const __m256 w = _mm256_set1_ps(weights[i]);
-        for (int64_t c = 0; c < chunks; c++) acc[c] = _mm256_fmadd_ps(w, _mm256_loadu_ps(values + i * D + 8 * c), acc[c]);
+    for (int64_t c = 0; c < chunks; c++) even[c] = odd[c] = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 2 <= n; i += 2) {
+        const __m256 w0 = _mm256_set1_ps(weights[i]), w1 = _mm256_set1_ps(weights[i + 1]);
+        const float *v = values + i * D;
+        for (int64_t c = 0; c < chunks; c++) {
+            even[c] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(v + 8 * c), even[c]);
+            odd[c] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(v + D + 8 * c), odd[c]);
+        }
     }
-    for (int64_t c = 0; c < chunks; c++) _mm256_storeu_ps(out + 8 * c, acc[c]);
+    if (i < n) {
+        const __m256 w = _mm256_set1_ps(weights[i]);
+        for (int64_t c = 0; c < chunks; c++) even[c] = _mm256_fmadd_ps(w, _mm256_loadu_ps(values + i * D + 8 * c), even[c]);
+    }
+    for (int64_t c = 0; c < chunks; c++) _mm256_storeu_ps(out + 8 * c, _mm256_add_ps(even[c], odd[c]));
     return 1;
 }
 #else
