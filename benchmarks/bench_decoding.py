@@ -102,31 +102,35 @@ def floors(setup: lm.Setup, positions: list[int], device: torch.device) -> dict:
     return out
 
 
-def prefill_against_steps(setup: lm.Setup, P: int, device: torch.device, eager: bool) -> dict:
-    """A prompt of P tokens: one parallel prefill against P steps (static; eager too when ``eager``)."""
+def prefill_against_steps(setup: lm.Setup, P: int, device: torch.device, eager: bool, repeats: int = 3) -> dict:
+    """A prompt of P tokens: one parallel prefill against P steps (static, and the static decoder's torch
+    operations; eager too when ``eager``), each the median of ``repeats`` runs, taken in turn."""
     out = {}
     prompt = torch.randint(256, (1, P), generator=torch.Generator().manual_seed(1)).to(device)
     for name in ("softmax", "linear", "flow"):
         torch.manual_seed(0)
         model = setup.model(name).to(device).eval()
-        fast = StaticDecoder(model, batch=1, capacity=P + 1)
+        fast, plain = StaticDecoder(model, batch=1, capacity=P), StaticDecoder(model, batch=1, capacity=P, native=False)
+        times: dict[str, list[float]] = {"prefill": [], "static": [], "torch": [], "eager": []}
+        error = 0.0  # the largest difference of a step's logits from the prefill's, over both decoders and every run
         with torch.inference_mode():
-            times = []
-            for _ in range(3):
+            for _ in range(repeats):
                 t0 = time.perf_counter()
                 logits = fast.prefill(prompt)
-                times.append(time.perf_counter() - t0)
-            fast.reset()
-            t0 = time.perf_counter()
-            stepped = [fast.step(prompt[:, i]) for i in range(P)]
-            steps_s = time.perf_counter() - t0
-            error = float((torch.stack(stepped, 1) - logits).abs().max())
-            record = {"prefill_s": statistics.median(times), "static_steps_s": steps_s, "max_logit_difference": error}
-            if eager:
-                state, t0 = None, time.perf_counter()
-                for i in range(P):
-                    _, state = model.step(prompt[:, i], state)
-                record["eager_steps_s"] = time.perf_counter() - t0
+                times["prefill"].append(time.perf_counter() - t0)
+                for key, decoder in (("static", fast), ("torch", plain)):
+                    decoder.reset()
+                    t0 = time.perf_counter()
+                    stepped = [decoder.step(prompt[:, i]) for i in range(P)]
+                    times[key].append(time.perf_counter() - t0)
+                    error = max(error, float((torch.stack(stepped, 1) - logits).abs().max()))
+                if eager:
+                    state, t0 = None, time.perf_counter()
+                    for i in range(P):
+                        _, state = model.step(prompt[:, i], state)
+                    times["eager"].append(time.perf_counter() - t0)
+        record = {f"{k}_s" if k == "prefill" else f"{k}_steps_s": statistics.median(v) for k, v in times.items() if v}
+        record["max_logit_difference"] = error
         record["steps_over_prefill"] = record["static_steps_s"] / record["prefill_s"]
         out[name] = record
     return out
@@ -206,9 +210,11 @@ def main() -> None:
               f"/ flow {s['ratio_at_t_max'][decoder]['flow']:.1f}x")  # fmt: skip
     print(f"crossover t* (static): {s['crossover_t']}")
     for name, r in prefill.items():
+        eager = f", {r['eager_steps_s'] * 1e3:.0f} ms eager" if "eager_steps_s" in r else ""
         print(
-            f"prefill {args.prompt} ({name}): {r['prefill_s'] * 1e3:.0f} ms against {r['static_steps_s'] * 1e3:.0f} "
-            f"ms of steps ({r['steps_over_prefill']:.1f}x); logits differ by {r['max_logit_difference']:.1e}"
+            f"prefill {args.prompt} ({name}): {r['prefill_s'] * 1e3:.0f} ms against steps: "
+            f"{r['static_steps_s'] * 1e3:.0f} ms static ({r['steps_over_prefill']:.1f}x), "
+            f"{r['torch_steps_s'] * 1e3:.0f} ms torch{eager}; logits differ by {r['max_logit_difference']:.1e}"
         )
 
 
