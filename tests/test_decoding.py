@@ -259,6 +259,15 @@ def test_without_a_compiler_the_decoder_says_why_and_keeps_torchs_operations(mon
     monkeypatch.setenv("CC", str(failing))
     lib, why = _native._build()
     assert lib is None and why.startswith(f"{failing} could not compile _step.c: cc: error: no such thing")
+    monkeypatch.delenv("CC")
+
+    def refuse(path):
+        raise OSError(f"{path}: failed to map segment from shared object")
+
+    monkeypatch.setattr(_native.ctypes, "CDLL", refuse)  # as from a temporary folder mounted noexec
+    lib, why = _native._build()
+    assert lib is None and why.startswith("the compiled _step.c could not be loaded: ") and "failed to map" in why
+    monkeypatch.setenv("CC", str(failing))
     monkeypatch.setattr(_native, "_state", {})  # this process's compiled library forgotten, for the decoder
     decoder = StaticDecoder(model("linear", torch.float32))
     assert not decoder.native

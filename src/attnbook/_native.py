@@ -87,13 +87,17 @@ def _build() -> tuple[ctypes.CDLL | None, str]:
                 errors = str(error)
                 continue
             if done.returncode == 0:
-                lib = ctypes.CDLL(str(target))  # mapped: the file may go
+                try:
+                    lib = ctypes.CDLL(str(target))  # mapped: the file may go
+                except OSError as error:  # e.g. a temporary folder mounted noexec
+                    return None, f"the compiled _step.c could not be loaded: {error}"
                 lib.attnbook_step.restype = ctypes.c_int64
                 lib.attnbook_step.argtypes = [ctypes.POINTER(Model), ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]
                 lib.attnbook_work_size.restype = ctypes.c_int64
                 lib.attnbook_work_size.argtypes = [ctypes.POINTER(Model)]
                 return lib, ""
-            errors = done.stderr.strip().splitlines()[-1:] and done.stderr.strip().splitlines()[-1] or "failed"
+            lines = done.stderr.strip().splitlines()  # its first error, else its last line, else its status
+            errors = next((x for x in lines if "error" in x), lines[-1] if lines else f"exit status {done.returncode}")
         return None, f"{shlex.join(compiler)} could not compile _step.c: {errors}"
     finally:
         shutil.rmtree(folder, ignore_errors=True)
