@@ -60,20 +60,30 @@ static inline float exp_nonpositive(float x) {
 
 static inline float sigmoidf(float x) { return 1.0f / (1.0f + expf(-x)); }
 
-/* y = add + x W + b, W (K, N) row-major; add and b may be NULL; y may be add (a residual, in place). */
-static void affine(const float *restrict x, const float *restrict W, const float *b, const float *add, int64_t K,
-                   int64_t N, float *y) {
-    for (int64_t n = 0; n < N; n++) y[n] = (add ? add[n] : 0.0f) + (b ? b[n] : 0.0f);
+/* y = add + x W + b for R rows at once: x (R, K), W (K, N) row-major, y and add (R, N); add and b may be NULL; y
+ * may be add (a residual, in place). Four rows of W are read once for all R rows of x (they stay in the
+ * first-level cache), so a batch reads the weights once, as one token does. */
+static void affine(const float *restrict x, const float *restrict W, const float *b, const float *add, int64_t R,
+                   int64_t K, int64_t N, float *y) {
+    for (int64_t r = 0; r < R; r++)
+        for (int64_t n = 0; n < N; n++) y[r * N + n] = (add ? add[r * N + n] : 0.0f) + (b ? b[n] : 0.0f);
     int64_t k = 0;
     for (; k + 4 <= K; k += 4) {
-        const float x0 = x[k], x1 = x[k + 1], x2 = x[k + 2], x3 = x[k + 3];
         const float *restrict w0 = W + k * N, *restrict w1 = w0 + N, *restrict w2 = w1 + N, *restrict w3 = w2 + N;
-        for (int64_t n = 0; n < N; n++) y[n] += x0 * w0[n] + x1 * w1[n] + x2 * w2[n] + x3 * w3[n];
+        for (int64_t r = 0; r < R; r++) {
+            const float *xr = x + r * K;
+            const float x0 = xr[k], x1 = xr[k + 1], x2 = xr[k + 2], x3 = xr[k + 3];
+            float *restrict yr = y + r * N;
+            for (int64_t n = 0; n < N; n++) yr[n] += x0 * w0[n] + x1 * w1[n] + x2 * w2[n] + x3 * w3[n];
+        }
     }
     for (; k < K; k++) {
-        const float xk = x[k];
         const float *restrict w = W + k * N;
-        for (int64_t n = 0; n < N; n++) y[n] += xk * w[n];
+        for (int64_t r = 0; r < R; r++) {
+            const float xk = x[r * K + k];
+            float *restrict yr = y + r * N;
+            for (int64_t n = 0; n < N; n++) yr[n] += xk * w[n];
+        }
     }
 }
 
@@ -268,39 +278,43 @@ static void softmax_head(const layer_t *l, int64_t capacity, int64_t b, int64_t 
 }
 
 /* Floats of scratch the step needs (attnbook._native allocates them once): x and LN(x), then per layer q, k, v
- * and the heads' outputs, and room for the widest of the MLP's hidden layer, a head's small vectors (3 D + 1)
- * and one query's scores over the whole cache (capacity). */
+ * and the heads' outputs, of every row of the batch, and room for the widest of the batch's MLP hidden layer,
+ * a head's small vectors (3 D + 1) and one query's scores over the whole cache (capacity). */
 int64_t attnbook_work_size(const model_t *m) {
     int64_t widest = 0;
     for (int64_t i = 0; i < m->L; i++) {
         const layer_t *l = &m->layers[i];
-        int64_t room = l->hidden > 3 * l->D + 1 ? l->hidden : 3 * l->D + 1;
+        int64_t room = m->B * l->hidden > 3 * l->D + 1 ? m->B * l->hidden : 3 * l->D + 1;
         room = room > m->capacity ? room : m->capacity;
-        const int64_t need = 4 * l->H * l->D + room;
+        const int64_t need = 4 * m->B * l->H * l->D + room;
         widest = need > widest ? need : widest;
     }
-    return 2 * m->C + widest;
+    return 2 * m->B * m->C + widest;
 }
 
 /* The logits (B, V) after tokens (B,) at position t, the state updated. Returns 0, or b + 1 when token b is
  * not in 0 .. V - 1 (nothing is then read or written: the caller raises). */
 int64_t attnbook_step(const model_t *m, const int64_t *tokens, int64_t t, float *logits) {
-    const int64_t C = m->C;
-    for (int64_t b = 0; b < m->B; b++)
+    const int64_t B = m->B, C = m->C;
+    for (int64_t b = 0; b < B; b++)
         if (tokens[b] < 0 || tokens[b] >= m->V) return b + 1;
-    float *x = m->work, *h = x + C, *buffer = h + C;
-    for (int64_t b = 0; b < m->B; b++) {
+    float *x = m->work, *h = x + B * C, *buffer = h + B * C; /* x, h: (B, C) */
+    for (int64_t b = 0; b < B; b++) {
         const float *e = m->embed + tokens[b] * C, *p = m->positions + t * C;
-        for (int64_t c = 0; c < C; c++) x[c] = e[c] + p[c];
-        for (int64_t i = 0; i < m->L; i++) {
-            const layer_t *l = &m->layers[i];
-            const int64_t H = l->H, D = l->D, HD = H * D;
-            float *qkv = buffer, *att = qkv + 3 * HD, *mid = att + HD; /* mid: the MLP's hidden, or scratch */
-            layer_norm(x, l->ln1_w, l->ln1_b, l->ln1_eps, C, h);
-            affine(h, l->wqkv, l->bqkv, NULL, C, 3 * HD, qkv);
+        for (int64_t c = 0; c < C; c++) x[b * C + c] = e[c] + p[c];
+    }
+    for (int64_t i = 0; i < m->L; i++) {
+        const layer_t *l = &m->layers[i];
+        const int64_t H = l->H, D = l->D, HD = H * D;
+        /* qkv (B, 3 H D), att (B, H D), mid: the MLP's hidden (B, hidden) or a head's scratch */
+        float *qkv = buffer, *att = qkv + B * 3 * HD, *mid = att + B * HD;
+        for (int64_t b = 0; b < B; b++) layer_norm(x + b * C, l->ln1_w, l->ln1_b, l->ln1_eps, C, h + b * C);
+        affine(h, l->wqkv, l->bqkv, NULL, B, C, 3 * HD, qkv);
+        for (int64_t b = 0; b < B; b++) {
+            const float *row = qkv + b * 3 * HD;
             for (int64_t head = 0; head < H; head++) {
-                const float *q = qkv + head * D, *k = qkv + HD + head * D, *v = qkv + 2 * HD + head * D;
-                float *o = att + head * D;
+                const float *q = row + head * D, *k = row + HD + head * D, *v = row + 2 * HD + head * D;
+                float *o = att + b * HD + head * D;
                 if (l->kind == KIND_LINEAR) {
                     float *Sz = l->s0 + (b * H + head) * D * (D + 1);
                     linear_head(l, Sz, q, k, v, mid, mid + D, o);
@@ -310,14 +324,14 @@ int64_t attnbook_step(const model_t *m, const int64_t *tokens, int64_t t, float 
                     softmax_head(l, m->capacity, b, head, t, q, k, v, mid, o);
                 }
             }
-            affine(att, l->wo, l->bo, x, HD, C, x); /* x + o Wo + bo */
-            layer_norm(x, l->ln2_w, l->ln2_b, l->ln2_eps, C, h);
-            affine(h, l->w1, l->b1, NULL, C, l->hidden, mid);
-            for (int64_t j = 0; j < l->hidden; j++) mid[j] = 0.5f * mid[j] * (1.0f + erff(mid[j] * 0.70710678118654752f));
-            affine(mid, l->w2, l->b2, x, l->hidden, C, x); /* x + MLP */
         }
-        layer_norm(x, m->lnf_w, m->lnf_b, m->lnf_eps, C, h);
-        affine(h, m->head, NULL, NULL, C, m->V, logits + b * m->V);
+        affine(att, l->wo, l->bo, x, B, HD, C, x); /* x + o Wo + bo */
+        for (int64_t b = 0; b < B; b++) layer_norm(x + b * C, l->ln2_w, l->ln2_b, l->ln2_eps, C, h + b * C);
+        affine(h, l->w1, l->b1, NULL, B, C, l->hidden, mid);
+        for (int64_t j = 0; j < B * l->hidden; j++) mid[j] = 0.5f * mid[j] * (1.0f + erff(mid[j] * 0.70710678118654752f));
+        affine(mid, l->w2, l->b2, x, B, l->hidden, C, x); /* x + MLP */
     }
+    for (int64_t b = 0; b < B; b++) layer_norm(x + b * C, m->lnf_w, m->lnf_b, m->lnf_eps, C, h + b * C);
+    affine(h, m->head, NULL, NULL, B, C, m->V, logits);
     return 0;
 }
