@@ -331,11 +331,11 @@ def decoding_summary(recording: dict) -> str:
     lines = [f"per-token step at t = {t}, median ({head}), against its floor:"]
     for name, f in floors.items():
         line = (
-            f"  {name:8s}{1e3 * f['step_s']:5.2f} ms  floor {1e3 * f['floor_s']:5.3f} ms ({f['bytes'] / 1e6:4.1f} MB)"
+            f"  {name:8s}{1e3 * f['step_s']:5.3f} ms  floor {1e3 * f['floor_s']:5.3f} ms ({f['bytes'] / 1e6:4.1f} MB)"
         )
         line += f" {f['times']:4.1f}x"
         if beside:
-            line += f" | {1e3 * beside[name]['step_s']:5.2f} ms {beside[name]['times']:4.1f}x"
+            line += f" | {1e3 * beside[name]['step_s']:5.3f} ms {beside[name]['times']:4.1f}x"
         lines.append(line)
     s = recording["summary"]
     for name in ("linear", "flow"):
