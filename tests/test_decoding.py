@@ -171,7 +171,13 @@ def test_every_tensor_a_step_writes_is_one_it_declares_static(name):
 
 # -- the native step (_step.c) --------------------------------------------------------------------------------
 
-NATIVE = ["linear", "flow", "softmax", "relu", "competition", "allocation"]
+NATIVE = ["linear", "flow", "softmax", "moh", "relu", "competition", "allocation"]
+
+
+def _moh(dim, n_heads, shared, routed, **kwargs):
+    from attnbook import MoHAttention
+
+    return MoHAttention(dim, n_heads, qkv_bias=True, causal=True, shared_head=shared, routed_head=routed, **kwargs)
 
 
 def _native_model(kind, dim, n_heads):
@@ -235,14 +241,17 @@ def test_the_native_step_checks_its_token_and_runs_only_what_it_can():
     strided = torch.tensor([[5, 0], [7, 0]], dtype=torch.int32)[:, 0]
     torch.testing.assert_close(decoder.step(strided), m(torch.tensor([[5], [7]]))[:, 0])
     # where it cannot run, torch's operations do, or native=True says why
-    assert not StaticDecoder(model("moh", torch.float32)).native
+    normed = model("moh", torch.float32)
+    for block in normed.blocks:
+        block.attn = _moh(24, 4, 1, 2, qk_norm=True)
+    assert StaticDecoder(model("moh", torch.float32)).native and not StaticDecoder(normed).native
     assert not StaticDecoder(model("linear", torch.float64)).native
     assert not StaticDecoder(model("linear", torch.float32), compile=True).native
     why = r"StaticDecoder: the native step must be available for native=True, got the model is float64"
     with pytest.raises(ValueError, match=why):
         StaticDecoder(model("linear", torch.float64), native=True)
-    with pytest.raises(ValueError, match=r"got block 0 is mixture-of-head attention"):
-        StaticDecoder(model("moh", torch.float32), native=True)
+    with pytest.raises(ValueError, match=r"got block 0's MoH layer normalises q, k or its heads"):
+        StaticDecoder(normed, native=True)
     with pytest.raises(ValueError, match=r"StaticDecoder: native must be False with compile=True"):
         StaticDecoder(m, compile=True, native=True)
 
@@ -276,3 +285,24 @@ def test_without_a_compiler_the_decoder_says_why_and_keeps_torchs_operations(mon
     tokens = torch.randint(0, 256, (1, 6))
     decoder.prefill(tokens[:, :5])
     torch.testing.assert_close(decoder.step(tokens[:, 5]), model("linear", torch.float32)(tokens)[:, 5])
+
+
+@pytest.mark.parametrize("split", [(1, 2), (2, 1), (0, 2), (4, 0), (0, 4)], ids=lambda s: f"shared{s[0]}-routed{s[1]}")
+def test_the_native_moh_step_routes_as_the_layer_does(split):
+    """MoH's router in _step.c (shared heads' softmax, the top k of the routed heads renormalised, the two-stage
+    weighting), for every kind of split of 4 heads (D = 8: the AVX2 loops), against torch's static step and one
+    float64 forward."""
+    torch.manual_seed(0)
+    m = DecoderLM("moh", dim=32, n_heads=4, n_layers=2).eval()
+    for block in m.blocks:
+        block.attn = _moh(32, 4, *split).eval()
+    tokens = torch.randint(0, 256, (3, 40))
+    native, plain = StaticDecoder(m, batch=3, capacity=40), StaticDecoder(m, batch=3, capacity=40, native=False)
+    assert native.native
+    got, expected = [native.prefill(tokens[:, :5])], [plain.prefill(tokens[:, :5])]
+    for t in range(5, 40):
+        got.append(native.step(tokens[:, t]).unsqueeze(1))
+        expected.append(plain.step(tokens[:, t]).unsqueeze(1))
+    got, expected = torch.cat(got, 1), torch.cat(expected, 1)
+    torch.testing.assert_close(got, expected, **tol(torch.float32))
+    torch.testing.assert_close(got.double(), m.double()(tokens), **tol(torch.float32))

@@ -71,8 +71,8 @@ def test_both_decoders_are_timed_in_one_run_and_counted_alike():
 
 
 def test_the_static_decoder_is_native_where_it_can_be_and_torch_is_its_operations():
-    """ "static" times what generate uses (the native step for softmax, linear and Flow-Attention on the CPU in
-    float32; torch's operations for MoH), "torch" the same decoder's torch operations: same state, counted alike."""
+    """ "static" times what generate uses (on the CPU in float32 the native step, for every causal mechanism),
+    "torch" the same decoder's torch operations: same state, counted alike."""
     runs = generation.measure(TINY, positions=[4], repeats=2, warmup=0, decoders=("static", "torch"), burst=1,
                               progress=False)  # fmt: skip
     assert {r["decoder"] for r in runs["records"]} == {"static", "torch"}

@@ -28,11 +28,13 @@ class Layer(ctypes.Structure):
 
     _fields_ = [
         *[(name, ctypes.c_int64) for name in ("kind", "H", "D", "hidden", "phi", "competition", "allocation")],
-        *[(name, ctypes.c_float) for name in ("eps", "ln1_eps", "ln2_eps", "unused")],
+        *[(name, ctypes.c_int64) for name in ("shared", "picked", "experts")],
+        *[(name, ctypes.c_float) for name in ("eps", "ln1_eps", "ln2_eps", "scale")],
         *[
             (name, ctypes.c_void_p)
             for name in ("ln1_w", "ln1_b", "wqkv", "bqkv", "wo", "bo", "ln2_w", "ln2_b", "w1", "b1", "w2", "b2")
         ],
+        *[(name, ctypes.c_void_p) for name in ("wg", "wg0", "wg1")],
         *[(name, ctypes.c_void_p) for name in ("s0", "s1", "s2", "s3")],
     ]
 

@@ -4,8 +4,8 @@
  * embedding, each block's layer norms, projections, attention and MLP, the head) can run in one call without
  * Python or torch's dispatch in between: at chapter 7's width that overhead is most of a step done as ~50
  * torch operations. The arithmetic is torch's (nn.LayerNorm, nn.Linear, exact GELU, elu + 1 or relu features,
- * attnbook.flow_attention_step's order of operations, softmax over the cached keys with scale 1/sqrt(D)); the
- * results agree with DecoderLM.step to float32 rounding (tests/test_decoding.py).
+ * attnbook.flow_attention_step's order of operations, softmax over the cached keys, MoHAttention.route's gates);
+ * the results agree with DecoderLM.step to float32 rounding (tests/test_decoding.py).
  *
  * Compiled by attnbook._native when first needed, with the host's C compiler; nothing here touches Python.
  * Every product is written so that the compiler vectorises it: weights are stored (in, out), row-major, and
@@ -15,16 +15,20 @@
 #include <stdint.h>
 #include <string.h>
 
-enum { KIND_SOFTMAX = 0, KIND_LINEAR = 1, KIND_FLOW = 2 };
+enum { KIND_SOFTMAX = 0, KIND_LINEAR = 1, KIND_FLOW = 2, KIND_MOH = 3 };
 enum { PHI_ELU1 = 0, PHI_RELU = 1 };
 
 /* Mirrors attnbook._native.Layer (ctypes): the field order and types must match. */
 typedef struct {
     int64_t kind, H, D, hidden, phi, competition, allocation;
-    float eps, ln1_eps, ln2_eps, unused;
+    /* MoH: shared heads h_s, routed heads picked per token k, routed heads in all E (H = h_s + E) */
+    int64_t shared, picked, experts;
+    float eps, ln1_eps, ln2_eps, scale; /* scale: softmax's and MoH's, on q . k */
     const float *ln1_w, *ln1_b, *wqkv, *bqkv, *wo, *bo, *ln2_w, *ln2_b, *w1, *b1, *w2, *b2;
+    /* MoH's router, (C, E), (C, 2), (C, h_s), each NULL where the layer has none */
+    const float *wg, *wg0, *wg1;
     /* linear: s0 = [S | z] (B, H, D, D + 1); flow: s0 = sums (B, 2, H, D), s1 = ratios (B, 2, H, D),
-     * s2 = exp_mean (B, H), s3 = kv (B, H, D, D); softmax: s0 = keys, s1 = values, (B, H, capacity, D) */
+     * s2 = exp_mean (B, H), s3 = kv (B, H, D, D); softmax and MoH: s0 = keys, s1 = values, (B, H, capacity, D) */
     float *s0, *s1, *s2, *s3;
 } layer_t;
 
@@ -250,7 +254,7 @@ static void softmax_head(const layer_t *l, int64_t capacity, int64_t b, int64_t 
     float *restrict keys = l->s0 + (b * l->H + h) * capacity * D, *restrict values = l->s1 + (b * l->H + h) * capacity * D;
     memcpy(keys + t * D, k, (size_t)D * sizeof(float));
     memcpy(values + t * D, v, (size_t)D * sizeof(float));
-    const float scale = 1.0f / sqrtf((float)D);
+    const float scale = l->scale;
     for (int64_t i = scores_avx2(q, keys, n, D, scale, scores); i < n; i++) {
         const float *restrict key = keys + i * D;
         float s = 0.0f;
@@ -277,6 +281,52 @@ static void softmax_head(const layer_t *l, int64_t capacity, int64_t b, int64_t 
     for (int64_t j = 0; j < D; j++) out[j] *= inverse;
 }
 
+/* x = softmax(x) * times over n numbers, in place (max subtracted first, as torch does). */
+static void softmax_times(float *x, int64_t n, float times) {
+    float top = -INFINITY, total = 0.0f;
+    for (int64_t i = 0; i < n; i++) top = x[i] > top ? x[i] : top;
+    for (int64_t i = 0; i < n; i++) {
+        x[i] = expf(x[i] - top);
+        total += x[i];
+    }
+    for (int64_t i = 0; i < n; i++) x[i] = x[i] / total * times;
+}
+
+/* MoH's gates of one token, as MoHAttention.route: the shared heads h_s softmax(W_s h) (1 for a single shared
+ * head), the routed heads the top k of p = softmax(W_r h) renormalised over the k and scaled by k, both
+ * weighted by 2 softmax(W_h h) when there are shared heads. gates: H; scratch: E + 2. */
+static void moh_gates(const layer_t *l, const float *h, int64_t C, float *gates, float *scratch) {
+    const int64_t s = l->shared, k = l->picked, E = l->experts;
+    float *shared = gates, *routed = gates + s;
+    if (s > 1) {
+        affine(h, l->wg1, NULL, NULL, 1, C, s, shared);
+        softmax_times(shared, s, (float)s);
+    } else if (s == 1) {
+        shared[0] = 1.0f;
+    }
+    if (k == 0) return;
+    float *p = scratch, *weight = scratch + E;
+    affine(h, l->wg, NULL, NULL, 1, C, E, p);
+    softmax_times(p, E, 1.0f);
+    for (int64_t e = 0; e < E; e++) routed[e] = 0.0f;
+    float kept = 0.0f;
+    for (int64_t j = 0; j < k; j++) { /* the k largest, each the first of its value among those not yet taken */
+        int64_t best = -1;
+        for (int64_t e = 0; e < E; e++)
+            if (routed[e] == 0.0f && (best < 0 || p[e] > p[best])) best = e;
+        routed[best] = 1.0f;
+        kept += p[best];
+    }
+    const float denominator = kept > 1.1920928955078125e-07f ? kept : 1.1920928955078125e-07f; /* clamp(eps) */
+    for (int64_t e = 0; e < E; e++) routed[e] = routed[e] != 0.0f ? p[e] / denominator * (float)k : 0.0f;
+    if (s > 0) {
+        affine(h, l->wg0, NULL, NULL, 1, C, 2, weight);
+        softmax_times(weight, 2, 2.0f);
+        for (int64_t j = 0; j < s; j++) shared[j] *= weight[0];
+        for (int64_t e = 0; e < E; e++) routed[e] *= weight[1];
+    }
+}
+
 /* Floats of scratch the step needs (attnbook._native allocates them once): x and LN(x), then per layer q, k, v
  * and the heads' outputs, of every row of the batch, and room for the widest of the batch's MLP hidden layer,
  * a head's small vectors (3 D + 1) and one query's scores over the whole cache (capacity). */
@@ -286,7 +336,7 @@ int64_t attnbook_work_size(const model_t *m) {
         const layer_t *l = &m->layers[i];
         int64_t room = m->B * l->hidden > 3 * l->D + 1 ? m->B * l->hidden : 3 * l->D + 1;
         room = room > m->capacity ? room : m->capacity;
-        const int64_t need = 4 * m->B * l->H * l->D + room;
+        const int64_t need = 4 * m->B * l->H * l->D + room + m->B * l->H + l->H + 2; /* + MoH's gates */
         widest = need > widest ? need : widest;
     }
     return 2 * m->B * m->C + widest;
@@ -307,9 +357,11 @@ int64_t attnbook_step(const model_t *m, const int64_t *tokens, int64_t t, float 
         const layer_t *l = &m->layers[i];
         const int64_t H = l->H, D = l->D, HD = H * D;
         /* qkv (B, 3 H D), att (B, H D), mid: the MLP's hidden (B, hidden) or a head's scratch */
-        float *qkv = buffer, *att = qkv + B * 3 * HD, *mid = att + B * HD;
+        float *qkv = buffer, *att = qkv + B * 3 * HD, *gates = att + B * HD, *mid = gates + B * H + H + 2;
         for (int64_t b = 0; b < B; b++) layer_norm(x + b * C, l->ln1_w, l->ln1_b, l->ln1_eps, C, h + b * C);
         affine(h, l->wqkv, l->bqkv, NULL, B, C, 3 * HD, qkv);
+        if (l->kind == KIND_MOH)
+            for (int64_t b = 0; b < B; b++) moh_gates(l, h + b * C, C, gates + b * H, gates + B * H);
         for (int64_t b = 0; b < B; b++) {
             const float *row = qkv + b * 3 * HD;
             for (int64_t head = 0; head < H; head++) {
@@ -322,6 +374,8 @@ int64_t attnbook_step(const model_t *m, const int64_t *tokens, int64_t t, float 
                     flow_head(l, b, head, (float)(t + 1), q, k, v, mid, mid + D, mid + 2 * D, o);
                 } else {
                     softmax_head(l, m->capacity, b, head, t, q, k, v, mid, o);
+                    if (l->kind == KIND_MOH)
+                        for (int64_t j = 0; j < D; j++) o[j] *= gates[b * H + head];
                 }
             }
         }

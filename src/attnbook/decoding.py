@@ -24,9 +24,10 @@ arithmetic at chapter 7's width. So on the CPU, in float32, the step is by defau
 the whole token (embedding, every block's norms, projections, attention and MLP, the head) in one C call on the
 decoder's own buffers (compiled on first use with the host's C compiler, loaded by :mod:`ctypes`; see
 :mod:`attnbook._native`). It runs blocks of softmax attention, of linear attention with elu + 1 or relu
-features and of Flow-Attention (either ablation); a model with any other block (mixture-of-head, another
-feature map), on another device or in another dtype, or a machine without a C compiler, keeps torch's
-operations (``native=False`` asks for those; ``native=True`` says why it cannot).
+features, of Flow-Attention (either ablation) and of mixture-of-head attention without q, k or head norms; a
+model with any other block (another feature map, a MoH layer with those norms), on another device or in
+another dtype, or a machine without a C compiler, keeps torch's operations (``native=False`` asks for those;
+``native=True`` says why it cannot).
 
 A prompt is prefilled in one parallel call (``model(prompt, output_final_state=True)``, the library's chunked
 forward) and its state copied into the buffers. Optionally the step is compiled (``compile=True``:
@@ -231,14 +232,17 @@ class StaticDecoder:
 
     def _native_unsupported(self) -> str:
         """Why the native step cannot run this decoder ('' when it can): it does float32 on the CPU, and the
-        blocks of softmax attention, linear attention with elu + 1 or relu features, and Flow-Attention."""
+        blocks of softmax attention, linear attention with elu + 1 or relu features, Flow-Attention, and MoH without
+        norms on q, k or the heads."""
         if self.device.type != "cpu":
             return f"the model is on {self.device} (the native step runs on the CPU)"
         if self.dtype != torch.float32:
             return f"the model is {str(self.dtype).removeprefix('torch.')} (the native step runs float32)"
         for i, layer in enumerate(self.layers):
             if layer.kind == "moh":
-                return f"block {i} is mixture-of-head attention (torch's operations run it)"
+                attn = layer.moh
+                if not all(isinstance(m, nn.Identity) for m in (attn.q_norm, attn.k_norm, attn.norm)):
+                    return f"block {i}'s MoH layer normalises q, k or its heads (torch's operations run it)"
             if layer.kind == "linear" and layer.phi not in (None, F.relu):
                 return f"block {i}'s feature map is not elu + 1 or relu (torch's operations run it)"
             if layer.norm1[0] is None or layer.norm2[0] is None:
@@ -261,13 +265,21 @@ class StaticDecoder:
             keep.append(x)
             return x.data_ptr()
 
-        kinds = {"softmax": 0, "linear": 1, "flow": 2}
+        kinds = {"softmax": 0, "linear": 1, "flow": 2, "moh": 3}
         layers = (_native.Layer * len(self.layers))()
         for native, layer, held in zip(layers, self.layers, self.states, strict=True):
             native.kind, native.H, native.D = kinds[layer.kind], layer.H, layer.D
             native.hidden, native.phi = layer.w1.shape[1], int(layer.phi is F.relu)
             native.competition, native.allocation = int(layer.competition), int(layer.allocation)
             native.eps, native.ln1_eps, native.ln2_eps = layer.eps, layer.norm1[2], layer.norm2[2]
+            native.scale = layer.D**-0.5
+            if layer.kind == "moh":
+                attn = layer.moh
+                native.scale = attn.scale
+                native.shared, native.picked, native.experts = attn.shared_head, attn.routed_head, attn.num_routed
+                for slot, name in (("wg", "wg"), ("wg0", "wg_0"), ("wg1", "wg_1")):
+                    router = getattr(attn, name, None)
+                    setattr(native, slot, ptr(router.weight.t()) if router is not None else None)
             native.ln1_w, native.ln1_b = ptr(layer.norm1[0]), ptr(layer.norm1[1])
             native.ln2_w, native.ln2_b = ptr(layer.norm2[0]), ptr(layer.norm2[1])
             native.wqkv, native.bqkv = ptr(layer.wqkv), ptr(layer.bqkv)
