@@ -197,6 +197,24 @@ def _native_model(kind, dim, n_heads):
     return m
 
 
+def _native_against_torch(m, tokens, *, prompt, capacity):
+    """A float32 model's native decoder and torch's (native=False), each fed the prompt then every later token:
+    their logits agree, and with one float64 forward (the model is left in float32); returns both decoders."""
+    B, N = tokens.shape
+    native = StaticDecoder(m, batch=B, capacity=capacity)
+    plain = StaticDecoder(m, batch=B, capacity=capacity, native=False)
+    assert native.native and not plain.native
+    got, expected = [native.prefill(tokens[:, :prompt])], [plain.prefill(tokens[:, :prompt])]
+    for t in range(prompt, N):
+        got.append(native.step(tokens[:, t]).unsqueeze(1))
+        expected.append(plain.step(tokens[:, t]).unsqueeze(1))
+    got, expected = torch.cat(got, 1), torch.cat(expected, 1)
+    torch.testing.assert_close(got, expected, **tol(torch.float32))
+    torch.testing.assert_close(got.double(), m.double()(tokens), **tol(torch.float32))
+    m.float()
+    return native, plain
+
+
 @pytest.mark.parametrize("width", [(24, 4), (24, 3), (64, 2)], ids=["D=6", "D=8", "D=32"])
 @pytest.mark.parametrize("batch", [1, 3])
 @pytest.mark.parametrize("kind", NATIVE)
@@ -206,16 +224,7 @@ def test_the_native_step_gives_the_logits_and_state_of_the_model(kind, batch, wi
     over the KV cache (eight keys at a time, the rest one by one: 61 keys is 7 x 8 + 5), D = 6 its plain ones."""
     m = _native_model(kind, *width)
     tokens = torch.randint(0, 256, (batch, 61))
-    native, plain = StaticDecoder(m, batch=batch, capacity=64), StaticDecoder(m, batch=batch, capacity=64, native=False)
-    assert native.native and not plain.native
-    got, expected = [native.prefill(tokens[:, :9])], [plain.prefill(tokens[:, :9])]
-    for t in range(9, 61):
-        got.append(native.step(tokens[:, t]).unsqueeze(1))
-        expected.append(plain.step(tokens[:, t]).unsqueeze(1))
-    got, expected = torch.cat(got, 1), torch.cat(expected, 1)
-    torch.testing.assert_close(got, expected, **tol(torch.float32))
-    torch.testing.assert_close(got.double(), m.double()(tokens), **tol(torch.float32))
-    m.float()
+    native, plain = _native_against_torch(m, tokens, prompt=9, capacity=64)
     held, reached = native.state(), plain.state()
     nxt = torch.randint(0, 256, (batch,))
     torch.testing.assert_close(m.step(nxt, held)[0], m.step(nxt, reached)[0], **tol(torch.float32))
@@ -296,13 +305,4 @@ def test_the_native_moh_step_routes_as_the_layer_does(split):
     m = DecoderLM("moh", dim=32, n_heads=4, n_layers=2).eval()
     for block in m.blocks:
         block.attn = _moh(32, 4, *split).eval()
-    tokens = torch.randint(0, 256, (3, 40))
-    native, plain = StaticDecoder(m, batch=3, capacity=40), StaticDecoder(m, batch=3, capacity=40, native=False)
-    assert native.native
-    got, expected = [native.prefill(tokens[:, :5])], [plain.prefill(tokens[:, :5])]
-    for t in range(5, 40):
-        got.append(native.step(tokens[:, t]).unsqueeze(1))
-        expected.append(plain.step(tokens[:, t]).unsqueeze(1))
-    got, expected = torch.cat(got, 1), torch.cat(expected, 1)
-    torch.testing.assert_close(got, expected, **tol(torch.float32))
-    torch.testing.assert_close(got.double(), m.double()(tokens), **tol(torch.float32))
+    _native_against_torch(m, torch.randint(0, 256, (3, 40)), prompt=5, capacity=40)
