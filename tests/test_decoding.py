@@ -47,11 +47,11 @@ def test_both_ways_of_reading_a_kv_cache_give_the_logits_of_one_forward(name, up
     torch.testing.assert_close(torch.cat(parts, 1), m(tokens), **tol(torch.float64))
 
 
-def _variant(kind):
+def _variant(kind, dim=24, n_heads=4):
     from attnbook import FlowAttention, LinearAttention
     from attnbook.feature_maps import PerformerFeatures
 
-    size = dict(d_input=24, d_model=24, d_output=24, n_heads=4, causal=True)
+    size = dict(d_input=dim, d_model=dim, d_output=dim, n_heads=n_heads, causal=True)
     if kind == "relu":
         return LinearAttention(**size, feature_map="relu")
     if kind == "performer":  # 10 features of each width-6 head: not elementwise, R != D
@@ -185,15 +185,8 @@ def _native_model(kind, dim, n_heads):
     torch.manual_seed(0)
     m = DecoderLM(name, dim=dim, n_heads=n_heads, n_layers=2).eval()
     if kind in ("relu", "competition", "allocation"):
-        from attnbook import FlowAttention, LinearAttention
-
-        size = dict(d_input=dim, d_model=dim, d_output=dim, n_heads=n_heads, causal=True)
         for block in m.blocks:
-            block.attn = (
-                LinearAttention(**size, feature_map="relu")
-                if kind == "relu"
-                else FlowAttention(**size, drop_out=0.0, **{kind: False})
-            ).eval()
+            block.attn = _variant(kind, dim, n_heads).eval()
     return m
 
 

@@ -42,7 +42,7 @@ from __future__ import annotations
 import ctypes
 import math
 from collections.abc import Callable
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 import torch
 import torch.nn.functional as F
@@ -134,6 +134,21 @@ def _heads(out: torch.Tensor, H: int) -> torch.Tensor:
     return out[:, :-1].view(out.shape[0], H, 1, -1)
 
 
+def _held_tensors(held: Any) -> list[torch.Tensor]:
+    """One layer's held state as its tensors, in the order _step.c's s0 .. s3 take them: [S | z]; Flow's sums,
+    ratios, exp_mean and kv; a KV cache's keys and values."""
+    return list(held.values()) if isinstance(held, dict) else list(held) if isinstance(held, tuple) else [held]
+
+
+class _NativeStep(NamedTuple):
+    """The compiled step function, the ctypes model that points it at the decoder's buffers, and what must stay
+    alive behind those pointers (the layers' structures, the weights copied for it, its scratch)."""
+
+    step: Any
+    model: Any
+    alive: tuple[Any, ...]
+
+
 # the cached keys up to which the CPU step reads a KV cache with SDPA (_cached; measured, one thread)
 _SDPA_UP_TO = 2048
 
@@ -198,8 +213,7 @@ class StaticDecoder:
         self._allocate()
         self._step = self._step_eager
         # The native step (_step.c, one C call a token): by default wherever it can run, unless compiled
-        self.native = False
-        self._native: tuple[Any, ...] | None = None
+        self._native: _NativeStep | None = None
         if native or (native is None and not compile):
             why = self._native_unsupported()
             if not why:
@@ -207,7 +221,6 @@ class StaticDecoder:
                 why = "" if built is not None else _native.unavailable()
                 if built is not None:
                     self._native = self._native_context(built)
-                    self.native = True
             if native:
                 check_supported(not why, "the native step", name=name, expected="be available for native=True", got=why)
         # Compiled, the step has fixed shapes (the position a tensor, the KV cache read whole with the rows after
@@ -251,7 +264,12 @@ class StaticDecoder:
             return "the final layer norm has no weights"
         return ""
 
-    def _native_context(self, lib: Any) -> tuple[Any, ...]:
+    @property
+    def native(self) -> bool:
+        """Whether :meth:`step` runs the native step (one C call a token) rather than torch's operations."""
+        return self._native is not None
+
+    def _native_context(self, lib: Any) -> _NativeStep:
         """The ctypes structures that point _step.c at the decoder's buffers, and every tensor behind them.
 
         Weights are copied once into the (in, out) layout the C loops read; states and caches are the decoder's
@@ -285,9 +303,7 @@ class StaticDecoder:
             native.wqkv, native.bqkv = ptr(layer.wqkv), ptr(layer.bqkv)
             native.wo, native.bo = ptr(layer.wo1[:-1]), ptr(layer.wo1[-1])
             native.w1, native.b1, native.w2, native.b2 = ptr(layer.w1), ptr(layer.b1), ptr(layer.w2), ptr(layer.b2)
-            states = [held["sums"], held["ratios"], held["exp_mean"], held["kv"]] if isinstance(held, dict) else held
-            states = list(states) if isinstance(states, (list, tuple)) else [states]
-            for slot, x in zip(("s0", "s1", "s2", "s3"), states, strict=False):
+            for slot, x in zip(("s0", "s1", "s2", "s3"), _held_tensors(held), strict=False):
                 assert x.is_contiguous()
                 setattr(native, slot, x.data_ptr())
         model = _native.Model()
@@ -298,7 +314,7 @@ class StaticDecoder:
         model.layers = layers
         work = torch.empty(int(lib.attnbook_work_size(ctypes.byref(model))), dtype=torch.float32)
         model.work = ptr(work)
-        return lib.attnbook_step, ctypes.pointer(model), layers, keep
+        return _NativeStep(lib.attnbook_step, ctypes.pointer(model), (layers, keep))
 
     # -- state ---------------------------------------------------------------------------------------------
 
@@ -340,7 +356,8 @@ class StaticDecoder:
                 self.states.append(
                     {
                         # the running sums in pairs, so that one operation updates both: [query_sum, key_sum]
-                        # and [query_over_incoming, key_over_outgoing], each (B, 2, H, D)
+                        # and [query_over_incoming, key_over_outgoing], each (B, 2, H, D); the keys' order is the order
+                        # _step.c takes them in (s0 .. s3, by _held_tensors)
                         "sums": like.new_zeros(B, 2, H, D, dtype=acc),
                         "ratios": like.new_zeros(B, 2, H, D, dtype=acc),
                         "exp_mean": like.new_zeros(B, H, dtype=acc),
@@ -415,14 +432,14 @@ class StaticDecoder:
 
     def _native_step(self, token: torch.Tensor, t: int) -> torch.Tensor:
         """One C call: _step.c reads the token ids (checking their range), updates the state, writes the logits."""
-        step, model = self._native[0], self._native[1]  # type: ignore[index]
+        native = cast(_NativeStep, self._native)
         if token.dtype != torch.long or token.shape != (self.batch,) or token.device.type != "cpu":
             token = check_token_ids(token, "token", name="StaticDecoder.step", vocab=self.model.vocab, layout="(B,)")
             check_choice(token.shape[0], "the token's batch size", (self.batch,), name="StaticDecoder.step")
             token = token.to("cpu", torch.long)
         token = token.contiguous()
         logits = torch.empty(self.batch, self.model.vocab)
-        bad = step(model, token.data_ptr(), t, logits.data_ptr())
+        bad = native.step(native.model, token.data_ptr(), t, logits.data_ptr())
         if bad:  # a token id out of range: nothing was read or written
             check_token_ids(token, "token", name="StaticDecoder.step", vocab=self.model.vocab, layout="(B,)")
         self.t = t + 1
@@ -548,10 +565,7 @@ class StaticDecoder:
 
     def tensors(self) -> list[torch.Tensor]:
         """Every tensor of the held state (for counting the memory allocated behind it)."""
-        out: list[torch.Tensor] = []
-        for held in self.states:
-            out.extend(held.values() if isinstance(held, dict) else held if isinstance(held, tuple) else [held])
-        return out
+        return [x for held in self.states for x in _held_tensors(held)]
 
     def state(self) -> LMState:
         """The state held, as the :class:`~attnbook.lm.LMState` that :meth:`attnbook.lm.DecoderLM.step` takes."""

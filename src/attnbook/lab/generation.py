@@ -64,12 +64,11 @@ class _Generation:
         self.model, self.text, self.device = model, text, device
         # the bytes as token ids on the device once, so that a step's next token is a view, not five operations
         self.tokens = text.reshape(-1).to(device, torch.long)
-        fast = decoder != "eager"
-        native = False if decoder in ("torch", "compiled") else None
+        native = None if decoder == "static" else False  # "torch" and "compiled" run torch's operations
         self.fast = (
-            StaticDecoder(model, batch=1, capacity=capacity, compile=decoder == "compiled", native=native)
-            if fast
-            else None
+            None
+            if decoder == "eager"
+            else StaticDecoder(model, batch=1, capacity=capacity, compile=decoder == "compiled", native=native)
         )
         self.state: Any = None
         self.t = 0
