@@ -20,7 +20,6 @@ from torch import nn
 
 import attnbook
 from attnbook import _checks, mechanisms, reference, testing
-from attnbook._prefix import causal_dot_product
 from attnbook.feature_maps import PerformerFeatures, elu_feature_map, relu_feature_map, resolve_feature_map
 from attnbook.lab import bench, profiling
 
@@ -157,7 +156,6 @@ for fn_name in ("linear_attention", "flow_attention"):
             rf"{fn_name}: chunk_size must be an int",
         )
 case("LinearAttention-chunk_size-string", lambda: attnbook.LinearAttention(8, 8, 8, 2, chunk_size="64"), TypeError, "")
-case("causal_dot_product-chunk_size-float", lambda: causal_dot_product(*_qkv(), 2.5), TypeError, "chunk_size")
 for arg in ("num_features", "dim"):
     for bad_id, bad in BAD_COUNTS.items():
         case(
@@ -297,8 +295,6 @@ for fn_name, fn in FUNCTIONS.items():
         ValueError,
         "q, k, v must be on one device",
     )
-case("causal_dot_product-list", lambda: causal_dot_product([1.0], *_qkv()[1:]), TypeError, "q must be a torch.Tensor")
-case("causal_dot_product-lengths", lambda: causal_dot_product(*qkv(1, 1, 3, 4, 2, 2)), ValueError, r"N == M")
 case(
     "softmax_attention-attn_mask-int",
     lambda: attnbook.softmax_attention(*_qkv(), attn_mask=torch.ones(5, 5, dtype=torch.long)),

@@ -16,19 +16,10 @@ def test_elu_plus_one_is_positive_and_equals_its_definition():
     fx = elu_feature_map(x)
     assert (fx > 0).all()
     torch.testing.assert_close(fx, torch.where(x > 0, x + 1, torch.exp(x)))
-
-
-@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16, torch.float16])
-def test_elu_plus_one_equals_torch_elu_plus_one_to_rounding(dtype):
-    """exp-based (max(x + 1, min(exp(x), 1))) against F.elu + 1, special values included."""
-    special = [float("nan"), float("inf"), -float("inf"), 0.0, -0.0, 1e-8, -1e-8, -100.0, 100.0]
-    x = torch.cat([torch.tensor(special, dtype=torch.float64), 4 * torch.randn(2000, dtype=torch.float64)]).to(dtype)
-    expected = torch.nn.functional.elu(x.double()) + 1
-    torch.testing.assert_close(elu_feature_map(x).double(), expected, equal_nan=True, **tol(dtype))
-    with torch.no_grad():
-        out = torch.empty_like(x)
-        assert attnbook.feature_maps.elu_plus_one(x, out=out) is out
-    torch.testing.assert_close(out.double(), expected, equal_nan=True, **tol(dtype))
+    special = torch.tensor([float("nan"), float("inf"), -float("inf")])
+    torch.testing.assert_close(
+        elu_feature_map(special), torch.tensor([float("nan"), float("inf"), 0.0]), equal_nan=True
+    )
 
 
 def test_elu_plus_one_derivatives_of_every_order():
@@ -174,18 +165,3 @@ class TestPerformer:
     def test_wrong_width_raises_value_error_naming_the_shape(self):
         with pytest.raises(ValueError, match=r"last dimension of size 4 \(D it was drawn for\), got .* \(2, 5\)"):
             PerformerFeatures(8, 4, seed=0)(torch.randn(2, 5))
-
-
-@pytest.mark.parametrize("piece", [7, 1 << 19], ids=["pieces", "whole"])
-@pytest.mark.parametrize("layout", ["contiguous", "transposed_x", "transposed_out"])
-def test_elu_plus_one_in_pieces_and_layouts_is_exp_or_x_plus_one(monkeypatch, piece, layout):
-    """elu_plus_one's pieces (of 7 numbers here, so that the last is partial) and its one-pass fallback (a
-    non-contiguous x or out) give exp(x) for x <= 0 and x + 1 above, with or without ``out``."""
-    monkeypatch.setattr(attnbook.feature_maps, "ELU_PIECE", piece)
-    x = 4 * torch.randn(5, 12, dtype=torch.float64)
-    x = x.T.contiguous().T if layout == "transposed_x" else x  # (5, 12), column-major
-    expected = torch.where(x > 0, x + 1, torch.exp(x))
-    torch.testing.assert_close(attnbook.feature_maps.elu_plus_one(x), expected, **tol(torch.float64))
-    out = torch.empty(12, 5, dtype=x.dtype).T if layout == "transposed_out" else torch.empty_like(x)
-    assert attnbook.feature_maps.elu_plus_one(x, out=out) is out
-    torch.testing.assert_close(out, expected, **tol(torch.float64))

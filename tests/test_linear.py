@@ -8,9 +8,10 @@ from published import fast_transformers_linear_attention
 from support import DEVICES, FEATURE_MAP_IDS, FLOAT_DTYPES, assert_matches_reference, feature_map, qkv, tol
 
 import attnbook
-from attnbook import _runtime, reference
+from attnbook import config, reference
 from attnbook.feature_maps import PerformerFeatures
 from attnbook.lab.profiling import peak_memory
+from attnbook.linear import chunked_causal_product
 
 SHAPES = {  # (B, H, N, M, D, Dv)
     "square": (2, 3, 7, 7, 8, 8),
@@ -89,32 +90,39 @@ def test_key_padding_mask_matches_reference_outputs_and_gradients(causal):
         )
 
 
-@pytest.mark.parametrize("piece", [1, 80, 1 << 19], ids=lambda p: f"pieces_of_{p}")
-@pytest.mark.parametrize("work_numbers", [1, 80, 4096], ids=lambda r: f"groups_of_{r}_numbers")
-@pytest.mark.parametrize("fmap", FEATURE_MAP_IDS)
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_without_autograd_groups_of_rows_give_the_same_numbers(monkeypatch, causal, fmap, work_numbers, piece):
-    """Under no_grad the work runs a few (B H) rows at a time, into one output, and the built-in feature maps
-    in pieces (of the flat features; non-causal, of whole rows: one row, two, all): same result as with
-    autograd."""
-    monkeypatch.setattr(_runtime, "WORK_NUMBERS", work_numbers)
-    monkeypatch.setattr(attnbook.feature_maps, "ELU_PIECE", piece)
-    phi = feature_map(fmap, 4)
-    B, H, N, D, Dv = 2, 3, 9, 4, 5
-    real = torch.rand(B, N) > 0.3
-    for dtype in (torch.float64, torch.float32, torch.bfloat16):
-        q, k, v = qkv(B, H, N, N, D, Dv, dtype=dtype)
-        with torch.no_grad():
-            out = attnbook.linear_attention(
-                q, k, v, is_causal=causal, feature_map=phi, key_padding_mask=~real, chunk_size=4
-            )
-        assert out.dtype == dtype and out.shape == (B, H, N, Dv)
-        with_grad = attnbook.linear_attention(
-            q.requires_grad_(), k, v, is_causal=causal, feature_map=phi, key_padding_mask=~real, chunk_size=4
-        )
-        torch.testing.assert_close(out, with_grad.detach(), **tol(dtype))
-        expected = reference.linear_attention(q, k, v, is_causal=causal, feature_map=phi, key_padding_mask=~real)
-        torch.testing.assert_close(out.double(), expected, **tol(dtype))
+def masked_product(q, k, v):
+    """The definition of the causal product: the N x N matrix of q_i . k_j, zero above the diagonal, times v."""
+    q, k, v = (x.double() for x in (q, k, v))
+    return (q @ k.transpose(-2, -1)).tril() @ v  # (B, H, N, Dv)
+
+
+@pytest.mark.parametrize("chunk_size", [1, 3, 8, 64, 200], ids=lambda c: f"chunk{c}")
+@pytest.mark.parametrize("N", [1, 7, 63, 100])
+def test_the_chunked_causal_product_is_the_masked_matrix_for_any_chunk(N, chunk_size):
+    """chunked_causal_product, chapter 2's one causal product (linear and Flow-Attention use it): outputs and
+    gradients of the masked N x N product, for chunks that divide N or not, and longer than N; with a carried
+    state S_0 the output gains q_i^T S_0 and the final state is S_0 + sum_j k_j v_j^T."""
+    q, k, v = qkv(2, 3, N, N, 5, 3, dtype=torch.float64)
+    assert_matches_reference(
+        lambda q, k, v: chunked_causal_product(q, k, v, chunk_size)[0], masked_product, [q, k, v], dtype=torch.float64
+    )
+    S0 = torch.randn(2, 3, 5, 3, dtype=torch.float64)
+    out, final = chunked_causal_product(q, k, v, chunk_size, S0)
+    torch.testing.assert_close(out, masked_product(q, k, v) + q @ S0, **tol(torch.float64))
+    torch.testing.assert_close(final, S0 + k.transpose(-2, -1) @ v, **tol(torch.float64))
+
+
+def test_bfloat16_products_accumulate_and_carry_their_state_in_float32():
+    """For bfloat16 inputs the chunked form's products take bfloat16 (a GPU's matrix units, as
+    flash-linear-attention's chunked kernels do) and their results and the carried states are float32: the
+    error is that of rounding the inputs once, not of a bfloat16 running sum over N."""
+    q, k, v = qkv(1, 2, 4096, 4096, 16, 16, dtype=torch.bfloat16)
+    out, state = attnbook.linear_attention(q, k, v, is_causal=True, output_final_state=True)
+    assert out.dtype == torch.bfloat16 and state.S.dtype == torch.float32
+    ref = reference.linear_attention(q, k, v, is_causal=True)
+    torch.testing.assert_close(out.double(), ref, **tol(torch.bfloat16))
+    acc = attnbook.linear_attention(q.float(), k.float(), v.float(), is_causal=True)
+    assert (out.float() - acc).abs().max() < 0.05 * acc.abs().max()
 
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
@@ -252,35 +260,44 @@ def test_half_inputs_accumulate_in_float32_without_overflow(causal, dtype):
         assert g.dtype == dtype and torch.isfinite(g).all()
 
 
+@pytest.mark.parametrize("plain", [False, True], ids=["annex", "plain"])
 @pytest.mark.parametrize("grad", [False, True], ids=["inference", "training"])
-def test_causal_memory_is_a_few_copies_of_the_inputs_not_n_by_n(grad):
-    """Causal forward (and backward) extra memory is O(N (D + Dv) + D Dv): a few copies of q, k, v, out."""
+def test_causal_memory_is_a_few_copies_of_the_inputs_not_n_by_n(grad, plain):
+    """Causal forward (and backward) extra memory is a few copies of q, k, v and out, for the plain chunked form
+    (O(N (R + ell) + N R Dv / ell) beside them) and the annex's tiles alike: far from one N x N matrix."""
     N, D = 4096, 64
     q, k, v = qkv(1, 1, N, N, D, D)
     io_bytes = 4 * q.numel() * q.element_size()  # q, k, v and the output
-    if not grad:
-        with torch.no_grad():
-            peak = peak_memory(lambda: attnbook.linear_attention(q, k, v, is_causal=True), existing=(q, k, v))
-        assert peak < 2 * io_bytes < N * N * 4, f"peak {peak} bytes for q, k, v, out of {io_bytes} bytes"
-    else:
-        q.requires_grad_()
+    config.set_plain(plain)
+    try:
+        if not grad:
+            with torch.no_grad():
+                peak = peak_memory(lambda: attnbook.linear_attention(q, k, v, is_causal=True), existing=(q, k, v))
+        else:
+            q.requires_grad_()
 
-        def forward_backward():
-            out = attnbook.linear_attention(q, k, v, is_causal=True)
-            out.backward(torch.ones_like(out))
+            def forward_backward():
+                out = attnbook.linear_attention(q, k, v, is_causal=True)
+                out.backward(torch.ones_like(out))
 
-        peak = peak_memory(forward_backward, existing=(q, k, v))
-        assert peak < 4 * io_bytes < N * N * 4, f"peak {peak} bytes for q, k, v, out of {io_bytes} bytes"
+            peak = peak_memory(forward_backward, existing=(q, k, v))
+    finally:
+        config.set_plain(None)
+    assert peak < 3 * io_bytes < N * N * 4, f"peak {peak} bytes for q, k, v, out of {io_bytes} bytes"
 
 
 @pytest.mark.parametrize("B, H, N", [(1, 4, 16384), (2, 4, 8192)], ids=["long", "batched"])
-def test_causal_inference_memory_is_at_most_twice_the_output(B, H, N):
-    """Without autograd, causal linear attention allocates at most twice its output in all (the output
-    included): the features of one group of rows and one block of chunks at a time, never the
-    (B, H, N, R) features, key prefix sums or per-chunk states of the whole batch (before: 5x)."""
+def test_the_annex_needs_at_most_twice_the_output_for_causal_inference(B, H, N):
+    """Without autograd the annex's causal tiles allocate at most twice their output in all (the output
+    included): the features of one tile at a time, never the (B, H, N, R) features, key prefix sums or per-chunk
+    states of the whole batch (the plain form holds N / ell chunk states: about 9 outputs at N = 16384)."""
     q, k, v = qkv(B, H, N, N, 64, 64)
-    with torch.no_grad():
-        peak = peak_memory(lambda: attnbook.linear_attention(q, k, v, is_causal=True), existing=(q, k, v))
+    config.set_plain(False)
+    try:
+        with torch.no_grad():
+            peak = peak_memory(lambda: attnbook.linear_attention(q, k, v, is_causal=True), existing=(q, k, v))
+    finally:
+        config.set_plain(None)
     out_bytes = v.numel() * v.element_size()
     assert peak <= 2 * out_bytes, f"peak {peak / 2**20:.1f} MiB for an output of {out_bytes / 2**20:.1f} MiB"
 

@@ -8,7 +8,7 @@ from published import PublishedMobileAttention
 from support import DEVICES, FLOAT_DTYPES, assert_matches_reference, qkv, tol
 
 import attnbook
-from attnbook import _runtime, reference
+from attnbook import reference
 
 SHAPES = {  # (B, H, N, M, D, Dv), M = N: the heads compete for each position
     "square": (2, 3, 7, 7, 8, 8),
@@ -95,21 +95,6 @@ def test_half_precision_accumulates_in_float32(dtype):
     out, stats = attnbook.mobile_attention(q, k, v, return_flows=True)
     assert out.dtype == dtype and stats.incoming.dtype == torch.float32
     torch.testing.assert_close(out.double(), reference.mobile_attention(q, k, v), **tol(dtype))
-
-
-@pytest.mark.parametrize("B, H, n", [(5, 2, 1024), (3, 8, 700), (1, 3, 5000)], ids=["groups", "uneven", "one"])
-def test_inference_path_by_batch_groups_equals_the_autograd_path(B, H, n, monkeypatch):
-    """Without autograd the batch elements run in groups, writing into one output."""
-    monkeypatch.setattr(_runtime, "ROW_POSITIONS", 4096)  # groups of 2, 1 and 1 batch elements
-    q, k, v = qkv(B, H, n, n, 4, 5)
-    with torch.no_grad():
-        out, stats = attnbook.mobile_attention(q, k, v, return_flows=True)
-    leaves = [x.clone().requires_grad_() for x in (q, k, v)]
-    ref_out, ref_stats = attnbook.mobile_attention(*leaves, return_flows=True)
-    assert not out.requires_grad
-    torch.testing.assert_close(out, ref_out.detach(), rtol=1e-5, atol=1e-6)
-    for x, y in zip(stats, ref_stats, strict=True):
-        torch.testing.assert_close(x, y.detach(), rtol=1e-5, atol=1e-6)
 
 
 def test_gradcheck_tiny():

@@ -30,15 +30,12 @@ import math
 import numbers
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence, Sized
-from typing import TYPE_CHECKING, Any, Literal, NoReturn, TypeVar, overload
+from typing import Any, Literal, NoReturn, Protocol, TypeVar, overload
 
 import torch
 from torch import nn
 
 from ._runtime import accumulation_dtype, autocast_dtype, result_dtype, tracing
-
-if TYPE_CHECKING:  # for annotations only: attnbook.softmax imports this module
-    from .softmax import KVCache
 
 __all__ = [
     "shape_str",
@@ -81,6 +78,7 @@ __all__ = [
     "check_key_padding_mask",
     "check_no_attn_mask",
     "check_is_causal",
+    "check_renamed_mask",
     "check_state_call",
     "check_kv_cache",
     "check_same_value",
@@ -591,6 +589,8 @@ def check_state(
             )
         if x.device != device:
             raise ValueError(f"{name}: {arg}.{field} must be on the inputs' device {device}, got {describe(x)}")
+        if not tracing() and bool((x < 0).any()):  # one host synchronisation, for the state of a whole call
+            raise ValueError(f"{name}: {arg}.{field} must hold token counts >= 0, got {x.tolist()}")
     for field, shape in fields.items():
         x = getattr(state, field)
         check_tensor(x, f"{arg}.{field}", name=name)
@@ -685,6 +685,20 @@ def check_is_causal(is_causal: object, causal: object = None, *, name: str) -> b
     return check_bool(is_causal, "is_causal", name=name)
 
 
+def check_renamed_mask(attn_mask: torch.Tensor | None, mask: object, *, name: str) -> torch.Tensor | None:
+    """``attn_mask`` (torch's name), or the deprecated ``mask`` that attnbook 0.1 used for it (a FutureWarning)."""
+    if mask is None:
+        return attn_mask
+    check_not_both(attn_mask, mask, "attn_mask", "mask", name=name, why=" (mask is attn_mask's old name)")
+    if not tracing():
+        warnings.warn(
+            f"{name}: mask= is deprecated since attnbook 0.2.0, use attn_mask= (torch's name, the same meaning)",
+            FutureWarning,
+            stacklevel=3,
+        )
+    return check_tensor(mask, "mask", name=name, floating=False)
+
+
 def check_state_call(
     causal: bool, initial_state: object, output_final_state: bool, *, name: str, self_attention: bool = True
 ) -> None:
@@ -707,16 +721,26 @@ def check_state_call(
         )
 
 
-def check_kv_cache(cache: object, cls: type[KVCache], k: torch.Tensor, v: torch.Tensor, *, name: str, arg: str) -> None:
+class _Cache(Protocol):
+    """What :func:`check_kv_cache` reads of a cache (:class:`attnbook.KVCache`)."""
+
+    @property
+    def keys(self) -> torch.Tensor | None: ...
+
+    @property
+    def values(self) -> torch.Tensor | None: ...
+
+
+def check_kv_cache(cache: object, cls: type[_Cache], k: torch.Tensor, v: torch.Tensor, *, name: str, arg: str) -> None:
     """A KV cache (an instance of ``cls``) whose keys and values continue k (B, H, n, D) and v (B, H, n, Dv)."""
     if not isinstance(cache, cls):
         raise TypeError(
             f"{name}: {arg} must be a {cls.__name__} (from a previous call or step) or None, got {describe(cache)}"
         )
-    if cache.t == 0:
-        return
     B, H = k.shape[0], k.shape[1]
     for label, held, new in (("keys", cache.keys, k), ("values", cache.values, v)):
+        if held is None:  # an empty cache
+            continue
         if held.shape[0] != B or held.shape[1] != H or held.shape[-1] != new.shape[-1]:
             width = "D" if label == "keys" else "Dv"
             raise ValueError(

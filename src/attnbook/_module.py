@@ -25,10 +25,16 @@ builds every layer with ``drop_out=0.0``.
 Under ``torch.autocast`` a layer behaves like torch's layers: the projections run in the autocast dtype, the
 attention accumulates in float32, and the output is in the autocast dtype. Inputs must have the dtype and
 device of the parameters (under autocast any floating dtype but float64 is accepted, as ``nn.Linear`` does).
+
+Every layer also takes the keywords of timm's ``Attention`` (``dim, num_heads=..., qkv_bias=..., qk_norm=...,
+scale_norm=..., proj_bias=..., attn_drop=..., proj_drop=..., norm_layer=...``), so that
+``timm.models.VisionTransformer(attn_layer=attnbook.FlowAttention)`` builds a ViT of Flow-Attention layers:
+``LayerClass(dim, num_heads=H)`` is ``LayerClass(dim, dim, dim, H)``, ``proj_drop`` its ``drop_out``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, cast, overload
 
 import torch
@@ -36,11 +42,14 @@ from torch import nn
 
 from ._checks import (
     check_bool,
+    check_choice,
     check_divisible,
     check_int,
     check_is_causal,
     check_layer_inputs,
+    check_norm_layer,
     check_probability,
+    check_same_value,
     check_state_call,
     check_step_token,
 )
@@ -59,10 +68,17 @@ class ProjectedAttention(nn.Module, Generic[StateT]):
     Args:
         d_input: width of the incoming queries, keys and values.
         d_model: width of the projected queries, keys and values, split into ``n_heads`` heads of
-            ``d_model // n_heads``.
-        d_output: width of the output.
-        n_heads: number of heads H.
+            ``d_model // n_heads`` (default ``d_input``).
+        d_output: width of the output (default ``d_input``).
+        n_heads: number of heads H (or ``num_heads``, timm's name).
         drop_out: dropout probability applied after the output projection.
+        num_heads, qkv_bias, qk_norm, scale_norm, proj_bias, attn_drop, proj_drop, norm_layer: timm
+            ``Attention``'s keywords: ``qkv_bias`` / ``proj_bias`` give the projections their biases (default
+            True: the published layers have them), ``qk_norm`` normalises each head's queries and keys with
+            ``norm_layer(D)`` (``q_norm``, ``k_norm``), ``scale_norm`` the merged heads with
+            ``norm_layer(d_model)`` (``norm``) before the output projection, ``proj_drop`` is ``drop_out``'s
+            timm name; ``attn_drop`` (dropout on the attention weights) is taken only by a mechanism that forms
+            weights (softmax attention).
         device, dtype: of the parameters, as for torch's layers.
 
     Shape:
@@ -89,38 +105,69 @@ class ProjectedAttention(nn.Module, Generic[StateT]):
     same_length_reason: str = ""
     #: Every forward is causal (the constructor's ``causal``; ``is_causal=True`` makes one call causal).
     causal: bool = False
+    #: The mechanism forms attention weights that ``attn_drop`` can drop (softmax attention).
+    has_weights: bool = False
 
     def __init__(
         self,
         d_input: int,
-        d_model: int,
-        d_output: int,
-        n_heads: int,
+        d_model: int | None = None,
+        d_output: int | None = None,
+        n_heads: int | None = None,
         drop_out: float = 0.0,
         *,
+        num_heads: int | None = None,
+        qkv_bias: bool = True,
+        qk_norm: bool = False,
+        scale_norm: bool = False,
+        proj_bias: bool = True,
+        attn_drop: float = 0.0,
+        proj_drop: float | None = None,
+        norm_layer: Callable[..., nn.Module] | None = None,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ):
         super().__init__()
         name = type(self).__name__
         d_input = check_int(d_input, "d_input", name=name, minimum=1)
-        d_model = check_int(d_model, "d_model", name=name, minimum=1)
-        d_output = check_int(d_output, "d_output", name=name, minimum=1)
-        n_heads = check_int(n_heads, "n_heads", name=name, minimum=1)
+        d_model = d_input if d_model is None else check_int(d_model, "d_model", name=name, minimum=1)
+        d_output = d_input if d_output is None else check_int(d_output, "d_output", name=name, minimum=1)
+        check_same_value(n_heads, num_heads, "n_heads", "num_heads", name=name, why=" (num_heads is timm's name)")
+        heads = n_heads if n_heads is not None else num_heads
+        n_heads = check_int(heads, "n_heads", name=name, minimum=1, why=" (or timm's num_heads)")
         check_divisible(d_model, n_heads, name=name, total_arg="d_model", parts_arg="n_heads")
-        drop_out = check_probability(drop_out, "drop_out", name=name)
+        if proj_drop is not None:
+            drop_out = proj_drop
+        drop_out = check_probability(drop_out, "drop_out" if proj_drop is None else "proj_drop", name=name)
+        self.attn_drop = check_probability(attn_drop, "attn_drop", name=name)
+        if not self.has_weights:
+            why = " (this mechanism never forms attention weights to drop)"
+            check_choice(float(self.attn_drop), "attn_drop", (0.0,), name=name, why=why)
         self.d_input, self.d_model, self.d_output, self.n_heads = d_input, d_model, d_output, n_heads
         factory: dict[str, Any] = {"device": device, "dtype": dtype}
-        self.query_projection = nn.Linear(d_input, d_model, **factory)
-        self.key_projection = nn.Linear(d_input, d_model, **factory)
-        self.value_projection = nn.Linear(d_input, d_model, **factory)
-        self.out_projection = nn.Linear(d_model, d_output, **factory)
+        bias = check_bool(qkv_bias, "qkv_bias", name=name)
+        self.query_projection = nn.Linear(d_input, d_model, bias=bias, **factory)
+        self.key_projection = nn.Linear(d_input, d_model, bias=bias, **factory)
+        self.value_projection = nn.Linear(d_input, d_model, bias=bias, **factory)
+        self.out_projection = nn.Linear(
+            d_model, d_output, bias=check_bool(proj_bias, "proj_bias", name=name), **factory
+        )
         self.dropout = nn.Dropout(drop_out)
+        norm = nn.LayerNorm if norm_layer is None else norm_layer
+        head = d_model // n_heads
+        qk = check_bool(qk_norm, "qk_norm", name=name)
+        self.q_norm = check_norm_layer(norm, head, name=name, **factory) if qk else nn.Identity()
+        self.k_norm = check_norm_layer(norm, head, name=name, **factory) if qk else nn.Identity()
+        merged = check_bool(scale_norm, "scale_norm", name=name)
+        self.norm = check_norm_layer(norm, d_model, name=name, **factory) if merged else nn.Identity()
 
     def reset_parameters(self) -> None:
-        """Draw the projections' weights and biases again (torch's default initialisation of ``nn.Linear``)."""
-        for layer in (self.query_projection, self.key_projection, self.value_projection, self.out_projection):
-            layer.reset_parameters()
+        """Draw the projections' weights and biases again (torch's default initialisation of ``nn.Linear``), and
+        reset the norms of ``qk_norm`` and ``scale_norm``."""
+        for layer in self.modules():
+            if layer is not self and hasattr(layer, "reset_parameters"):
+                reset = cast(Callable[[], None], layer.reset_parameters)  # torch types it as Tensor | Module
+                reset()
 
     def extra_repr(self) -> str:
         return f"n_heads={self.n_heads}"
@@ -133,7 +180,7 @@ class ProjectedAttention(nn.Module, Generic[StateT]):
         """(B, H, L, D) heads -> (B, L, d_output): merge, project (without first rounding an accumulation-dtype
         x to float16, where it may exceed 65504), dropout."""
         B, H, L, D = x.shape
-        x = x.transpose(1, 2).reshape(B, L, H * D)  # (B, L, d_model)
+        x = self.norm(x.transpose(1, 2).reshape(B, L, H * D))  # (B, L, d_model)
         y: torch.Tensor = self.dropout(linear_in_range(self.out_projection, x, dtype))  # (B, L, d_output)
         return y
 
@@ -237,8 +284,8 @@ class ProjectedAttention(nn.Module, Generic[StateT]):
         causal = check_is_causal(is_causal, name=name) or self.causal
         output_final_state = check_bool(output_final_state, "output_final_state", name=name)
         check_state_call(causal, initial_state, output_final_state, name=name, self_attention=self_attention)
-        q = self._split(self.query_projection(queries))  # (B, H, L, D)
-        k = self._split(self.key_projection(keys))  # (B, H, S, D)
+        q = self.q_norm(self._split(self.query_projection(queries)))  # (B, H, L, D)
+        k = self.k_norm(self._split(self.key_projection(keys)))  # (B, H, S, D)
         v = self._split(self.value_projection(values))  # (B, H, S, D)
         result = self.attend(
             q,
@@ -282,11 +329,11 @@ class ProjectedAttention(nn.Module, Generic[StateT]):
         name = f"{type(self).__name__}.step"
         check_step_token(x_t, "x_t", name=name, width=self.d_input, like=self.query_projection.weight)
         B = x_t.shape[0]
-        q = self.query_projection(x_t).view(B, self.n_heads, -1)  # (B, H, D)
-        k = self.key_projection(x_t).view(B, self.n_heads, -1)  # (B, H, D)
+        q = self.q_norm(self.query_projection(x_t).view(B, self.n_heads, -1))  # (B, H, D)
+        k = self.k_norm(self.key_projection(x_t).view(B, self.n_heads, -1))  # (B, H, D)
         v = self.value_projection(x_t).view(B, self.n_heads, -1)  # (B, H, Dv)
         out, state = self.attend_step(q, k, v, state)  # (B, H, Dv)
-        y = linear_in_range(self.out_projection, out.reshape(B, -1), q.dtype)  # (B, d_output)
+        y = linear_in_range(self.out_projection, self.norm(out.reshape(B, -1)), q.dtype)  # (B, d_output)
         return self.dropout(y), state
 
     def attend(

@@ -1,4 +1,4 @@
-"""How the mechanisms run: in which dtype, under autocast or not, with or without autograd, in how many groups.
+"""How the mechanisms run: in which dtypes, under autocast or not, traced or not.
 
 Every mechanism follows the same rules, written once here:
 
@@ -8,17 +8,15 @@ Every mechanism follows the same rules, written once here:
   ``scaled_dot_product_attention``: inputs of any floating dtype but float64 count as the autocast dtype, and
   the result comes back in :func:`result_dtype` (the autocast dtype; float64 inputs give float64). Inside, the
   package switches autocast off (:func:`autocast_disabled`) so that its float32 accumulation really happens in
-  float32; the backward pass then runs in the dtypes of the forward. Modules therefore behave like torch
-  layers: under autocast their output is in the autocast dtype, whatever the dtype of their parameters.
+  float32. Modules therefore behave like torch layers: under autocast their output is in the autocast dtype.
+* **Matrix units.** The products of a chunked causal form take their inputs in :func:`product_dtype`: bfloat16
+  when the result is bfloat16 (a GPU's matrix units, as flash-linear-attention's chunked kernels do), with the
+  products' results and every carried state in float32; otherwise the accumulation dtype.
 * **Range.** A result that float16 can hold is never lost to an intermediate that it cannot:
   :func:`linear_in_range` applies an output projection to an accumulation-dtype input without first rounding
   that input to float16 (where it may exceed 65504).
-* **Inference.** Without autograd (:func:`needs_autograd` is false) the mechanisms process independent rows of
-  the batch in groups (:func:`rows_per_group`), writing into one preallocated output.
-* **Graphs.** Under ``torch.compile`` and ``torch.export`` (:func:`tracing`) every mechanism takes its *graph
-  path*: the same numbers, written without Python loops over sizes, ``out=`` writes or branches on a size, so
-  that one graph serves every batch size and length (:func:`chunk_count` gives a chunked algorithm its number
-  of chunks as a size the tracer can reason about).
+* **Graphs.** Under ``torch.compile`` and ``torch.export`` (:func:`tracing`) the code is the same; the few places
+  that must know (a chunk count that an exported program can reason about, :func:`chunk_count`) ask here.
 """
 
 from __future__ import annotations
@@ -34,11 +32,8 @@ __all__ = [
     "accumulation_dtype",
     "autocast_dtype",
     "result_dtype",
+    "product_dtype",
     "autocast_disabled",
-    "needs_autograd",
-    "ROW_POSITIONS",
-    "WORK_NUMBERS",
-    "rows_per_group",
     "linear_in_range",
     "tracing",
     "exporting",
@@ -64,10 +59,19 @@ def autocast_dtype(device: torch.device) -> torch.dtype | None:
 def result_dtype(x: torch.Tensor) -> torch.dtype:
     """The dtype a mechanism returns for inputs like ``x``: the autocast dtype under autocast (float64 excepted,
     as autocast never casts it), else x's own dtype."""
-    cast = autocast_dtype(x.device)
-    if cast is not None and x.is_floating_point() and x.dtype != torch.float64:
-        return cast
+    cast_to = autocast_dtype(x.device)
+    if cast_to is not None and x.is_floating_point() and x.dtype != torch.float64:
+        return cast_to
     return x.dtype
+
+
+def product_dtype(x: torch.Tensor) -> torch.dtype:
+    """The dtype of the inputs of a chunked form's products for inputs like ``x``: bfloat16 when the result is
+    bfloat16 (float32's range, so no product can overflow), else the accumulation dtype. Never float16: a
+    normaliser-free numerator or a carried state outgrows 65504 at a few thousand tokens."""
+    if result_dtype(x) == torch.bfloat16:
+        return torch.bfloat16
+    return accumulation_dtype(x.dtype)
 
 
 def autocast_disabled(device: torch.device) -> contextlib.AbstractContextManager[object]:
@@ -78,11 +82,8 @@ def autocast_disabled(device: torch.device) -> contextlib.AbstractContextManager
 
 
 def tracing() -> bool:
-    """True while ``torch.compile`` or ``torch.export`` traces the code (the graph path is taken)."""
-    is_compiling = getattr(torch.compiler, "is_compiling", None)
-    if is_compiling is not None:
-        return bool(is_compiling())
-    return bool(torch._dynamo.is_compiling())  # torch < 2.3
+    """True while ``torch.compile`` or ``torch.export`` traces the code."""
+    return bool(torch.compiler.is_compiling())
 
 
 def exporting() -> bool:
@@ -90,8 +91,7 @@ def exporting() -> bool:
 
     Reads the flag that ``torch.export`` sets (``torch.compiler._is_exporting_flag``) rather than calling
     ``torch.compiler.is_exporting()``: inside a dynamo trace some torch releases fold that call to True for
-    ``torch.compile`` as well (torch 2.11 on an H200 did: compiled causal linear attention took the export path,
-    with a graph break at its ``item()``, and inductor failed on it under ``dynamic=True``).
+    ``torch.compile`` as well (torch 2.11 on an H200 did).
     """
     flag = getattr(torch.compiler, "_is_exporting_flag", None)
     if isinstance(flag, bool):
@@ -101,63 +101,25 @@ def exporting() -> bool:
 
 
 def chunk_count(N: int, C: int) -> int:
-    """ceil(N / C), the chunks of a chunked algorithm over N positions, as a size every tracer handles.
+    """The number of chunks of C positions that a chunked form splits N positions into, as a size every tracer
+    handles: ceil(N / C), and one more while traced.
 
-    Eagerly and under ``torch.compile`` a plain int (a symbolic one under dynamic shapes). Under ``torch.export``
-    the export's shape reasoning cannot prove facts about a floor division of a dynamic size (that it is not 1,
-    that padding to it is not a no-op), so an exported program would hold only for some lengths; there the
-    count is made a data-dependent size, about which ``torch._check`` states what is true for every N >= 1, and
-    the program is valid at every length.
+    The extra (empty) chunk while traced keeps the count at two or more: a compiled graph specialises a size of
+    one, so without it a dynamic graph would be compiled again for sequences of one chunk. Under ``torch.export``
+    the count is a data-dependent size about which ``torch._check`` states what holds for every N >= 1 (the
+    export's shape reasoning cannot prove facts about a floor division of a dynamic size), so the exported
+    program is valid at every length.
     """
-    if not exporting():
+    if not tracing():
         return (N + C - 1) // C
+    if not exporting():
+        return (N + C - 1) // C + 1
     # an int64 tensor's item() is an int (an unbacked symbolic one here: int() would make the tracer guard on it)
-    n = cast(int, torch.scalar_tensor(N, dtype=torch.int64).add(C - 1).div(C, rounding_mode="floor").item())
-    torch._check(n >= 1)
-    torch._check(n * C >= N)
-    torch._check(n * C < N + C)
+    n = cast(int, torch.scalar_tensor(N, dtype=torch.int64).add(2 * C - 1).div(C, rounding_mode="floor").item())
+    torch._check(n >= 2)
+    torch._check(n * C >= N + 1)
+    torch._check(n * C < N + 2 * C)
     return n
-
-
-def needs_autograd(*xs: object) -> bool:
-    """True when a graph will be recorded through any of ``xs`` (tensors, or modules with parameters)."""
-    if not torch.is_grad_enabled():
-        return False
-    for x in xs:
-        if isinstance(x, torch.Tensor) and x.requires_grad:
-            return True
-        if isinstance(x, nn.Module) and any(p.requires_grad for p in x.parameters()):
-            return True
-    return False
-
-
-# Group sizes of independent rows on the no-autograd CPU path. One rule (:func:`rows_per_group`), two budgets
-# for the two kinds of work:
-#
-# * ROW_POSITIONS, in positions, for work made of many O(N D) passes (the flows of Flow- and
-#   Mobile-Attention): small enough for a group's features and temporaries to stay in a shared L3 cache,
-#   large enough that a busy machine does not pay a thread wake-up for each of the many small operations
-#   (measured at N = 4096 with flow attention: 4096 and 16384 run alike on one thread, but with two threads
-#   on a loaded 2-core machine 4096 was 3x slower);
-# * WORK_NUMBERS, in numbers, for work made of a few large products (non-causal linear attention): the
-#   features of one group, written into a buffer allocated once per call. Under 32 MiB, such a buffer is
-#   reused from the heap on the next call, where a fresh tensor of 32 MiB or more costs a page fault per
-#   4 KiB (malloc maps it anew each time); but every group costs a few multi-threaded operations, which on a
-#   busy CPU wait for a core (B=4, H=8, N=4096, D=64, 2 threads: four groups of 8 MiB were 1.4x faster
-#   than one group on a quiet machine and 1.3x slower beside another busy process; two of 16 MiB ran at the
-#   speed of one there).
-ROW_POSITIONS = 16384
-WORK_NUMBERS = 1 << 22
-
-
-def rows_per_group(x: torch.Tensor, per_row: int, rows: int, *, numbers: bool = False) -> int:
-    """How many independent rows to process at once without autograd: on the CPU about :data:`ROW_POSITIONS`
-    positions (``per_row`` positions per row), or with ``numbers`` about :data:`WORK_NUMBERS` numbers
-    (``per_row`` numbers per row); on other devices all of them (one launch)."""
-    if x.device.type != "cpu":
-        return rows
-    budget = WORK_NUMBERS if numbers else ROW_POSITIONS
-    return max(1, min(rows, budget // max(1, per_row)))
 
 
 def linear_in_range(layer: nn.Linear, x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -1,11 +1,15 @@
-"""The one place that decides problem sizes for the book, the tests and the benchmarks.
+"""The one place that decides problem sizes, and whether the speed annex runs.
 
-Chapters run twice in their life: small, on a 2-core CPU in CI and on a laptop, and full size on a GPU
-(Colab, a workstation). Nothing else in the project reads ``ATTNBOOK_FAST`` or asks whether CUDA is there
-to choose a size; everything calls :func:`fast` or :func:`pick`.
+**Sizes.** Chapters run twice in their life: small, on a 2-core CPU in CI and on a laptop, and full size on a
+GPU (Colab, a workstation). Nothing else in the project reads ``ATTNBOOK_FAST`` or asks whether CUDA is there
+to choose a size; everything calls :func:`fast` or :func:`pick`. ``ATTNBOOK_FAST=1`` forces small sizes,
+``ATTNBOOK_FAST=0`` forces full sizes; unset, sizes are full on a GPU and small otherwise.
 
-``ATTNBOOK_FAST=1`` forces small sizes, ``ATTNBOOK_FAST=0`` forces full sizes; unset, sizes are full on a
-GPU and small otherwise.
+**The annex.** Every mechanism is written in plain torch, as its chapter derives it. Code that exists only for
+speed lives in one annex, ``attnbook._fast``, which a mechanism reaches by one dispatch line, as timm's attention
+reaches SDPA through its ``fused_attn`` switch. :func:`plain` says whether the annex is off: ``ATTNBOOK_PLAIN=1``
+in the environment, or :func:`set_plain` from Python (which wins over the environment). With the annex off no
+module of ``attnbook._fast`` is imported; the results agree to rounding either way.
 
 Example:
     >>> import os
@@ -24,16 +28,37 @@ from typing import TypeVar
 
 import torch
 
-from ._checks import check_choice
+from ._checks import check_bool, check_choice
 
-__all__ = ["ENV_VAR", "fast", "pick", "device"]
+__all__ = ["ENV_VAR", "PLAIN_VAR", "fast", "pick", "device", "plain", "set_plain"]
 
 #: The environment variable that picks the small (CI) sizes: ``ATTNBOOK_FAST=1``.
 ENV_VAR = "ATTNBOOK_FAST"
+#: The environment variable that turns the speed annex off: ``ATTNBOOK_PLAIN=1``.
+PLAIN_VAR = "ATTNBOOK_PLAIN"
 T = TypeVar("T")
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
+
+
+def _flag(var: str) -> bool | None:
+    """The environment variable ``var`` read as a flag: True, False, or None when unset."""
+    raw = os.environ.get(var, "").strip().lower()
+    if raw in _TRUE:
+        return True
+    if raw in _FALSE:
+        return False
+    if raw:
+        what = "1: small sizes, 0: full sizes" if var == ENV_VAR else "1: plain torch only, 0: the annex too"
+        check_choice(
+            os.environ[var],
+            f"the environment variable {var}",
+            ("1", "0"),
+            name="attnbook.config",
+            why=f" ({what}; also true/false, yes/no, on/off)",
+        )
+    return None
 
 
 def fast() -> bool:
@@ -52,20 +77,8 @@ def fast() -> bool:
         ...     config.fast()
         True
     """
-    raw = os.environ.get(ENV_VAR, "").strip().lower()
-    if raw in _TRUE:
-        return True
-    if raw in _FALSE:
-        return False
-    if raw:
-        check_choice(
-            os.environ[ENV_VAR],
-            f"the environment variable {ENV_VAR}",
-            ("1", "0"),
-            name="attnbook.config",
-            why=" (1: small sizes, 0: full sizes; also true/false, yes/no, on/off)",
-        )
-    return not torch.cuda.is_available()
+    flag = _flag(ENV_VAR)
+    return not torch.cuda.is_available() if flag is None else flag
 
 
 def pick(small: T, full: T) -> T:
@@ -93,3 +106,43 @@ def device() -> torch.device:
         True
     """
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+_plain: list[bool | None] = [None]  # set_plain's setting; None: the environment decides
+
+
+def plain() -> bool:
+    """True when the speed annex ``attnbook._fast`` is off: every mechanism runs its plain torch form.
+
+    :func:`set_plain` decides when it was called with True or False; otherwise ``ATTNBOOK_PLAIN`` (unset: the
+    annex is on). Read at every call.
+
+    Example:
+        >>> import os
+        >>> from unittest import mock
+        >>> from attnbook import config
+        >>> with mock.patch.dict(os.environ, {"ATTNBOOK_PLAIN": "1"}):
+        ...     config.plain()
+        True
+    """
+    if _plain[0] is not None:
+        return _plain[0]
+    return bool(_flag(PLAIN_VAR))
+
+
+def set_plain(enable: bool | None) -> None:
+    """Turn the speed annex off (True) or on (False) for this process, or leave it to ``ATTNBOOK_PLAIN`` (None).
+
+    Example:
+        >>> import torch, attnbook
+        >>> from attnbook import config
+        >>> q, k, v = (torch.randn(1, 2, 100, 8) for _ in range(3))
+        >>> fast = attnbook.linear_attention(q, k, v, is_causal=True)
+        >>> config.set_plain(True)  # the chunked form of chapter 2 only
+        >>> torch.allclose(attnbook.linear_attention(q, k, v, is_causal=True), fast, atol=1e-5)
+        True
+        >>> config.set_plain(None)  # back to the environment's choice
+    """
+    if enable is not None:
+        check_bool(enable, "enable", name="attnbook.config.set_plain")
+    _plain[0] = enable

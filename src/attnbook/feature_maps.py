@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -42,7 +41,7 @@ from ._checks import (
     check_seed,
     check_tensor,
 )
-from ._runtime import accumulation_dtype, autocast_disabled, result_dtype, tracing
+from ._runtime import accumulation_dtype, autocast_disabled, result_dtype
 
 __all__ = ["elu_feature_map", "relu_feature_map", "PerformerFeatures", "resolve_feature_map", "FEATURE_MAPS"]
 
@@ -52,12 +51,8 @@ FeatureMap = Callable[[torch.Tensor], torch.Tensor]
 def elu_feature_map(x: torch.Tensor) -> torch.Tensor:
     """phi(x) = elu(x) + 1: positive, (..., D) -> (..., D). Katharopoulos et al., ICML 2020, Eq. 7.
 
-    Computed as exp(x) for x <= 0 and x + 1 for x > 0 (:func:`elu_plus_one`): exp is about twice as fast as
-    the expm1 inside ``F.elu``, and the result differs from ``F.elu(x) + 1`` by rounding only (elu(x) + 1
-    itself rounds exp(x) - 1 + 1, which is 0 in float32 below x = -17 or so). NaN stays NaN, -inf gives 0,
-    inf gives inf.
-    Differentiable any number of times: phi'(x) = min(phi(x), 1). Traced (``torch.compile``, ``torch.export``)
-    it is ``F.elu(x) + 1``, which a compiler fuses into one kernel with its derivative.
+    It is exp(x) for x <= 0 and x + 1 for x > 0, with derivative min(phi(x), 1). NaN stays NaN, -inf gives 0,
+    inf gives inf. (In float32 elu(x) + 1 rounds to 0 below x of about -17, where exp(x) would not.)
 
     Example:
         >>> import torch
@@ -66,106 +61,7 @@ def elu_feature_map(x: torch.Tensor) -> torch.Tensor:
         tensor([0.3679, 1.0000, 3.0000])
     """
     check_tensor(x, "x", name="elu_feature_map")
-    if tracing():
-        return F.elu(x) + 1.0
-    if torch.is_grad_enabled() and x.requires_grad:
-        # torch's Function.apply is untyped (no-untyped-call)
-        phi: torch.Tensor = _EluPlusOne.apply(x)  # type: ignore[no-untyped-call]
-        return phi
-    return elu_plus_one(x)
-
-
-def elu_plus_one(x: torch.Tensor, out: torch.Tensor | None = None, tmp: torch.Tensor | None = None) -> torch.Tensor:
-    """elu(x) + 1 without autograd, written into ``out`` (x's shape and dtype, contiguous) when given; ``tmp``
-    (the same), when given with ``out``, holds x + 1 for a small x (no fresh tensor: see attnbook._causal).
-
-    It is the median of x + 1, exp(x) and 1 (because exp(x) >= x + 1 everywhere, the median is exp(x) for
-    x <= 0 and x + 1 above): three passes (x + 1, exp, and one clamp of 1 between them). On the CPU they run
-    over pieces of :data:`ELU_PIECE` numbers, so that each pass reads what the one before it left in the
-    cache, and exp(x) is computed as 2^(x log2 e) (:func:`_exp`)."""
-    one, log2e = _constants(x)  # the median's third value, broadcast; log2(e)
-    n, compiling = x.numel(), tracing()
-    write_out = out is not None and out.is_contiguous() and not compiling  # out= needs a contiguous tensor
-    pieces = not compiling and x.device.type == "cpu" and n > ELU_PIECE and x.is_contiguous()
-    if not (pieces and (out is None or write_out)):
-        if write_out:
-            e = _exp(x, out=out, log2e=log2e)
-            plus = torch.add(x, one) if tmp is None else torch.add(x, one, out=tmp)
-            return torch.clamp(one, min=plus, max=e, out=e)
-        phi = torch.clamp(one, min=torch.add(x, one), max=_exp(x, log2e=log2e))
-        return phi if out is None else out.copy_(phi)
-    out = torch.empty_like(x) if out is None else out
-    flat, into = x.view(-1), out.view(-1)
-    plus = x.new_empty(ELU_PIECE) if tmp is None else tmp.view(-1)[:ELU_PIECE]  # x + 1 of one piece
-    for i in range(0, n, ELU_PIECE):
-        xs, ys, ps = flat[i : i + ELU_PIECE], into[i : i + ELU_PIECE], plus[: min(ELU_PIECE, n - i)]
-        torch.add(xs, one, out=ps)
-        _exp(xs, out=ys, log2e=log2e)
-        torch.clamp(one, min=ps, max=ys, out=ys)
-    return out
-
-
-def features_into(kind: str, x: torch.Tensor, out: torch.Tensor, tmp: torch.Tensor | None = None) -> torch.Tensor:
-    """The built-in feature map named ``kind`` (a key of :data:`FEATURE_MAPS`) of x, without autograd, written
-    into ``out`` (x's shape and dtype, contiguous); ``tmp`` as in :func:`elu_plus_one`. The kernels that make
-    features into their own buffers (attnbook.linear, attnbook._causal) call this."""
-    if kind == "elu":
-        return elu_plus_one(x, out=out, tmp=tmp)  # elu(x) + 1, as elu_feature_map
-    return torch.clamp(x, min=0.0, out=out)  # max(x, 0), as relu_feature_map
-
-
-# Numbers per piece of elu_plus_one on the CPU: three float32 pieces of 2 MiB stay in the caches beside other
-# work (B=4, H=8, N=4096, D=64, 2 threads: linear_attention 1.35x quicker than with whole 16 MiB tensors; pieces
-# of 0.5 to 4 MiB within 6 %).
-ELU_PIECE = 1 << 19
-_LOG2E = 1.4426950408889634
-
-
-def _exp(x: torch.Tensor, out: torch.Tensor | None = None, log2e: torch.Tensor | None = None) -> torch.Tensor:
-    """exp(x); on the CPU as exp2(x log2 e). torch's CPU exp is MKL's, which on the AMD test machine is 1.6x
-    slower than torch's exp2 (Sleef), more than the extra multiplication costs (linear_attention, B=4, H=8,
-    N=4096, D=64, 2 threads: 6 % quicker in all). The rounding of x log2 e adds a relative error of at most
-    |x| 2^-24, about |x| 6e-8, in float32 (|x| 1.1e-16 in float64): under 1e-6 for |x| < 16, far below
-    what a product's rounding over thousands of terms costs. ``log2e``: log2(e) as a 0-dim tensor of x's dtype."""
-    if x.device.type != "cpu":
-        return torch.exp(x, out=out)
-    return torch.mul(x, _LOG2E if log2e is None else log2e, out=out).exp2_()
-
-
-_CONSTANTS: dict[torch.dtype, tuple[torch.Tensor, torch.Tensor]] = {}
-
-
-def _constants(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(1, log2(e)) as 0-dim tensors of x's dtype and device. On the CPU they are made once per dtype: for a
-    small x (one step of a recurrence) making them costs as much as the passes, and a Python number in an
-    ``out=`` call costs a copy into a tensor each time."""
-    if x.device.type != "cpu" or tracing():
-        return x.new_ones(()), x.new_full((), _LOG2E)
-    pair = _CONSTANTS.get(x.dtype)
-    if pair is None:
-        with torch.inference_mode(False):  # ordinary tensors, usable inside and outside inference mode
-            pair = _CONSTANTS[x.dtype] = (torch.ones((), dtype=x.dtype), torch.full((), _LOG2E, dtype=x.dtype))
-    return pair
-
-
-class _EluPlusOne(torch.autograd.Function):
-    """elu(x) + 1 with its derivative min(phi, 1) formed from the saved output, in differentiable operations
-    (so the second derivative, phi for x < 0 and 0 for x > 0, is exact too)."""
-
-    # ctx: torch's FunctionCtx, whose type torch's forward and backward do not declare, hence Any.
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
-        phi = elu_plus_one(x)  # a Function's forward runs without autograd
-        ctx.save_for_backward(phi)
-        return phi
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
-        phi: torch.Tensor
-        (phi,) = ctx.saved_tensors
-        slope = phi.clamp(max=1.0)  # phi'(x)
-        # in place unless a graph of the backward is being built (double backward needs slope itself)
-        return slope * grad if torch.is_grad_enabled() else slope.mul_(grad)
+    return F.elu(x) + 1.0
 
 
 def relu_feature_map(x: torch.Tensor) -> torch.Tensor:

@@ -37,20 +37,18 @@ Causal attention carries a :class:`FlowState` of prefix sums: ``initial_state=``
 prompt is prefilled in one call and generation continues with :func:`flow_attention_step`.
 
 Cost: non-causal O(B H (N + M) D Dv) time, O(B H (N + M) (D + Dv)) memory, like linear attention --
-conservation adds O(N D) work. Causal: one pass over blocks of C = ``chunk_size`` tokens; each block
-advances a :class:`FlowState` of prefix sums (cumulative sums inside the block, a masked C x C product for
-the output), O(B H N (C + D) Dv) time and O(B H C (C + D + Dv) + B H D Dv) memory beside the output: no
-N x N and no N x D x Dv tensor is built (the published causal code builds (B, H, N, D, Dv)). For generation,
-:func:`flow_attention_step` is the same block with C = 1: one token in O(B H D Dv).
+conservation adds O(N D) work. Causal: every prefix sum is a cumulative sum over the sequence, and the output
+is chapter 2's chunked causal product (:func:`attnbook.linear.chunked_causal_product`, chunks of C =
+``chunk_size``), O(B H N (C + D) Dv) time: no N x N and no N x D x Dv tensor is built (the published causal
+code builds (B, H, N, D, Dv)). :func:`flow_attention_step` is the same computation for one token: O(B H D Dv).
 """
 
 from __future__ import annotations
 
-from typing import Literal, NamedTuple, cast, overload
+from typing import Any, Literal, NamedTuple, cast, overload
 
 import torch
 
-from . import _prefix
 from ._checks import (
     check_bool,
     check_choice,
@@ -66,7 +64,8 @@ from ._checks import (
     check_step_inputs,
 )
 from ._module import ProjectedAttention
-from ._runtime import accumulation_dtype, autocast_disabled, needs_autograd, result_dtype, rows_per_group, tracing
+from ._runtime import accumulation_dtype, autocast_disabled, result_dtype
+from .linear import chunked_causal_product
 
 __all__ = ["FlowStats", "FlowState", "flow_attention", "flow_attention_step", "FlowAttention"]
 
@@ -153,32 +152,18 @@ class FlowState(NamedTuple):
     kv: torch.Tensor
 
 
-def _rowdot_eps(x: torch.Tensor, y: torch.Tensor, eps: float) -> torch.Tensor:
-    """(x_n + eps) . (y_n + eps) row by row for x, y (..., N, D) -> (..., N)."""
-    dots: torch.Tensor = torch.linalg.vecdot(x + eps, y + eps)  # (..., N); torch types vecdot's result as Any
-    return dots
-
-
-def _rows_dot(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """x_n . w_r for x (..., N, D) and a few vectors w (..., R, D) -> (..., R, N).
-
-    Written as w @ x^T: a row-vector-times-matrix product, which CPU BLAS runs at memory speed, whereas
-    x @ w^T with R = 1 or 2 columns falls back to a slow path (about 10x slower at N = 4096, D = 64).
-    """
-    return w @ x.transpose(-2, -1)  # (..., R, N)
-
-
-def _weighted_sum(w: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """sum_n w_n x_n for w (..., N), x (..., N, D) -> (..., D), as a row vector times x (see _rows_dot)."""
-    return (w.unsqueeze(-2) @ x).squeeze(-2)  # (..., D)
+def _dot(x: torch.Tensor, y: torch.Tensor, eps: float) -> torch.Tensor:
+    """(x + eps) . (y + eps) over the last dimension, eps added to every component as in the published code:
+    x (..., N, D) and y (..., N, D) or (..., 1, D) -> (..., N)."""
+    return ((x + eps) * (y + eps)).sum(-1)
 
 
 def _reciprocal(x: torch.Tensor, keep: torch.Tensor | None) -> torch.Tensor:
-    """1 / x, and 0 where ``keep`` (broadcastable bool, True = a real position) is False. A padded position's
-    flow may be 0 (eps = 0): its reciprocal is never formed, so neither the result nor the gradient sees inf."""
-    if keep is None:
-        return x.reciprocal()
-    r: torch.Tensor = torch.where(keep, torch.where(keep, x, 1.0).reciprocal(), 0.0)  # torch.where(c, x, 0.0): Any
+    """1 / x of a flow, and 0 where there is no flow: at a padded position (``keep``, broadcastable bool, False)
+    or where the flow is 0 (with eps = 0, a sink whose sources are all padding). Neither the result nor the
+    gradient sees inf there; a NaN stays NaN."""
+    some = x != 0 if keep is None else (x != 0) & keep
+    r: torch.Tensor = torch.where(some, torch.where(some, x, 1.0).reciprocal(), 0.0)  # torch.where(c, x, 0.0): Any
     return r
 
 
@@ -195,61 +180,50 @@ def _zero_padded(stats: FlowStats, qkeep: torch.Tensor | None, kkeep: torch.Tens
     return FlowStats(**fields)
 
 
+def _sigmoid_features(x: torch.Tensor, keep: torch.Tensor | None) -> torch.Tensor:
+    """sigmoid(x), 0 at a padded position (``keep`` (B, 1, N) False). The input is zeroed first, so that a NaN
+    in padding reaches neither the result nor the gradient."""
+    if keep is None:
+        return torch.sigmoid(x)
+    real = keep.unsqueeze(-1)  # (B, 1, N, 1)
+    return torch.where(real, torch.sigmoid(torch.where(real, x, 0.0)), 0.0)
+
+
 def _flow_full(
     qs: torch.Tensor,
     ks: torch.Tensor,
     v: torch.Tensor,
     eps: float,
-    qkeep: torch.Tensor | None = None,
-    kkeep: torch.Tensor | None = None,
-    competition: bool = True,
-    allocation: bool = True,
-    out: torch.Tensor | None = None,
+    qkeep: torch.Tensor | None,
+    kkeep: torch.Tensor | None,
+    competition: bool,
+    allocation: bool,
 ) -> tuple[torch.Tensor, FlowStats]:
-    """Non-causal Flow-Attention on sigmoid features in the accumulation dtype; returns (out, FlowStats).
-
-    ``qkeep`` (..., N) and ``kkeep`` (..., M) bool (True = real) mark padding, whose features and values must
-    already be 0. Ordered to read the (N, D) features as few times as possible: (x + eps) . (y + eps) is
-    x . (y + eps) + eps sum(y + eps), so no x + eps is formed, and O and O^ come from one product with ks.
-    Beside the two (N, D) x (D, Dv) products of linear attention this is O(N D) work. Leading dimensions are
-    free; with ``out`` (no autograd) the result is written there.
-    """
+    """Non-causal Flow-Attention on the features q~ (B, H, N, D), k~ (B, H, M, D) and v (B, H, M, Dv), 0 at
+    padding (``qkeep`` (B, 1, N), ``kkeep`` (B, 1, M), True = real), as the module docstring writes it."""
     N, M = qs.shape[-2], ks.shape[-2]
-    n = N if qkeep is None else qkeep.sum(-1, keepdim=True).to(qs.dtype)  # real sinks, (..., 1)
-    m = M if kkeep is None else kkeep.sum(-1, keepdim=True).to(qs.dtype)  # real sources, (..., 1)
-    key_total = ks.sum(-2) + eps  # (B, H, D): sum_j k~_j + eps
-    query_total = qs.sum(-2) + eps  # (B, H, D): sum_i q~_i + eps
-    incoming = _rows_dot(qs, key_total.unsqueeze(-2)).squeeze(-2) + eps * key_total.sum(-1, keepdim=True)
-    r_in = _reciprocal(incoming, qkeep)  # (B, H, N)
-    query_over_incoming = _weighted_sum(r_in, qs) + eps  # (B, H, D)
-    both = _rows_dot(ks, torch.stack([query_total, query_over_incoming], dim=-2))  # (B, H, 2, M)
-    outgoing = both[..., 0, :] + eps * query_total.sum(-1, keepdim=True)  # (B, H, M)
-    conserved_outgoing_raw = both[..., 1, :] + eps * query_over_incoming.sum(-1, keepdim=True)  # (B, H, M)
-    key_over_outgoing = _weighted_sum(_reciprocal(outgoing, kkeep), ks) + eps  # (B, H, D)
+    n = N if qkeep is None else qkeep.sum(-1, keepdim=True).to(qs.dtype)  # real sinks, (B, 1, 1)
+    m = M if kkeep is None else kkeep.sum(-1, keepdim=True).to(qs.dtype)  # real sources, (B, 1, 1)
+    incoming = _dot(qs, ks.sum(-2, keepdim=True), eps)  # (B, H, N): I_i
+    outgoing = _dot(ks, qs.sum(-2, keepdim=True), eps)  # (B, H, M): O_j
+    r_in, r_out = _reciprocal(incoming, qkeep), _reciprocal(outgoing, kkeep)
+    conserved_incoming = _dot(qs, (ks * r_out.unsqueeze(-1)).sum(-2, keepdim=True), eps)  # (B, H, N): I^_i
+    conserved_outgoing_raw = _dot(ks, (qs * r_in.unsqueeze(-1)).sum(-2, keepdim=True), eps)  # (B, H, M): O^_j
     conserved_outgoing = conserved_outgoing_raw.clamp(-1.0, 1.0)  # for stability, as published
     if not competition:
-        c = torch.ones_like(conserved_outgoing)  # (B, H, M)
-    elif kkeep is None:
-        c = torch.softmax(conserved_outgoing, dim=-1) * M  # (B, H, M)
-    else:  # over the real sources; a row without any is 0 (softmax over nothing)
-        c = torch.softmax(conserved_outgoing.masked_fill(~kkeep, float("-inf")), dim=-1) * m
+        c = torch.ones_like(conserved_outgoing)
+    else:  # softmax over the (real) sources, times their number; a row without any is 0
+        scores = conserved_outgoing if kkeep is None else conserved_outgoing.masked_fill(~kkeep, float("-inf"))
+        c = torch.softmax(scores, dim=-1) * m  # (B, H, M): c_j
+    if not allocation:
+        a = torch.ones_like(conserved_incoming)
+    else:
+        sources = m.clamp(min=1) if isinstance(m, torch.Tensor) else m  # no division by 0 sources
+        a = torch.sigmoid(conserved_incoming * (n / sources))  # (B, H, N): a_i
     if kkeep is not None:
         c = torch.where(kkeep, c, 0.0)
-    kv = ks.transpose(-2, -1) @ (v * c.unsqueeze(-1))  # (B, H, D, Dv)
-    conserved_incoming = _rows_dot(qs, key_over_outgoing.unsqueeze(-2)).squeeze(-2) + eps * key_over_outgoing.sum(
-        -1, keepdim=True
-    )  # (B, H, N)
-    if not allocation:
-        a = torch.ones_like(conserved_incoming)  # (B, H, N)
-    elif kkeep is None:
-        a = torch.sigmoid(conserved_incoming * (n / M))  # (B, H, N)
-    else:
-        a = torch.sigmoid(conserved_incoming * (n / cast(torch.Tensor, m).clamp(min=1)))  # (B, H, N); m counts kkeep
-    scale = (a * r_in).unsqueeze(-1)  # (B, H, N, 1): a_i / I_i (0 at a padded sink)
-    if out is None:
-        out = (qs @ kv) * scale  # (B, H, N, Dv)
-    else:
-        torch.matmul(qs, kv, out=out).mul_(scale)  # (B, H, N, Dv), in place: no autograd here
+    kv = ks.transpose(-2, -1) @ (v * c.unsqueeze(-1))  # (B, H, D, Dv): sum_j k~_j (c_j v_j)^T
+    out = (qs @ kv) * (a * r_in).unsqueeze(-1)  # (B, H, N, Dv): a_i q~_i / I_i . kv
     stats = FlowStats(incoming, outgoing, conserved_incoming, conserved_outgoing, c, a, conserved_outgoing_raw)
     return out, _zero_padded(stats, qkeep, kkeep)
 
@@ -261,84 +235,52 @@ def _initial_state(x: torch.Tensor, B: int, H: int, D: int, Dv: int, acc: torch.
     return FlowState(t, zeros, zeros, zeros, zeros, x.new_zeros(B, H, dtype=acc), kv)
 
 
-def _causal_block(
+def _flow_causal(
     state: FlowState,
-    q: torch.Tensor,
-    k: torch.Tensor,
+    qs: torch.Tensor,
+    ks: torch.Tensor,
     v: torch.Tensor,
     eps: float,
-    tril: torch.Tensor | None,
-    keep: torch.Tensor | None = None,
-    competition: bool = True,
-    allocation: bool = True,
-    chunk: int | None = None,
+    keep: torch.Tensor | None,
+    competition: bool,
+    allocation: bool,
+    chunk_size: int,
 ) -> tuple[torch.Tensor, FlowStats, FlowState]:
-    """Advance causal Flow-Attention over the next c tokens, q, k (B, H, c, D), v (B, H, c, Dv).
+    """Causal Flow-Attention of the next N tokens after ``state``: q~, k~ (B, H, N, D), v (B, H, N, Dv), 0 at
+    padding (``keep`` (B, 1, N), True = real).
 
-    Every causal quantity of a token is a prefix sum, so a block needs only the state before it: inside the
-    block the prefix sums are cumulative sums on top of the carried totals, and the output is the block's
-    c x c masked product plus the carried k v^T state. c = 1 is the recurrent step; the parallel form runs
-    the blocks one after another; the graph form (``chunk`` given) is one block of the whole sequence whose
-    output product is chunked (:func:`attnbook._prefix.chunked_product`). ``keep`` (B, 1, c) bool marks the
-    real positions (True) among padding. Returns (out (B, H, c, Dv) in the accumulation dtype, FlowStats of
-    the block, new state).
-    """
+    Every causal quantity of a token is a prefix sum, so each is a cumulative sum over these tokens on top of the
+    state's totals, divided by t_i, the (real) tokens up to i; the output is the chunked causal product of
+    chapter 2 (:func:`attnbook.linear.chunked_causal_product`) from the state's kv. One token (N = 1) is the
+    recurrent step. Returns (out (B, H, N, Dv), FlowStats, the state after the last token)."""
     acc = state.kv.dtype
-    c = q.shape[-2]
-    qs = torch.sigmoid(q.to(acc))  # (B, H, c, D)
-    ks = torch.sigmoid(k.to(acc))  # (B, H, c, D)
-    va = v.to(acc)  # (B, H, c, Dv)
-    if keep is None:
-        steps = torch.arange(1, c + 1, device=qs.device, dtype=acc)  # (c,): 1, 2, ..., c
-        seen: int | torch.Tensor = c
-    else:  # a padded position sends and receives nothing, and does not count
-        real = keep.unsqueeze(-1)  # (B, 1, c, 1)
-        qs, ks, va = (torch.where(real, x, 0.0) for x in (qs, ks, va))
-        steps = keep.to(acc).cumsum(-1)  # (B, 1, c)
-        seen = keep.sum(-1)[:, 0]  # (B,)
-    t = state.t.to(acc)[:, None, None] + steps  # (B, 1, c): t_i, the tokens up to i
-    if keep is not None:
-        t = t.clamp(min=1.0)  # before a sequence's first real token (left padding): nothing to divide
-    key_sum = state.key_sum.unsqueeze(-2) + ks.cumsum(-2)  # (B, H, c, D): sum_{j<=i} k~_j
-    query_sum = state.query_sum.unsqueeze(-2) + qs.cumsum(-2)  # (B, H, c, D)
-    incoming = _rowdot_eps(qs, key_sum, eps) / t  # (B, H, c)
-    outgoing = _rowdot_eps(ks, query_sum, eps) / t  # (B, H, c)
-    r_in, r_out = _reciprocal(incoming, keep), _reciprocal(outgoing, keep)  # (B, H, c)
+    steps = torch.ones_like(qs[:, :1, :, 0]) if keep is None else keep.to(acc)  # (B, 1, N): 1 for a real token
+    t = (state.t.to(acc)[:, None, None] + steps.cumsum(-1)).clamp(min=1.0)  # (B, 1, N): t_i (>= 1: left padding)
+    key_sum = state.key_sum.unsqueeze(-2) + ks.cumsum(-2)  # (B, H, N, D): sum_{j<=i} k~_j
+    query_sum = state.query_sum.unsqueeze(-2) + qs.cumsum(-2)  # (B, H, N, D): sum_{i'<=i} q~_i'
+    incoming = _dot(qs, key_sum, eps) / t  # (B, H, N): I_i
+    outgoing = _dot(ks, query_sum, eps) / t  # (B, H, N): O_j
+    r_in, r_out = _reciprocal(incoming, keep), _reciprocal(outgoing, keep)
     key_over_outgoing = state.key_over_outgoing.unsqueeze(-2) + (ks * r_out.unsqueeze(-1)).cumsum(-2)
     query_over_incoming = state.query_over_incoming.unsqueeze(-2) + (qs * r_in.unsqueeze(-1)).cumsum(-2)
-    conserved_incoming = _rowdot_eps(qs, key_over_outgoing, eps) / t  # (B, H, c)
-    conserved_outgoing_raw = _rowdot_eps(ks, query_over_incoming, eps) / t  # (B, H, c)
+    conserved_incoming = _dot(qs, key_over_outgoing, eps) / t  # (B, H, N): I^_i
+    conserved_outgoing_raw = _dot(ks, query_over_incoming, eps) / t  # (B, H, N): O^_j
     conserved_outgoing = conserved_outgoing_raw.clamp(-1.0, 1.0)  # for stability, as published
-    # Competition exp(O^_j) / sum_{j'<=j} exp(O^_j') t_j = exp(O^_j) / mean_{j'<=j} exp(O^_j'). The running
-    # mean is updated as m_i = m + sum_{s<j<=i} (exp(O^_j) - m) / t_i from the carried mean m (after s
-    # tokens): every term lies in [1/e, e] because O^ is clamped, so nothing grows with the sequence length.
-    expo = conserved_outgoing.exp()  # (B, H, c), in [1/e, e]
-    prev_mean = state.exp_mean.unsqueeze(-1)  # (B, H, 1)
-    delta = expo - prev_mean  # (B, H, c)
+    # Competition exp(O^_j) / sum_{j'<=j} exp(O^_j') t_j = exp(O^_j) / (the mean of exp(O^) over the prefix),
+    # the mean carried in the state as m and updated as m_i = m + sum_{s<j<=i} (exp(O^_j) - m) / t_i: every
+    # term lies in [1/e, e] because O^ is clamped, so nothing grows with the sequence length.
+    expo = conserved_outgoing.exp()  # (B, H, N), in [1/e, e]
+    delta = (expo - state.exp_mean.unsqueeze(-1)) * steps  # (B, H, N): 0 at padding
+    exp_mean = state.exp_mean.unsqueeze(-1) + delta.cumsum(-1) / t  # (B, H, N); 0 only before any real token
+    c = expo / torch.where(exp_mean > 0, exp_mean, 1.0) if competition else torch.ones_like(expo)  # c_j
+    a = torch.sigmoid(conserved_incoming) if allocation else torch.ones_like(conserved_incoming)  # a_i
     if keep is not None:
-        delta = torch.where(keep, delta, 0.0)
-    exp_mean = prev_mean + delta.cumsum(-1) / t  # (B, H, c)
-    if competition:
-        comp = expo / torch.where(exp_mean > 0, exp_mean, 1.0)  # (B, H, c); exp_mean is 0 only before any token
-    else:
-        comp = torch.ones_like(expo)
-    alloc = torch.sigmoid(conserved_incoming) if allocation else torch.ones_like(conserved_incoming)  # (B, H, c)
-    if keep is not None:
-        comp, alloc = torch.where(keep, comp, 0.0), torch.where(keep, alloc, 0.0)
-    vc = va * comp.unsqueeze(-1)  # (B, H, c, Dv)
-    if chunk is None:
-        scores = qs @ ks.transpose(-2, -1)  # (B, H, c, c)
-        if c > 1:
-            assert tril is not None  # the parallel form passes its block's mask
-            scores = scores.masked_fill(~tril[:c, :c], 0.0)
-        out = scores @ vc + qs @ state.kv  # (B, H, c, Dv)
-        kv = state.kv + ks.transpose(-2, -1) @ vc  # (B, H, D, Dv)
-    else:
-        out, kv = _prefix.chunked_product(qs, ks, vc, chunk, state.kv)  # (B, H, c, Dv), (B, H, D, Dv)
-    out = out * (alloc * r_in / t).unsqueeze(-1)  # (B, H, c, Dv): a_i / (I_i t_i), 0 at padding
-    stats = FlowStats(incoming, outgoing, conserved_incoming, conserved_outgoing, comp, alloc, conserved_outgoing_raw)
+        c, a = torch.where(keep, c, 0.0), torch.where(keep, a, 0.0)
+    out, kv = chunked_causal_product(qs, ks, v * c.unsqueeze(-1), chunk_size, state.kv)  # (B, H, N, Dv)
+    out = out * (a * r_in / t).unsqueeze(-1)  # a_i / (I_i t_i)
+    stats = FlowStats(incoming, outgoing, conserved_incoming, conserved_outgoing, c, a, conserved_outgoing_raw)
     new_state = FlowState(
-        state.t + seen,
+        state.t + steps[:, 0].sum(-1).long(),
         key_sum[..., -1, :],
         query_sum[..., -1, :],
         key_over_outgoing[..., -1, :],
@@ -347,57 +289,6 @@ def _causal_block(
         kv,
     )
     return out, _zero_padded(stats, keep, keep), new_state
-
-
-def _flow_causal(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    eps: float,
-    chunk_size: int,
-    acc: torch.dtype,
-    dtype: torch.dtype,
-    return_flows: bool,
-    keep: torch.Tensor | None,
-    state: FlowState,
-    competition: bool,
-    allocation: bool,
-) -> tuple[torch.Tensor, FlowStats | None, FlowState]:
-    """Causal Flow-Attention (N == M) from ``state``: block by block, O(B H C (C + D + Dv)) memory beside the
-    output, which is in ``dtype``; traced (torch.compile, torch.export), one block of the whole sequence with a
-    chunked output product. ``keep`` (B, 1, N) bool marks the real positions. Returns (out, stats or None,
-    final state)."""
-    B, H, N, D = q.shape
-    options = {"competition": competition, "allocation": allocation}
-    if tracing():
-        whole, stats, state = _causal_block(state, q, k, v, eps, None, keep, chunk=chunk_size, **options)
-        return whole.to(dtype), stats if return_flows else None, state
-    C = min(chunk_size, N)
-    tril = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
-    record = needs_autograd(q, k, v)
-    outs: list[torch.Tensor] = []
-    blocks: list[FlowStats] = []
-    out = None if record else q.new_empty(B, H, N, v.shape[-1], dtype=dtype)  # without autograd: block by block
-    for start in range(0, N, C):
-        sl = slice(start, start + C)
-        part = None if keep is None else keep[..., sl]
-        block, stats, state = _causal_block(
-            state, q[..., sl, :], k[..., sl, :], v[..., sl, :], eps, tril, part, **options
-        )
-        if record:
-            outs.append(block.to(dtype))  # (B, H, c, Dv)
-        else:
-            assert out is not None  # made above when nothing is recorded
-            out[..., sl, :] = block  # (B, H, c, Dv), cast to the result dtype
-        if return_flows:
-            blocks.append(stats)
-    if record:
-        out = torch.cat(outs, dim=-2)  # (B, H, N, Dv)
-    assert out is not None  # the output of the blocks, concatenated or written
-    if not return_flows:
-        return out, None, state
-    stats = FlowStats(*(torch.cat(parts, dim=-1) for parts in zip(*blocks, strict=True)))  # each (B, H, N)
-    return out, stats, state
 
 
 def _check_flow_state(
@@ -583,11 +474,8 @@ def flow_attention(
     module docstring; causal: sums over the prefix, normalised by t_i = i + 1.
 
     Cost: O(B H (N + M) D Dv) time and O(B H (N + M) (D + Dv)) memory; causal: O(B H N (chunk_size + D) Dv)
-    time, O(B H chunk_size (chunk_size + D + Dv)) memory beside the output, never an N x N or N x D x Dv
-    tensor. Without autograd (inference) the CPU path works through a few (b, h) rows at a time so that the
-    O(N D) bookkeeping stays in cache, and the causal path writes its blocks straight into the output; the
-    numbers are the same as with autograd. Traced (``torch.compile``, ``torch.export``) the causal form runs as
-    one block over the whole sequence (O(B H N (D + D Dv / chunk_size)) memory).
+    time and O(B H N (chunk_size + D + D Dv / chunk_size)) memory (the prefix sums of every position, and the
+    chunked product of chapter 2), never an N x N or N x D x Dv tensor.
 
     Args:
         q: queries (sinks), (B, H, N, D).
@@ -603,8 +491,8 @@ def flow_attention(
             ``is_causal`` it must be None (``key_padding_mask`` pads both).
         eps: added to every component of the flow vectors, as in the published code (0 <= eps <= 1).
         return_flows: also return the :class:`FlowStats`.
-        chunk_size: block length of the causal prefix sums (any positive int; the result does not depend
-            on it beyond rounding).
+        chunk_size: the chunk length C of the causal output product (any positive int; the result does not
+            depend on it beyond rounding).
         out_dtype: dtype of ``out``; default the inputs' (under autocast: the autocast dtype).
         competition: False replaces the competition c_j by 1 (the paper's ablation "w/o competition").
         allocation: False replaces the allocation a_i by 1 (the ablation "w/o allocation").
@@ -652,73 +540,26 @@ def flow_attention(
         check_choice(causal, "is_causal", (False,), name=f"{name} with a query_padding_mask", why=why)
         qkeep = ~check_key_padding_mask(query_padding_mask, B, N, name=name).to(q.device)[:, None, :]  # (B, N) too
     check_state_call(causal, initial_state, output_final_state, name=name)
-    options = {"competition": competition, "allocation": allocation}
-    state: FlowState | None = None
-    stats: FlowStats | None
     with autocast_disabled(q.device):
-        if causal:
-            if initial_state is None:
-                state = _initial_state(q, B, H, D, Dv, acc)
-            else:
-                state = _check_flow_state(initial_state, B, H, D, Dv, acc, q.device, name=name, arg="initial_state")
-            out, stats, state = _flow_causal(
-                q, k, v, eps, chunk_size, acc, dtype, return_flows, kkeep, state, **options
-            )
+        qs, ks = _sigmoid_features(q.to(acc), qkeep if not causal else kkeep), _sigmoid_features(k.to(acc), kkeep)
+        v = v.to(acc) if kkeep is None else torch.where(kkeep.unsqueeze(-1), v.to(acc), 0.0)
+        if not causal:
+            out, stats = _flow_full(qs, ks, v, eps, qkeep, kkeep, competition, allocation)
+            state = None
         else:
-            if needs_autograd(q, k, v) or tracing() or qkeep is not None or kkeep is not None:
-                qs, ks, va = torch.sigmoid(q.to(acc)), torch.sigmoid(k.to(acc)), v.to(acc)  # (B, H, N|M, D|Dv)
-                if qkeep is not None:
-                    qs = torch.where(qkeep.unsqueeze(-1), qs, 0.0)
-                if kkeep is not None:
-                    ks = torch.where(kkeep.unsqueeze(-1), ks, 0.0)
-                    va = torch.where(kkeep.unsqueeze(-1), va, 0.0)
-                out, stats = _flow_full(qs, ks, va, eps, qkeep, kkeep, competition, allocation)
-                out = out.to(dtype)
+            if initial_state is None:
+                initial_state = _initial_state(q, B, H, D, Dv, acc)
             else:
-                out, stats = _flow_full_by_rows(q, k, v, eps, acc, dtype, return_flows, **options)
-    # the statistics exist when asked for (every path computes them then); a state call is causal
+                _check_flow_state(initial_state, B, H, D, Dv, acc, q.device, name=name, arg="initial_state")
+            out, stats, state = _flow_causal(initial_state, qs, ks, v, eps, kkeep, competition, allocation, chunk_size)
+    out = out.to(dtype)
     if return_flows and output_final_state:
-        return out, cast(FlowStats, stats), cast(FlowState, state)
+        return out, stats, cast(FlowState, state)
     if return_flows:
-        return out, cast(FlowStats, stats)
+        return out, stats
     if output_final_state:
         return out, cast(FlowState, state)
     return out
-
-
-def _flow_full_by_rows(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    eps: float,
-    acc: torch.dtype,
-    dtype: torch.dtype,
-    return_flows: bool,
-    competition: bool = True,
-    allocation: bool = True,
-) -> tuple[torch.Tensor, FlowStats | None]:
-    """Non-causal Flow-Attention without autograd, a few (b, h) rows at a time (the rows are independent).
-
-    Same numbers as :func:`_flow_full` on the whole batch; the features and temporaries of one group are small
-    enough to stay in cache and be recycled, so the O(N D) passes run at cache speed.
-    """
-    B, H, N, D = q.shape
-    M, Dv = k.shape[-2], v.shape[-1]
-    rows = B * H
-    q, k, v = q.reshape(rows, N, D), k.reshape(rows, M, D), v.reshape(rows, M, Dv)
-    out = q.new_empty(rows, N, Dv, dtype=acc)  # (B H, N, Dv)
-    parts: list[FlowStats] = []
-    step = rows_per_group(q, max(N, M), rows)
-    for r0 in range(0, rows, step):
-        r = slice(r0, r0 + step)
-        qs, ks = torch.sigmoid(q[r].to(acc)), torch.sigmoid(k[r].to(acc))  # (rows', N, D), (rows', M, D)
-        _, stats = _flow_full(qs, ks, v[r].to(acc), eps, competition=competition, allocation=allocation, out=out[r])
-        if return_flows:
-            parts.append(stats)
-    out = out.view(B, H, N, Dv).to(dtype)
-    if not return_flows:
-        return out, None
-    return out, FlowStats(*(torch.cat(p).unflatten(0, (B, H)) for p in zip(*parts, strict=True)))
 
 
 def flow_attention_step(
@@ -771,9 +612,9 @@ def flow_attention_step(
         state = _initial_state(q_t, B, H, D, Dv, acc)
     else:
         _check_flow_state(state, B, H, D, Dv, acc, q_t.device, name=name, arg="state")
-    q1, k1, v1 = q_t.unsqueeze(-2), k_t.unsqueeze(-2), v_t.unsqueeze(-2)  # one-token blocks (B, H, 1, .)
     with autocast_disabled(q_t.device):
-        out, _, new_state = _causal_block(state, q1, k1, v1, eps, None, competition=competition, allocation=allocation)
+        qs, ks, v = (x.to(acc).unsqueeze(-2) for x in (torch.sigmoid(q_t), torch.sigmoid(k_t), v_t))  # (B, H, 1, .)
+        out, _, new_state = _flow_causal(state, qs, ks, v, eps, None, competition, allocation, 1)
     return out.squeeze(-2).to(dtype), new_state  # (B, H, Dv)
 
 
@@ -813,19 +654,17 @@ class FlowAttention(ProjectedAttention[FlowState]):
     def __init__(
         self,
         d_input: int,
-        d_model: int,
-        d_output: int,
-        n_heads: int,
+        d_model: int | None = None,
+        d_output: int | None = None,
+        n_heads: int | None = None,
         drop_out: float = 0.05,
         eps: float = 1e-6,
         causal: bool = False,
         competition: bool = True,
         allocation: bool = True,
-        *,
-        device: torch.device | str | None = None,
-        dtype: torch.dtype | None = None,
+        **kwargs: Any,
     ):
-        super().__init__(d_input, d_model, d_output, n_heads, drop_out, device=device, dtype=dtype)
+        super().__init__(d_input, d_model, d_output, n_heads, drop_out, **kwargs)
         name = type(self).__name__
         self.eps = check_eps(eps, name=name)
         self.causal = check_bool(causal, "causal", name=name)

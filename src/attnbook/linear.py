@@ -2,13 +2,19 @@
 
 Replace the softmax kernel exp(q . k / sqrt(D)) by phi(q) . phi(k) and use associativity:
 
-    out_i = phi(q_i)^T (sum_j phi(k_j) v_j^T) / (phi(q_i)^T (sum_j phi(k_j)) + eps)
+    out_i = phi(q_i)^T S / (phi(q_i)^T z + eps),   S = sum_j phi(k_j) v_j^T,   z = sum_j phi(k_j)
 
 The sums over keys are computed once, so the N x M matrix never exists: O(N R Dv) time instead of O(N M D).
 Causal attention restricts both sums to j <= i; carried as a state (S, z) it is an RNN, which is what makes
 generation cost O(1) per token (Katharopoulos et al., "Transformers are RNNs: Fast Autoregressive
-Transformers with Linear Attention", ICML 2020, Eqs. 4-6 and 16-20). The non-causal numbers are those of
-fast-transformers' ``LinearAttention``, eps added to the denominator.
+Transformers with Linear Attention", ICML 2020, Eqs. 4-6 and 16-20). eps is added to the denominator, as in
+fast-transformers' ``LinearAttention``.
+
+The causal sums are computed by one chunked form (:func:`chunked_causal_product`): inside a chunk of C positions
+the masked C x C product, between chunks the carried state, as in flash-linear-attention's chunked algorithm
+(Yang et al., "Gated Linear Attention Transformers with Hardware-Efficient Training", ICML 2024, Sec. 2.2). On the
+CPU, causal attention with a built-in feature map goes to the speed annex (:mod:`attnbook._fast`) unless
+:func:`attnbook.config.plain` says otherwise.
 
 The literal definitions (the normalised N x M matrix, the loop over time) are
 :func:`attnbook.reference.linear_attention` and :func:`attnbook.reference.linear_attention_loop`.
@@ -17,11 +23,12 @@ The literal definitions (the normalised N x M matrix, the loop over time) are
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Literal, NamedTuple, overload
+from typing import Any, Literal, NamedTuple, overload
 
 import torch
+import torch.nn.functional as F
 
-from . import _causal, _prefix, feature_maps
+from . import config
 from ._checks import (
     check_bool,
     check_chunk_size,
@@ -40,16 +47,10 @@ from ._checks import (
     shape_str,
 )
 from ._module import ProjectedAttention
-from ._runtime import accumulation_dtype, autocast_disabled, needs_autograd, result_dtype, rows_per_group, tracing
-from .feature_maps import (
-    FEATURE_MAPS,
-    FeatureMap,
-    PerformerFeatures,
-    features_into,
-    resolve_feature_map,
-)
+from ._runtime import accumulation_dtype, autocast_disabled, chunk_count, product_dtype, result_dtype, tracing
+from .feature_maps import FEATURE_MAPS, FeatureMap, PerformerFeatures, resolve_feature_map
 
-__all__ = ["linear_attention", "LinearState", "linear_attention_step", "LinearAttention"]
+__all__ = ["linear_attention", "LinearState", "linear_attention_step", "LinearAttention", "chunked_causal_product"]
 
 _CAUSAL_PAIRS = " (causal attention pairs query i with key i)"
 _NO_ATTN_MASK = (
@@ -58,12 +59,80 @@ _NO_ATTN_MASK = (
 )
 
 
+class LinearState(NamedTuple):
+    """The recurrent state of causal linear attention after t tokens.
+
+    S = sum_{j<=t} phi(k_j) v_j^T (B, H, R, Dv) and z = sum_{j<=t} phi(k_j) (B, H, R), in at least float32.
+
+    Example:
+        >>> import torch, attnbook
+        >>> from attnbook.feature_maps import elu_feature_map
+        >>> q, k, v = (torch.randn(1, 2, 6, 4) for _ in range(3))
+        >>> _, state = attnbook.linear_attention(q, k, v, is_causal=True, output_final_state=True)
+        >>> torch.allclose(state.z, elu_feature_map(k).sum(2), atol=1e-5)  # z: the keys' features, summed
+        True
+        >>> torch.allclose(state.S, elu_feature_map(k).transpose(-2, -1) @ v, atol=1e-5)  # S: phi(k)^T v
+        True
+    """
+
+    S: torch.Tensor
+    z: torch.Tensor
+
+
+def chunked_causal_product(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chunk_size: int, state: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """o_i = q_i^T (S_0 + sum_{j<=i} k_j v_j^T), every chunk at once; and the state after the last position.
+
+    q, k (..., N, R), v (..., N, Dv) and the carried state S_0 (..., R, Dv) (zero when None) in the accumulation
+    dtype. The sequence is cut into chunks of C = ``chunk_size`` positions (the last padded with zeros). Inside a
+    chunk the causal products are a masked C x C matrix, (q k^T) masked to j <= i, times v; the chunks before
+    contribute q_i^T S_c, S_c the state before chunk c: a running sum of the chunks' own k^T v. The products'
+    inputs are in :func:`attnbook._runtime.product_dtype` (bfloat16 for bfloat16 inputs, a GPU's matrix units)
+    and their results and the states in the accumulation dtype.
+
+    Cost: O(N (C + R) Dv) time; O(N (C + R Dv / C)) memory beside the inputs (the scores of every chunk and the
+    state before every chunk).
+
+    Returns:
+        (o (..., N, Dv), S_0 + sum_j k_j v_j^T (..., R, Dv)), in the accumulation dtype.
+    """
+    acc, mm = q.dtype, product_dtype(q)
+    N, C = q.shape[-2], chunk_size
+    n = chunk_count(N, C)  # chunks; the last one padded with zeros
+    qc, kc, vc = (F.pad(x, (0, 0, 0, n * C - N)).unflatten(-2, (n, C)).to(mm) for x in (q, k, v))  # (..., n, C, .)
+    kv = (kc.transpose(-2, -1) @ vc).to(acc)  # (..., n, R, Dv): each chunk's own sum of k_j v_j^T
+    states = F.pad(kv, (0, 0, 0, 0, 1, 0)).cumsum(-3)  # (..., n + 1, R, Dv): the state before chunk c, and at the end
+    if state is not None:
+        states = states + state.unsqueeze(-3)
+    scores = (qc @ kc.transpose(-2, -1)).tril()  # (..., n, C, C): q_i . k_j inside a chunk, j <= i
+    out = (scores @ vc).to(acc) + (qc @ states[..., :-1, :, :].to(mm)).to(acc)  # (..., n, C, Dv)
+    return out.flatten(-3, -2)[..., :N, :], states[..., -1, :, :]
+
+
 def _feature_map(feature_map: str | FeatureMap, D: int, *, name: str, got: str | Callable[[], str]) -> FeatureMap:
     """The resolved feature map; Performer features must be drawn for width D."""
     phi = resolve_feature_map(feature_map, name=name)
     if isinstance(phi, PerformerFeatures):
         check_drawn_width(phi.dim, D, name=name, got=got)
     return phi
+
+
+def _features(
+    phi: FeatureMap, q: torch.Tensor, k: torch.Tensor, keep: torch.Tensor | None = None, *, name: str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """phi(q) and phi(k), checked, in q's dtype: (..., N, R) and (..., M, R); a padded key's features (``keep``
+    (..., M, 1) False) are 0, since phi(0) need not be."""
+    fq = check_features(phi(q), q, name=name, label="q").to(q.dtype)
+    fk = check_features(phi(k), k, name=name, label="k").to(q.dtype)
+    check_feature_widths(fq, fk, name=name)
+    return fq, fk if keep is None else torch.where(keep, fk, 0.0)
+
+
+def _divide(num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:
+    """num / den, and 0 where den is 0: with eps = 0 a query whose keys are all padding has no weight at all
+    (then num is 0 too); NaN stays NaN."""
+    return num / torch.where(den == 0, 1.0, den)
 
 
 @overload
@@ -133,7 +202,7 @@ def linear_attention(
     key_padding_mask: torch.Tensor | None = None,
     feature_map: str | FeatureMap = "elu",
     eps: float = 1e-6,
-    chunk_size: int = 32,
+    chunk_size: int = 64,
     out_dtype: torch.dtype | None = None,
     initial_state: LinearState | None = None,
     output_final_state: bool = False,
@@ -147,15 +216,9 @@ def linear_attention(
     Causal attention may start from a state (S_0, z_0) of earlier tokens, added to both sums, and return the
     state after the last token, as flash-linear-attention's functions do.
 
-    Cost: non-causal O(B H (N + M) R Dv) time and O(B H (N + M) R + B H R Dv) memory beside the inputs and
-    the output. Causal, chunked (``chunk_size`` C: exact products inside a chunk, a carried (R, Dv) state
-    between chunks): O(B H N (C + R) Dv) time; nothing of size N x N or N x R x Dv. The result does not
-    depend on C (up to rounding). Without autograd (inference) the work runs in groups of (B H) rows written
-    into one output, so the features exist for one group at a time; causal attention with a built-in
-    feature map runs tile by tile (``attnbook._causal``), its features made inside each tile, and needs
-    its output and one tile's buffers only. With a state, and under ``torch.compile`` / ``torch.export``, every
-    chunk is processed at once in plain operations (:func:`attnbook._prefix.chunked_product`: the same numbers,
-    O(B H N R Dv / C) memory for the chunk states). Differentiable any number of times.
+    Cost: non-causal O(B H (N + M) R Dv) time and O(B H (N + M) R) memory beside the inputs and the output.
+    Causal, chunked (:func:`chunked_causal_product`, C = ``chunk_size``): O(B H N (C + R) Dv) time; nothing of
+    size N x N. The result does not depend on C beyond rounding. Differentiable any number of times.
 
     Args:
         q: queries (B, H, N, D).
@@ -167,11 +230,10 @@ def linear_attention(
         key_padding_mask: (B, M) bool, True = padding, as in ``nn.MultiheadAttention``. Padded keys and values
             contribute nothing, whatever their values (NaN and inf included), and get zero gradients.
         feature_map: "elu" (elu(x) + 1, default), "relu", a callable (..., D) -> (..., R) acting on each
-            vector on its own (it may be called on groups of rows, (rows, N, D)), or an
-            :class:`attnbook.feature_maps.PerformerFeatures` (FAVOR+ random features approximating softmax).
-        eps: added to the denominator, as in fast-transformers.
-        chunk_size: C of the causal algorithm (32: a quarter fewer operations than 64 at R = Dv = 64, in
-            products that still run near a CPU's peak).
+            vector on its own, or an :class:`attnbook.feature_maps.PerformerFeatures`.
+        eps: added to the denominator, as in fast-transformers. With eps = 0 a query with no weight at all
+            (every key padded) gets zeros.
+        chunk_size: C of the causal chunked form.
         out_dtype: dtype of the result; default the inputs' (under autocast: the autocast dtype). Pass the
             accumulation dtype (e.g. float32 for float16 inputs) to keep a result that float16 cannot hold.
         initial_state: causal only: the :class:`LinearState` of the tokens before these (S (B, H, R, Dv),
@@ -181,9 +243,8 @@ def linear_attention(
 
     Returns:
         (B, H, N, Dv) in ``out_dtype``, or ``(out, final_state)`` with ``output_final_state``. Feature maps,
-        sums, normalisers and states are computed in at least float32 (with autocast off), so float16 /
-        bfloat16 inputs do not overflow where float32 would not. A NaN or inf in a visible input makes the
-        outputs that depend on it NaN; it is never hidden.
+        sums, normalisers and states are computed in at least float32 (with autocast off). A NaN or inf in a
+        visible input makes the outputs that depend on it NaN; it is never hidden.
 
     Example:
         >>> import torch, attnbook
@@ -212,262 +273,81 @@ def linear_attention(
     acc = accumulation_dtype(q.dtype)
     with autocast_disabled(q.device):
         q, k, v = q.to(acc), k.to(acc), v.to(acc)
-        if causal and (initial_state is not None or output_final_state or tracing()):
-            out, state = _causal_with_state(q, k, v, keep, phi, eps, chunk_size, initial_state, name)
-            return (out.to(dtype), state) if output_final_state else out.to(dtype)
+        if keep is not None:  # zero padded keys before phi (no huge key becomes inf * 0 = NaN) and their values
+            k, v = torch.where(keep, k, 0.0), torch.where(keep, v, 0.0)
+        if _annex_takes(q, phi, causal, initial_state, output_final_state):
+            return _annex(q, k, v, phi, keep, causal, chunk_size, eps).to(dtype)  # attnbook._fast: speed only
+        fq, fk = _features(phi, q, k, keep, name=name)  # (B, H, N, R), (B, H, M, R)
         if causal:
-            return _causal_attention(q, k, v, keep, phi, eps, chunk_size, name).to(dtype)  # (B, H, N, Dv)
-        if needs_autograd(q, k, v, phi) or tracing():
-            return _attend(q, k, v, keep, phi, eps, name, (B, H)).to(dtype)  # (B, H, N, Dv)
-        # Without autograd: groups of rows of (B H), each written into one preallocated output and normalised
-        # in place; for large batches the features of q and k then never exist for the whole batch at once.
-        # Groups of about WORK_NUMBERS numbers of features: beside the output there are only the features of
-        # one group.
-        rows = B * H
-        out = q.new_empty(rows, N, Dv)  # (B H, N, Dv)
-        q, k, v = q.reshape(rows, N, D), k.reshape(rows, M, D), v.reshape(rows, M, Dv)
-        if keep is not None:
-            keep = keep.expand(B, H, M, 1).reshape(rows, M, 1)
-        step = rows_per_group(q, max(N, M) * D, rows, numbers=True)
-        # The built-in maps write the features of one piece of rows at a time into one buffer, allocated once
-        # for all groups (small enough to be reused from the heap on later calls: fresh large tensors cost a
-        # page fault per 4 KiB on first touch); see _in_pieces.
-        work = None
-        if phi in _KINDS:
-            work = q.new_empty(min(step, _piece_rows(N, M, D)) * max(N, M) * D)
-        for r0 in range(0, rows, step):
-            r = slice(r0, r0 + step)
-            mask = None if keep is None else keep[r]
-            _attend(q[r], k[r], v[r], mask, phi, eps, name, (B, H), out[r], work)
-        return out.view(B, H, N, Dv).to(dtype)
+            if initial_state is not None:
+                fields = {"S": (B, H, fk.shape[-1], Dv), "z": (B, H, fk.shape[-1])}
+                check_state(
+                    initial_state, LinearState, fields, name=name, dtype=acc, device=q.device, arg="initial_state"
+                )
+            out, state = _causal(fq, fk, v, chunk_size, eps, initial_state)
+            return (out.to(dtype), state) if output_final_state else out.to(dtype)
+        S = fk.transpose(-2, -1) @ v  # (B, H, R, Dv): sum_j phi(k_j) v_j^T
+        z = fk.sum(-2)  # (B, H, R): sum_j phi(k_j)
+        num = fq @ S  # (B, H, N, Dv)
+        den = fq @ z.unsqueeze(-1)  # (B, H, N, 1)
+        return _divide(num, den + eps).to(dtype)  # (B, H, N, Dv)
 
 
-def _causal_with_state(
+#: The built-in feature maps by function, for the annex, which makes them itself.
+FEATURE_NAMES: dict[FeatureMap, str] = {phi: name for name, phi in FEATURE_MAPS.items()}
+
+
+def _annex_takes(q: torch.Tensor, phi: FeatureMap, causal: bool, state: object, output_state: bool) -> bool:
+    """Whether the speed annex runs this call: it is on (:func:`attnbook.config.plain`), on the CPU, not traced,
+    with a built-in feature map; causal without a state, or non-causal without autograd."""
+    if config.plain() or q.device.type != "cpu" or tracing() or phi not in FEATURE_NAMES:
+        return False
+    return state is None and not output_state if causal else not torch.is_grad_enabled()
+
+
+def _annex(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    keep: torch.Tensor | None,
     phi: FeatureMap,
-    eps: float,
+    keep: torch.Tensor | None,
+    causal: bool,
     chunk_size: int,
-    initial_state: LinearState | None,
-    name: str,
+    eps: float,
+) -> torch.Tensor:
+    """The annex's form of :func:`linear_attention` (``attnbook._fast``), imported only when it runs. Its
+    causal form's double backward differentiates the plain form (:func:`_causal`)."""
+    if not causal:
+        from ._fast.linear import linear_attention_inference
+
+        return linear_attention_inference(q, k, v, FEATURE_NAMES[phi], keep, eps)
+    from ._fast.causal import causal_linear_attention
+
+    def plain(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        fq, fk = _features(phi, q, k, keep, name="linear_attention")
+        return _causal(fq, fk, v, chunk_size, eps, None)[0]
+
+    return causal_linear_attention(q, k, v, FEATURE_NAMES[phi], keep, chunk_size, eps, plain)
+
+
+def _causal(
+    fq: torch.Tensor,
+    fk: torch.Tensor,
+    v: torch.Tensor,
+    chunk_size: int,
+    eps: float,
+    state: LinearState | None,
 ) -> tuple[torch.Tensor, LinearState]:
-    """Causal linear attention from an initial state (or zeros) that also gives the final state, on q, k, v
-    (B, H, N, .) in the accumulation dtype: every chunk at once (:func:`attnbook._prefix.chunked_product`).
+    """Causal linear attention on features fq, fk (B, H, N, R) and values v (B, H, N, Dv) from ``state``.
 
-    The values get a column of ones, so one product gives numerator and normaliser, and the state (S, z) is
-    carried as one (R, Dv + 1) matrix [S | z]."""
-    B, H, N, _ = q.shape
-    if keep is not None:  # padded values must not reach a product (NaN * 0 = NaN), nor padded keys phi
-        v = torch.where(keep, v, 0.0)
-        k = torch.where(keep, k, 0.0)
-    fq, fk = _feature_pair(q, k, keep, phi, name, (B, H))  # (B, H, N, R), padded keys' features zero
-    R, Dv = fk.shape[-1], v.shape[-1]
-    carried = None
-    if initial_state is not None:
-        fields = {"S": (B, H, R, Dv), "z": (B, H, R)}
-        check_state(initial_state, LinearState, fields, name=name, dtype=q.dtype, device=q.device, arg="initial_state")
-        carried = torch.cat([initial_state.S, initial_state.z.unsqueeze(-1)], dim=-1)  # (B, H, R, Dv + 1)
+    The values get a column of ones, so that one chunked product gives numerator and normaliser
+    (phi(q_i)^T z_i is the numerator of a value that is 1 everywhere), and the state (S, z) travels as one
+    (R, Dv + 1) matrix [S | z]."""
     ones = torch.ones_like(v[..., :1])
-    C = chunk_size if tracing() else min(chunk_size, N)  # traced: no branch on N
-    nd, final = _prefix.chunked_product(fq, fk, torch.cat([v, ones], dim=-1), C, carried)
-    out = nd[..., :-1] * (nd[..., -1:] + eps).reciprocal()  # (B, H, N, Dv)
+    carried = None if state is None else torch.cat([state.S, state.z.unsqueeze(-1)], dim=-1)  # (B, H, R, Dv + 1)
+    nd, final = chunked_causal_product(fq, fk, torch.cat([v, ones], dim=-1), chunk_size, carried)
+    out = _divide(nd[..., :-1], nd[..., -1:] + eps)  # (B, H, N, Dv)
     return out, LinearState(final[..., :-1], final[..., -1])
-
-
-def _causal_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    keep: torch.Tensor | None,
-    phi: FeatureMap,
-    eps: float,
-    chunk_size: int,
-    name: str,
-) -> torch.Tensor:
-    """Causal linear attention (:mod:`attnbook._causal`) on q, k, v (B, H, N, .) in the accumulation dtype.
-
-    The built-in maps are made inside its tiles from q and k (padded keys' features zeroed there); other maps'
-    features are made here first (without autograd: one group of rows at a time, about a third of the output,
-    written into one output)."""
-    B, H, N, D = q.shape
-    Dv, rows = v.shape[-1], B * H
-    kind = _KINDS.get(phi)
-    if keep is not None:  # padded values must not reach a product: NaN or inf times a zero weight is NaN
-        v = torch.where(keep, v, 0.0)  # (B, H, N, Dv)
-        if kind is None:  # and a huge padded key must not become inf * 0 = NaN in its features (built-in
-            k = torch.where(keep, k, 0.0)  # maps: their features are zeroed in the tiles)
-    grad = needs_autograd(q, k, v, phi)
-    drop = None
-    if kind is not None and keep is not None:
-        drop = keep.logical_not().expand(B, H, N, 1).reshape(rows, N, 1)  # padded keys
-    q, k, v = (x.reshape(rows, N, x.shape[-1]) for x in (q, k, v))
-    if keep is not None:
-        keep = keep.expand(B, H, N, 1).reshape(rows, N, 1)
-    if grad:
-        if kind is None:
-            q, k = _feature_pair(q, k, keep, phi, name, (B, H))
-        return _causal.attention(q, k, v, kind, drop, chunk_size, eps).view(B, H, N, Dv)
-    out = q.new_empty(rows, N, Dv)  # (B H, N, Dv)
-    if kind is not None:
-        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()  # views of a wider tensor are not
-        return _causal.forward(q, k, v, kind, drop, chunk_size, eps, out).view(B, H, N, Dv)
-    step = rows_per_group(q, N * D, rows, numbers=True)
-    if q.device.type == "cpu":  # features up to a third of the output
-        step = max(1, min(rows, rows * N * Dv // 3 // (2 * N * D)))
-    for r0 in range(0, rows, step):
-        r = slice(r0, r0 + step)
-        fq, fk = _feature_pair(q[r], k[r], None if keep is None else keep[r], phi, name, (B, H))
-        _causal.forward(fq.contiguous(), fk.contiguous(), v[r].contiguous(), None, None, chunk_size, eps, out[r])
-    return out.view(B, H, N, Dv)
-
-
-def _feature_pair(
-    q: torch.Tensor, k: torch.Tensor, keep: torch.Tensor | None, phi: FeatureMap, name: str, lead: tuple[int, ...]
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """phi(q) and phi(k), checked, padded keys' features zero; k's padded keys are zero already (zeroed
-    *before* phi: a huge padded key must not become inf * 0 = NaN)."""
-    fq = _features(phi, q, name=name, label="q", lead=lead)  # (..., N, R)
-    fk = _keys(phi, k, keep, name, lead)  # (..., N, R)
-    check_feature_widths(fq, fk, name=name, lead=lead)
-    return fq, fk
-
-
-# The built-in maps, made inside the kernels (into buffers, or tile by tile in the causal one), by name.
-_KINDS: dict[FeatureMap, str] = {phi: name for name, phi in FEATURE_MAPS.items()}
-
-
-def _features(
-    phi: FeatureMap, x: torch.Tensor, *, name: str, label: str, lead: tuple[int, ...], into: torch.Tensor | None = None
-) -> torch.Tensor:
-    """phi(x) checked, in x's dtype. Without autograd the built-in maps write into ``into`` (a flat buffer
-    of at least x's size, x's dtype); other maps ignore it."""
-    if into is not None and phi in _KINDS:
-        return features_into(_KINDS[phi], x, into[: x.numel()].view(x.shape))  # (..., N, D), contiguous
-    return check_features(phi(x), x, name=name, label=label, lead=lead).to(x.dtype)
-
-
-def _attend(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    keep: torch.Tensor | None,
-    phi: FeatureMap,
-    eps: float,
-    name: str,
-    lead: tuple[int, ...],
-    out: torch.Tensor | None = None,
-    work: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """Non-causal linear attention on q (..., N, D), k (..., M, D), v (..., M, Dv) in the accumulation dtype.
-
-    ``keep`` (..., M, 1) bool marks real keys. With ``out`` (contiguous (..., N, Dv)) and no autograd, the
-    result is written there and the normalisation happens in place; ``work``, a flat buffer for the features
-    of the built-in maps (:func:`_in_pieces`). ``lead`` = (B, H), for messages.
-    """
-    if keep is not None:
-        # Zero padded keys and values *before* phi: a huge padded key must not become inf * 0 = NaN.
-        k = torch.where(keep, k, 0.0)  # (..., M, D)
-        v = torch.where(keep, v, 0.0)  # (..., M, Dv)
-    if work is not None:  # built-in map: phi(k), summed up, then phi(q)
-        assert out is not None  # the no-autograd path passes its output with the buffer
-        return _in_pieces(q, k, v, keep, phi, eps, name, lead, out, work)
-    fq, fk = _feature_pair(q, k, keep, phi, name, lead)  # (..., N, R), (..., M, R)
-    kv, z = fk.transpose(-2, -1) @ v, fk.sum(dim=-2).unsqueeze(-1)  # (..., R, Dv), (..., R, 1)
-    den = _dots(fq, z)  # (..., N, 1): phi(q_i) . sum_j phi(k_j)
-    if out is None:  # times the reciprocal, as in fast-transformers (its backward needs fewer temporaries)
-        return (fq @ kv) * (den + eps).reciprocal()  # (..., N, Dv)
-    return torch.matmul(fq, kv, out=out).mul_(den.add_(eps).reciprocal_())  # (..., N, Dv), in place
-
-
-def _in_pieces(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    keep: torch.Tensor | None,
-    phi: FeatureMap,
-    eps: float,
-    name: str,
-    lead: tuple[int, ...],
-    out: torch.Tensor,
-    buf: torch.Tensor,
-) -> torch.Tensor:
-    """Non-causal linear attention without autograd, for a built-in feature map, into ``out`` (rows, N, Dv):
-
-        z = sum_j phi(k_j),   S = sum_j phi(k_j) v_j^T,   out_i = (phi(q_i) / (phi(q_i) . z + eps))^T S
-
-    The features are made one piece of whole rows at a time (:func:`_piece_rows`, about
-    :data:`attnbook.feature_maps.ELU_PIECE` numbers) into ``buf`` (flat, at least one piece), and each piece,
-    still in the cache, goes on at once: the keys' into z and S, the queries' divided by their normaliser and
-    multiplied by S into ``out``. No pass over the features of all rows follows (B=4, H=8, N=4096, D=64,
-    2 threads: 6 % quicker than the products over whole groups of rows).
-    """
-    rows, M, D = k.shape
-    N = q.shape[1]
-    step = _piece_rows(N, M, D)
-    z = k.new_empty(rows, 1, D)  # (rows, 1, R): sum_j phi(k_j), as a row
-    kv = v.new_empty(rows, D, v.shape[-1])  # (rows, R, Dv)
-    for r0 in range(0, rows, step):
-        r = slice(r0, r0 + step)
-        fk = _keys(phi, k[r], None if keep is None else keep[r], name, lead, into=buf)  # (p, M, R)
-        torch.sum(fk, dim=-2, keepdim=True, out=z[r])
-        torch.bmm(fk.transpose(-2, -1), v[r], out=kv[r])
-    for r0 in range(0, rows, step):
-        r = slice(r0, r0 + step)
-        fq = _features(phi, q[r], name=name, label="q", lead=lead, into=buf)  # (p, N, R)
-        fq.mul_(_dots(fq, z[r].transpose(-2, -1)).add_(eps).reciprocal_())  # divided by phi(q_i) . z + eps
-        torch.bmm(fq, kv[r], out=out[r])
-    return out
-
-
-def _piece_rows(N: int, M: int, D: int) -> int:
-    """Rows of (B H) per piece of :func:`_in_pieces`: about ELU_PIECE numbers of features, at least one row."""
-    return max(1, feature_maps.ELU_PIECE // (max(N, M) * D))
-
-
-def _dots(fq: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
-    """fq @ z, (..., N, R) @ (..., R, 1) -> (..., N, 1), computed as (z^T fq^T)^T: the same dot products, but
-    a product with one row runs about twice as fast on the CPU as one with one column (one pass over fq)."""
-    return (z.transpose(-2, -1) @ fq.transpose(-2, -1)).transpose(-2, -1)
-
-
-def _keys(
-    phi: FeatureMap,
-    k: torch.Tensor,
-    keep: torch.Tensor | None,
-    name: str,
-    lead: tuple[int, ...],
-    into: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """phi(k) (..., M, R), zero at padded keys (``keep`` (..., M, 1) False): phi(0) need not be 0. Features
-    written into the buffer ``into`` (built-in maps, no autograd) are zeroed there, in place."""
-    fk = _features(phi, k, name=name, label="k", lead=lead, into=into)
-    if keep is None:
-        return fk
-    if into is not None and phi in _KINDS:
-        return fk.masked_fill_(keep.logical_not(), 0.0)
-    return torch.where(keep, fk, 0.0)
-
-
-class LinearState(NamedTuple):
-    """The recurrent state of causal linear attention after t tokens.
-
-    S = sum_{j<=t} phi(k_j) v_j^T (B, H, R, Dv) and z = sum_{j<=t} phi(k_j) (B, H, R), in at least float32.
-
-    Example:
-        >>> import torch, attnbook
-        >>> from attnbook.feature_maps import elu_feature_map
-        >>> q, k, v = (torch.randn(1, 2, 6, 4) for _ in range(3))
-        >>> _, state = attnbook.linear_attention(q, k, v, is_causal=True, output_final_state=True)
-        >>> torch.allclose(state.z, elu_feature_map(k).sum(2), atol=1e-5)  # z: the keys' features, summed
-        True
-        >>> torch.allclose(state.S, elu_feature_map(k).transpose(-2, -1) @ v, atol=1e-5)  # S: phi(k)^T v
-        True
-    """
-
-    S: torch.Tensor
-    z: torch.Tensor
 
 
 def linear_attention_step(
@@ -483,7 +363,7 @@ def linear_attention_step(
 
         S_t = S_{t-1} + phi(k_t) v_t^T,   z_t = z_{t-1} + phi(k_t),   out_t = phi(q_t)^T S_t / (phi(q_t)^T z_t + eps)
 
-    Stepping through a sequence from ``state=None`` (zeros) reproduces ``linear_attention(causal=True)``.
+    Stepping through a sequence from ``state=None`` (zeros) reproduces ``linear_attention(is_causal=True)``.
 
     Cost per token: O(B H R Dv) time and memory, independent of the position t.
 
@@ -516,34 +396,33 @@ def linear_attention_step(
     phi = _feature_map(feature_map, D, name=name, got=lambda: f"q_t {shape_str(q_t)}, k_t {shape_str(k_t)}")
     dtype, acc = result_dtype(q_t), accumulation_dtype(q_t.dtype)
     with autocast_disabled(q_t.device):
-        q_t, k_t, v_t = q_t.to(acc), k_t.to(acc), v_t.to(acc)
-        fq = check_features(phi(q_t), q_t, name=name, label="q_t").to(acc)  # (B, H, R)
-        fk = check_features(phi(k_t), k_t, name=name, label="k_t").to(acc)  # (B, H, R)
-        check_feature_widths(fq, fk, name=name, labels=("q_t", "k_t"))
+        fq, fk = _features(phi, q_t.to(acc), k_t.to(acc), name=name)  # (B, H, R)
         R = fk.shape[-1]
         if state is None:
             state = LinearState(fk.new_zeros(B, H, R, Dv), fk.new_zeros(B, H, R))
         else:
-            fields = {"S": (B, H, R, Dv), "z": (B, H, R)}
-            check_state(state, LinearState, fields, name=name, dtype=acc, device=q_t.device)
-        S = state.S + fk.unsqueeze(-1) * v_t.unsqueeze(-2)  # (B, H, R, Dv)
+            check_state(
+                state, LinearState, {"S": (B, H, R, Dv), "z": (B, H, R)}, name=name, dtype=acc, device=fq.device
+            )
+        S = state.S + fk.unsqueeze(-1) * v_t.to(acc).unsqueeze(-2)  # (B, H, R, Dv)
         z = state.z + fk  # (B, H, R)
         num = (fq.unsqueeze(-2) @ S).squeeze(-2)  # (B, H, Dv)
         den = (fq * z).sum(dim=-1, keepdim=True)  # (B, H, 1)
-        return (num / (den + eps)).to(dtype), LinearState(S, z)
+        return _divide(num, den + eps).to(dtype), LinearState(S, z)
 
 
 class LinearAttention(ProjectedAttention[LinearState]):
     """Multi-head kernelized linear attention with the module family's projections.
 
     Args:
-        d_input, d_model, d_output, n_heads, drop_out: see :class:`attnbook.ProjectedAttention`.
+        d_input, d_model, d_output, n_heads, drop_out: see :class:`attnbook.ProjectedAttention` (also timm's
+            keywords).
         feature_map: as in :func:`linear_attention`. A :class:`~attnbook.feature_maps.PerformerFeatures`
             becomes a submodule (its projection moves with the module) and must be drawn for
             D = d_model // n_heads.
         causal: every forward is causal (as if ``is_causal=True``; needs L == S).
         eps: added to the denominator.
-        chunk_size: C of the causal chunked algorithm.
+        chunk_size: C of the causal chunked form.
         device, dtype: of the parameters, as for torch's layers.
 
     Shape:
@@ -567,19 +446,17 @@ class LinearAttention(ProjectedAttention[LinearState]):
     def __init__(
         self,
         d_input: int,
-        d_model: int,
-        d_output: int,
-        n_heads: int,
+        d_model: int | None = None,
+        d_output: int | None = None,
+        n_heads: int | None = None,
         drop_out: float = 0.0,
         feature_map: str | FeatureMap = "elu",
         causal: bool = False,
         eps: float = 1e-6,
-        chunk_size: int = 32,
-        *,
-        device: torch.device | str | None = None,
-        dtype: torch.dtype | None = None,
+        chunk_size: int = 64,
+        **kwargs: Any,
     ):
-        super().__init__(d_input, d_model, d_output, n_heads, drop_out, device=device, dtype=dtype)
+        super().__init__(d_input, d_model, d_output, n_heads, drop_out, **kwargs)
         name = type(self).__name__
         self.causal = check_bool(causal, "causal", name=name)
         self.eps = check_eps(eps, name=name)
@@ -605,18 +482,17 @@ class LinearAttention(ProjectedAttention[LinearState]):
         initial_state: LinearState | None = None,
         output_final_state: bool = False,
     ) -> torch.Tensor | tuple[torch.Tensor, LinearState]:
-        is_causal = self.causal if is_causal is None else is_causal
         return linear_attention(
             q,
             k,
             v,
-            is_causal=is_causal,
+            is_causal=self.causal if is_causal is None else is_causal,
             attn_mask=attn_mask,
             feature_map=self.feature_map,
             key_padding_mask=key_padding_mask,
             eps=self.eps,
             chunk_size=self.chunk_size,
-            out_dtype=accumulation_dtype(q.dtype),  # the out-projection rounds (module docstring)
+            out_dtype=accumulation_dtype(q.dtype),  # the out-projection rounds (attnbook.ProjectedAttention)
             initial_state=initial_state,
             output_final_state=output_final_state,
         )
@@ -624,5 +500,4 @@ class LinearAttention(ProjectedAttention[LinearState]):
     def attend_step(
         self, q_t: torch.Tensor, k_t: torch.Tensor, v_t: torch.Tensor, state: LinearState | None
     ) -> tuple[torch.Tensor, LinearState]:
-        out, state = linear_attention_step(q_t, k_t, v_t, state, feature_map=self.feature_map, eps=self.eps)
-        return out, state
+        return linear_attention_step(q_t, k_t, v_t, state, feature_map=self.feature_map, eps=self.eps)

@@ -27,7 +27,7 @@ time and holds O(H D^2) numbers, whatever t.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+import warnings
 from typing import Any, NamedTuple, cast
 
 import torch
@@ -105,8 +105,8 @@ class LMState(NamedTuple):
 def state_bytes(state: Any, *, allocated: bool = False) -> int:
     """Bytes held by a decoding state (an :class:`LMState`, one layer's state, or nested tuples of them).
 
-    ``allocated=False`` counts the rows in use (a :class:`KVCache` of t tokens: 2 t H D numbers per layer);
-    ``allocated=True`` counts the storage behind them (a KV cache's buffer has room for up to 2 t rows).
+    ``allocated=False`` counts the numbers held (a :class:`KVCache` of t tokens: 2 t H D numbers per layer);
+    ``allocated=True`` counts the storage behind them (a view's whole storage).
 
     Example:
         >>> import torch
@@ -121,30 +121,33 @@ def state_bytes(state: Any, *, allocated: bool = False) -> int:
     if isinstance(state, torch.Tensor):
         return state.untyped_storage().nbytes() if allocated else state.numel() * state.element_size()
     if isinstance(state, KVCache):
-        if state.buffer is None:
-            return 0
-        if allocated:
-            return state_bytes((state.buffer.keys, state.buffer.values), allocated=True)
-        return state_bytes((state.keys, state.values))
+        return state_bytes((state.keys, state.values), allocated=allocated)  # the padding flags aside
     if isinstance(state, tuple):
         return sum(state_bytes(s, allocated=allocated) for s in state)
     return 0  # ints (positions) and None
 
 
 class Block(nn.Module):
-    """Pre-norm decoder block: ``x + attn(LN(x))``, then ``x + MLP(LN(x))``, attention chosen by name.
+    """Pre-norm transformer block: ``x + attn(LN(x))``, then ``x + MLP(LN(x))``, attention chosen by name.
+
+    The one block of the book: chapter 7's decoder (causal), and the encoders of chapter 6's race and of the
+    claims experiments (``causal=False``). The MLP is ``Linear(C, mlp_ratio C)``, GELU, ``Linear(mlp_ratio C, C)``.
 
     Args:
-        mechanism: a name of :data:`attnbook.mechanisms.MECHANISMS` with a causal form.
+        mechanism: a name of :data:`attnbook.mechanisms.MECHANISMS` (with a causal form when ``causal``).
         dim: model width C.
         n_heads: number of heads H.
         mlp_ratio: hidden width of the MLP is ``mlp_ratio * C``.
+        causal: every position attends to itself and the positions before it (a decoder).
         device, dtype: of the parameters, as for torch's layers.
+        attn_options: further keyword arguments of the registry's module (an ablation such as
+            ``competition=False``).
 
     Shape:
-        ``forward(x)``: (B, N, C) -> (B, N, C); ``forward(x, initial_state, output_final_state=True)`` ->
-        ((B, N, C), state); ``step(x_t, state)``: (B, C) -> ((B, C), new state). The state is the attention
-        layer's own (:meth:`attnbook.ProjectedAttention.step`, :meth:`attnbook.MoHAttention.step`).
+        ``forward(x, key_padding_mask=None)``: (B, N, C) and (B, N) bool (True = padding) -> (B, N, C);
+        ``forward(x, initial_state, output_final_state=True)`` -> ((B, N, C), state); ``step(x_t, state)``:
+        (B, C) -> ((B, C), new state). The state is the attention layer's own
+        (:meth:`attnbook.ProjectedAttention.step`, :meth:`attnbook.MoHAttention.step`).
 
     Example:
         >>> import torch
@@ -164,14 +167,16 @@ class Block(nn.Module):
         n_heads: int,
         mlp_ratio: int = 4,
         *,
+        causal: bool = True,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
+        **attn_options: Any,
     ):
         super().__init__()
         factory: dict[str, Any] = {"device": device, "dtype": dtype}
         self.mechanism = mechanisms.get(mechanism)
         self.norm1 = nn.LayerNorm(dim, **factory)
-        self.attn = self.mechanism.module(dim, n_heads, causal=True, **factory)  # raises for mobile (no causal form)
+        self.attn = self.mechanism.module(dim, n_heads, causal=causal, **factory, **attn_options)
         self.norm2 = nn.LayerNorm(dim, **factory)
         hidden = mlp_ratio * dim
         self.mlp = nn.Sequential(nn.Linear(dim, hidden, **factory), nn.GELU(), nn.Linear(hidden, dim, **factory))
@@ -181,11 +186,22 @@ class Block(nn.Module):
         """True when generation carries a constant-size state, False when it keeps a KV cache."""
         return self.mechanism.step is not None
 
-    def forward(self, x: torch.Tensor, initial_state: Any = None, output_final_state: bool = False) -> Any:
+    def forward(
+        self,
+        x: torch.Tensor,
+        initial_state: Any = None,
+        output_final_state: bool = False,
+        *,
+        key_padding_mask: torch.Tensor | None = None,
+    ) -> Any:
+        h = self.norm1(x)
         if initial_state is None and not output_final_state:
-            x = x + self.attn(self.norm1(x))  # (B, N, C)
+            if key_padding_mask is None:
+                x = x + self.attn(h)  # (B, N, C)
+            else:
+                x = x + self.attn(h, key_padding_mask=key_padding_mask)  # (B, N, C)
             return x + self.mlp(self.norm2(x))  # (B, N, C)
-        a, state = self.attn(self.norm1(x), initial_state=initial_state, output_final_state=True)
+        a, state = self.attn(h, initial_state=initial_state, output_final_state=True, key_padding_mask=key_padding_mask)
         x = x + a  # (B, N, C)
         return x + self.mlp(self.norm2(x)), state  # (B, N, C)
 
@@ -391,7 +407,7 @@ class DecoderLM(nn.Module):
         temperature: float = 1.0,
         top_k: int | None = None,
         seed: int = 0,
-        decoder: str = "static",
+        decoder: str = "eager",
     ) -> torch.Tensor:
         """Sample ``n_new`` tokens after ``prompt`` (B, P), one at a time; returns (B, P + n_new).
 
@@ -401,11 +417,10 @@ class DecoderLM(nn.Module):
         of the softmax as the temperature goes to 0). Runs in eval mode without gradients and restores the mode
         it found.
 
-        ``decoder="static"`` (default) steps through :class:`attnbook.decoding.StaticDecoder` (state allocated
-        once and updated in place: the same logits, several times faster per token; on the CPU in float32 one C
-        call a token, its native step, where the blocks allow); ``"compiled"`` compiles
-        that step (``torch.compile``; on CUDA a CUDA graph); ``"eager"`` through :meth:`step`, the chapter's
-        teaching path.
+        ``decoder="eager"`` (default) steps with :meth:`step`, the chapter's path (each layer's own ``step``,
+        torch's operations); ``"compiled"`` runs that step compiled by ``torch.compile`` with dynamic shapes
+        (one graph for every position). ``"static"``, attnbook 0.2.0's preallocated decoder, is deprecated
+        and steps as ``"eager"`` does.
         """
         name = "DecoderLM.generate"
         prompt = self._check_tokens(prompt, "prompt", 2)
@@ -414,28 +429,19 @@ class DecoderLM(nn.Module):
         if top_k is not None:
             top_k = check_int(top_k, "top_k", name=name, minimum=1, maximum=self.vocab)
         generator = torch.Generator(device=prompt.device).manual_seed(check_int(seed, "seed", name=name))
-        decoder = check_choice(decoder, "decoder", ("static", "compiled", "eager"), name=name)
+        decoder = check_choice(decoder, "decoder", ("eager", "compiled", "static"), name=name)
+        if decoder == "static":
+            warnings.warn(
+                f"{name}: decoder='static' is deprecated since attnbook 0.3.0 (the preallocated decoder is gone); "
+                "it steps as decoder='eager' does",
+                FutureWarning,
+                stacklevel=2,
+            )
         was_training = self.training
         self.eval()
         try:
-            advance: Callable[[torch.Tensor, Any], tuple[torch.Tensor, Any]]
-            state: Any
-            if decoder == "eager":
-                logits, state = self(prompt, output_final_state=True)  # (B, P, V): the prompt in one pass
-                advance = self.step
-            else:
-                from .decoding import StaticDecoder  # (it imports this module)
-
-                fast = StaticDecoder(
-                    self, batch=prompt.shape[0], capacity=prompt.shape[1] + n_new, compile=decoder == "compiled"
-                )
-                logits, state = fast.prefill(prompt), None  # (B, P, V): the prompt in one pass
-
-                def advance_fast(token: torch.Tensor, _: None) -> tuple[torch.Tensor, None]:
-                    return fast.step(token), None
-
-                advance = advance_fast
-
+            logits, state = self(prompt, output_final_state=True)  # (B, P, V): the prompt in one pass
+            advance = torch.compile(self.step, dynamic=True) if decoder == "compiled" else self.step
             logits = logits[:, -1]  # (B, V)
             out = [prompt]
             for i in range(n_new):

@@ -35,10 +35,11 @@ float16 first.
 
 from __future__ import annotations
 
-from typing import Literal, NoReturn, overload
+from typing import Any, Literal, NoReturn, overload
 
 import torch
 
+from . import config
 from ._checks import (
     check_bool,
     check_choice,
@@ -51,7 +52,7 @@ from ._checks import (
     check_supported,
 )
 from ._module import ProjectedAttention
-from ._runtime import accumulation_dtype, autocast_disabled, needs_autograd, result_dtype, rows_per_group, tracing
+from ._runtime import accumulation_dtype, autocast_disabled, result_dtype, tracing
 from .flow import FlowStats, _reciprocal, _zero_padded
 
 __all__ = ["mobile_attention", "MobileAttention"]
@@ -66,17 +67,22 @@ _NO_CAUSAL = (
     "are sums over the heads of every position, with no prefix version published)"
 )
 
+#: The four flows (I, O, I^, O^ before the clamp), each (B, H, N).
+Flows = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
 
-def _head_gram(qs: torch.Tensor, ks: torch.Tensor) -> torch.Tensor:
-    """G[b, n, h, g] = q~_hn . k~_gn: every head's query against every head's key at the same position.
 
-    (B, H, N, D), (B, H, N, D) -> (B, N, H, H). One batched product per batch element on strided views, so the
-    features are read once and never copied into a head-last layout.
-    """
-    if tracing():  # one operation for every batch size (a loop over B would tie the graph to one)
-        return torch.einsum("bhnd,bgnd->bnhg", qs, ks)  # (B, N, H, H)
-    grams = [q_b.transpose(0, 1) @ k_b.permute(1, 2, 0) for q_b, k_b in zip(qs, ks, strict=True)]  # (N, H, H)
-    return torch.stack(grams)  # (B, N, H, H)
+def head_flows(qs: torch.Tensor, ks: torch.Tensor, eps: float, keep: torch.Tensor | None) -> Flows:
+    """The flows of Mobile-Attention, every sum over the H heads of one position, as the module docstring
+    writes them: q~, k~ (B, H, N, D) (0 at padding, ``keep`` (B, 1, N) False) -> I, O, I^, O^ (B, H, N)."""
+
+    def flow(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:  # (x + eps) . (y + eps), y summed over heads
+        return ((x + eps) * (y.sum(1, keepdim=True) + eps)).sum(-1)  # (B, H, N)
+
+    incoming = flow(qs, ks)  # I_hi
+    outgoing = flow(ks, qs)  # O_hj
+    conserved_incoming = flow(qs, ks * _reciprocal(outgoing, keep).unsqueeze(-1))  # I^_hi
+    conserved_outgoing_raw = flow(ks, qs * _reciprocal(incoming, keep).unsqueeze(-1))  # O^_hj, unclamped
+    return incoming, outgoing, conserved_incoming, conserved_outgoing_raw
 
 
 @overload
@@ -183,97 +189,42 @@ def mobile_attention(
     if key_padding_mask is not None:
         keep = ~check_key_padding_mask(key_padding_mask, B, N, name=name).to(q.device)[:, None, :]
     with autocast_disabled(q.device):
-        if needs_autograd(q, k, v) or tracing() or keep is not None:
-            out, stats = _mobile(q, k, v, eps, acc, keep=keep)
-            out = out.to(dtype)
-        else:
-            # Without autograd, a few batch elements at a time (they are independent; the heads of one
-            # element are not): the temporaries of a group stay small enough to remain in cache.
-            B, H, N, _ = q.shape
-            out = q.new_empty(B, H, N, v.shape[-1], dtype=acc)  # (B, H, N, Dv)
-            parts: list[FlowStats] = []
-            step = rows_per_group(q, H * N, B)
-            for b0 in range(0, B, step):
-                b = slice(b0, b0 + step)
-                _, stats = _mobile(q[b], k[b], v[b], eps, acc, out=out[b])
-                if return_flows:
-                    parts.append(stats)
-            out = out.to(dtype)
-            if return_flows:
-                stats = FlowStats(*(torch.cat(p) for p in zip(*parts, strict=True)))
-    return (out, stats) if return_flows else out
+        out, stats = _mobile(q, k, v, eps, acc, keep)
+    return (out.to(dtype), stats) if return_flows else out.to(dtype)
 
 
 def _mobile(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    eps: float,
-    acc: torch.dtype,
-    out: torch.Tensor | None = None,
-    keep: torch.Tensor | None = None,
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, eps: float, acc: torch.dtype, keep: torch.Tensor | None
 ) -> tuple[torch.Tensor, FlowStats]:
-    """Mobile-Attention on q, k (B, H, N, D), v (B, H, N, Dv); returns (out, FlowStats), out in the
-    accumulation dtype, written to ``out`` (no autograd) when given. ``keep`` (B, 1, N) bool marks the real
-    positions among padding."""
-    qs = torch.sigmoid(q.to(acc))  # (B, H, N, D)
-    ks = torch.sigmoid(k.to(acc))  # (B, H, M, D)
-    va = v.to(acc)  # (B, H, M, Dv)
-    N, M, D = qs.shape[-2], ks.shape[-2], qs.shape[-1]
-    at = None  # (B, N, 1): real positions, in the (B, N, H) layout of the flows
-    m: int | torch.Tensor = M
-    if keep is not None:
+    """Mobile-Attention on q, k (B, H, N, D), v (B, H, N, Dv); ``keep`` (B, 1, N) bool marks the real positions.
+    Returns (out in the accumulation dtype, FlowStats)."""
+    q, k, v = q.to(acc), k.to(acc), v.to(acc)
+    N = M = q.shape[-2]
+    m: float | torch.Tensor = M  # the real positions
+    if keep is not None:  # a padded position sends and receives nothing, whatever it holds (NaN too)
         real = keep.unsqueeze(-1)  # (B, 1, N, 1)
-        qs, ks, va = (torch.where(real, x, 0.0) for x in (qs, ks, va))
-        at = keep.transpose(1, 2)  # (B, N, 1)
-        m = keep.sum(-1, keepdim=True).to(acc)  # (B, 1, 1): real positions
-    # Every flow is a head-axis contraction at one position, so all four follow from the H x H Gram matrix
-    # of each token and the row sums of the features, expanding (x + eps) . (y + eps) =
-    # x . y + eps sum(x) + eps sum(y) + D eps^2. Layout (B, N, H) until the competition.
-    gram = _head_gram(qs, ks)  # (B, N, H, H)
-    q_rows = qs.sum(-1).transpose(1, 2)  # (B, N, H): q~_hn . 1
-    k_rows = ks.sum(-1).transpose(1, 2)  # (B, N, H): k~_hn . 1
-    e, de2 = eps, D * eps * eps
-    incoming = gram.sum(-1) + e * q_rows + e * k_rows.sum(-1, keepdim=True) + de2  # (B, N, H)
-    outgoing = gram.sum(-2) + e * k_rows + e * q_rows.sum(-1, keepdim=True) + de2  # (B, N, H)
-    r_out, r_in = _reciprocal(outgoing, at), _reciprocal(incoming, at)  # (B, N, H)
-    conserved_incoming = (
-        (gram @ r_out.unsqueeze(-1)).squeeze(-1) + e * q_rows + e * (k_rows * r_out).sum(-1, keepdim=True) + de2
-    )  # (B, N, H)
-    conserved_outgoing_raw = (
-        (gram.transpose(-2, -1) @ r_in.unsqueeze(-1)).squeeze(-1)
-        + e * k_rows
-        + e * (q_rows * r_in).sum(-1, keepdim=True)
-        + de2
-    )  # (B, N, H)
-    incoming, outgoing, conserved_incoming, conserved_outgoing_raw, r_in = (
-        x.transpose(1, 2) for x in (incoming, outgoing, conserved_incoming, conserved_outgoing_raw, r_in)
-    )  # each (B, H, N)
-    conserved_outgoing = conserved_outgoing_raw.clamp(-1.0, 1.0)  # for stability, as published
-    allocation = torch.sigmoid(conserved_incoming * (N / M))  # (B, H, N); N / M = 1 (also over real positions)
-    if keep is None:
-        competition = torch.softmax(conserved_outgoing, dim=-1) * m  # (B, H, M), over the sequence
-    else:  # over the real positions; 0 at padding
-        competition = torch.softmax(conserved_outgoing.masked_fill(~keep, float("-inf")), dim=-1) * m
-        competition = torch.where(keep, competition, 0.0)
-        allocation = torch.where(keep, allocation, 0.0)
-    kv = ks.transpose(-2, -1) @ (va * competition.unsqueeze(-1))  # (B, H, D, Dv)
-    scale = (allocation * r_in).unsqueeze(-1)  # (B, H, N, 1): a / I (0 at padding)
-    if out is None:
-        out = (qs @ kv) * scale  # (B, H, N, Dv)
+        q, k, v = (torch.where(real, x, 0.0) for x in (q, k, v))
+        m = keep.sum(-1, keepdim=True).to(acc)  # (B, 1, 1)
+    qs, ks = torch.sigmoid(q), torch.sigmoid(k)  # (B, H, N, D)
+    if keep is not None:
+        qs, ks = torch.where(real, qs, 0.0), torch.where(real, ks, 0.0)
+    if config.plain() or tracing():
+        flows = head_flows(qs, ks, eps, keep)
     else:
-        torch.matmul(qs, kv, out=out).mul_(scale)  # (B, H, N, Dv), in place: no autograd here
-    stats = FlowStats(
-        incoming,
-        outgoing,
-        conserved_incoming,
-        conserved_outgoing,
-        competition,
-        allocation,
-        conserved_outgoing_raw,
-    )
-    stats = _zero_padded(stats, keep, keep)
-    return out, FlowStats(*(x.contiguous() for x in stats))
+        from ._fast.mobile import head_flows as gram_flows  # the speed annex (attnbook._fast)
+
+        flows = gram_flows(qs, ks, eps, keep)
+    incoming, outgoing, conserved_incoming, conserved_outgoing_raw = flows  # (B, H, N) each
+    conserved_outgoing = conserved_outgoing_raw.clamp(-1.0, 1.0)  # for stability, as published
+    allocation = torch.sigmoid(conserved_incoming * (N / M))  # a_hi; N / M = 1
+    scores = conserved_outgoing if keep is None else conserved_outgoing.masked_fill(~keep, float("-inf"))
+    competition = torch.softmax(scores, dim=-1) * m  # c_hj: over the (real) sequence, times M
+    if keep is not None:
+        competition, allocation = torch.where(keep, competition, 0.0), torch.where(keep, allocation, 0.0)
+    kv = ks.transpose(-2, -1) @ (v * competition.unsqueeze(-1))  # (B, H, D, Dv): sum_j k~_j (c_j v_j)^T
+    out = (qs @ kv) * (allocation * _reciprocal(incoming, keep)).unsqueeze(-1)  # (B, H, N, Dv): a_i / I_i
+    stats = FlowStats(*flows[:3], conserved_outgoing, competition, allocation, conserved_outgoing_raw)
+    return out, _zero_padded(stats, keep, keep)
 
 
 class MobileAttention(ProjectedAttention[NoReturn]):
@@ -307,16 +258,14 @@ class MobileAttention(ProjectedAttention[NoReturn]):
     def __init__(
         self,
         d_input: int,
-        d_model: int,
-        d_output: int,
-        n_heads: int,
+        d_model: int | None = None,
+        d_output: int | None = None,
+        n_heads: int | None = None,
         drop_out: float = 0.05,
         eps: float = 1e-6,
-        *,
-        device: torch.device | str | None = None,
-        dtype: torch.dtype | None = None,
+        **kwargs: Any,
     ):
-        super().__init__(d_input, d_model, d_output, n_heads, drop_out, device=device, dtype=dtype)
+        super().__init__(d_input, d_model, d_output, n_heads, drop_out, **kwargs)
         self.eps = check_eps(eps, name=type(self).__name__)
 
     def extra_repr(self) -> str:

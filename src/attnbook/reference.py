@@ -27,8 +27,8 @@ from ._checks import (
     check_feature_map,
     check_is_causal,
     check_key_padding_mask,
-    check_not_both,
     check_qkv,
+    check_renamed_mask,
 )
 
 if TYPE_CHECKING:  # result and argument types only: the oracles compute everything themselves
@@ -135,9 +135,7 @@ def softmax_attention(
     name = "reference.softmax_attention"
     check_qkv(q, k, v, name=name)
     is_causal = check_is_causal(is_causal, causal, name=name)
-    if mask is not None:
-        check_not_both(attn_mask, mask, "attn_mask", "mask", name=name, why=" (mask is attn_mask's old name)")
-        attn_mask = mask
+    attn_mask = check_renamed_mask(attn_mask, mask, name=name)
     q, k, v = _f64(q, k, v)
     B, H, N, M, D = q.shape[0], q.shape[1], q.shape[-2], k.shape[-2], q.shape[-1]
     scale = 1.0 / math.sqrt(D) if scale is None else scale
@@ -156,9 +154,10 @@ def softmax_attention(
             scores = scores + m.to(q.device, torch.float64)
             allowed = allowed & (m.to(q.device) > -math.inf)
     allowed = allowed.expand_as(scores)
-    row_max = scores.masked_fill(~allowed, -math.inf).amax(dim=-1, keepdim=True)
-    row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))
-    numer = torch.exp(scores - row_max) * allowed  # (B, H, N, M), zero where not allowed
+    scores = scores.masked_fill(~allowed, -math.inf)  # a forbidden score is -inf before exp, whatever it was
+    row_max = scores.amax(dim=-1, keepdim=True)
+    row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))  # nothing allowed: -inf
+    numer = torch.exp(scores - row_max)  # (B, H, N, M), zero where not allowed
     denom = numer.sum(dim=-1, keepdim=True)
     weights = numer / torch.where(denom > 0, denom, torch.ones_like(denom))
     out = torch.einsum("bhnm,bhmv->bhnv", weights, v)  # (B, H, N, Dv)
@@ -262,7 +261,8 @@ def linear_attention(
     if key_padding_mask is not None:
         allowed = allowed & ~key_padding_mask[:, None, None, :]
     kernel = kernel * allowed  # zero where not allowed
-    weights = kernel / (kernel.sum(dim=-1, keepdim=True) + eps)  # (B, H, N, M)
+    den = kernel.sum(dim=-1, keepdim=True) + eps  # (B, H, N, 1); 0 only with eps = 0 and no weight at all
+    weights = kernel / torch.where(den == 0, 1.0, den)  # (B, H, N, M): a row with no weight is zero
     out = torch.einsum("bhnm,bhmv->bhnv", weights, v)  # (B, H, N, Dv)
     return (out, weights) if return_weights else out
 
@@ -305,7 +305,8 @@ def linear_attention_loop(
         z = z + if_real * fk[:, :, i]
         num = torch.einsum("bhr,bhrv->bhv", fq[:, :, i], S)  # (B, H, Dv)
         den = torch.einsum("bhr,bhr->bh", fq[:, :, i], z)  # (B, H)
-        outs.append(num / (den[..., None] + eps))
+        den = den[..., None] + eps  # (B, H, 1); 0 only with eps = 0 and no weight at all: then num is 0 too
+        outs.append(num / torch.where(den == 0, 1.0, den))
     return torch.stack(outs, dim=2)  # (B, H, N, Dv)
 
 
@@ -378,9 +379,7 @@ def moh_attention(
     """
     name = "reference.moh_attention"
     causal = check_is_causal(is_causal, causal, name=name)
-    if mask is not None:
-        check_not_both(attn_mask, mask, "attn_mask", "mask", name=name, why=" (mask is attn_mask's old name)")
-        attn_mask = mask
+    attn_mask = check_renamed_mask(attn_mask, mask, name=name)
     x, qkv_weight, proj_weight = _f64(x, qkv_weight, proj_weight)
     B, N, _ = x.shape
     H, s, k = num_heads, shared_head, routed_head
@@ -489,9 +488,7 @@ def moh_layer(
     name = "reference.moh_layer"
     if causal is not None:
         is_causal = check_is_causal(False, causal, name=name)
-    if mask is not None:
-        check_not_both(attn_mask, mask, "attn_mask", "mask", name=name, why=" (mask is attn_mask's old name)")
-        attn_mask = mask
+    attn_mask = check_renamed_mask(attn_mask, mask, name=name)
     params = {name: p.detach().to(torch.float64) for name, p in layer.named_parameters()}
     return moh_attention(
         x,

@@ -31,7 +31,7 @@ attends to. :class:`SoftmaxAttention` prefills one from a prompt in one parallel
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import Any, NamedTuple, cast
 
 import torch
 import torch.nn.functional as F
@@ -39,14 +39,13 @@ import torch.nn.functional as F
 from ._checks import (
     check_attn_mask,
     check_bool,
-    check_found,
     check_is_causal,
     check_key_padding_mask,
     check_kv_cache,
     check_no_attn_mask,
-    check_not_both,
     check_probability,
     check_qkv,
+    check_renamed_mask,
     check_scale,
 )
 from ._module import ProjectedAttention
@@ -122,9 +121,7 @@ def softmax_attention(
     name = "softmax_attention"
     B, H, N, M, _, _ = check_qkv(q, k, v, name=name)
     is_causal = check_is_causal(is_causal, causal, name=name)
-    if mask is not None:
-        check_not_both(attn_mask, mask, "attn_mask", "mask", name=name, why=" (mask is attn_mask's old name)")
-        attn_mask = _deprecated_mask(mask, name)
+    attn_mask = check_renamed_mask(attn_mask, mask, name=name)
     dropout_p = check_probability(dropout_p, "dropout_p", name=name)
     scale = check_scale(scale, name=name)
     if attn_mask is not None:
@@ -132,18 +129,6 @@ def softmax_attention(
     if key_padding_mask is not None:
         key_padding_mask = check_key_padding_mask(key_padding_mask, B, M, name=name, floating=True).to(q.device)
     return _attend(q, k, v, attn_mask, key_padding_mask, is_causal, scale, dropout_p)
-
-
-def _deprecated_mask(mask: torch.Tensor, name: str) -> torch.Tensor:
-    if not tracing():
-        import warnings
-
-        warnings.warn(
-            f"{name}: mask= is deprecated since attnbook 0.2.0, use attn_mask= (torch's name, the same meaning)",
-            FutureWarning,
-            stacklevel=3,
-        )
-    return mask
 
 
 def combine_masks(
@@ -234,51 +219,19 @@ def _keep_broken_queries(q: torch.Tensor, out: torch.Tensor, M: int) -> torch.Te
     return torch.where(broken, float("nan"), out)
 
 
-class _Buffer:
-    """Storage behind a :class:`KVCache`: keys and values (B, H, capacity, D), the padding flags of the rows
-    (B, capacity) bool or None (no padded row yet), and how many rows are in use."""
-
-    __slots__ = ("keys", "values", "padding", "length")
-
-    def __init__(self, keys: torch.Tensor, values: torch.Tensor, padding: torch.Tensor | None, length: int):
-        self.keys, self.values, self.padding, self.length = keys, values, padding, length
-
-    def copy(self, rows: int) -> _Buffer:
-        padding = None if self.padding is None else self.padding.clone()
-        return _Buffer(self.keys.clone(), self.values.clone(), padding, rows)
-
-    def grow(self, rows: int) -> None:
-        """Room for at least ``rows`` rows: the capacity doubles (at least 16) until they fit."""
-        capacity = self.keys.shape[2]
-        if rows <= capacity:
-            return
-        new = max(16, capacity)
-        while new < rows:
-            new *= 2
-
-        def wider(x: torch.Tensor, fill: bool | None = None) -> torch.Tensor:
-            shape = list(x.shape)
-            shape[2 if x.dim() == 4 else 1] = new
-            out = x.new_empty(shape) if fill is None else x.new_full(shape, fill)
-            (out[:, :, :capacity] if x.dim() == 4 else out[:, :capacity]).copy_(x)
-            return out
-
-        self.keys, self.values = wider(self.keys), wider(self.values)
-        if self.padding is not None:
-            self.padding = wider(self.padding, fill=False)
-
-
-@dataclass(frozen=True)
-class KVCache:
+class KVCache(NamedTuple):
     """The keys and values of the first ``t`` tokens of one softmax-attention layer: its decoding state.
 
-    Rows are appended into a buffer whose capacity doubles when full, so an append costs O(1) amortised
-    instead of copying the whole cache each token. :meth:`append` and :meth:`extend` return a new cache and
-    leave this one valid: adding twice to the same cache (branching a generation) copies the shared rows first.
+    A NamedTuple, so a pytree (``torch.compile`` and ``torch.export`` take and return it) whose length ``t`` is a
+    size of its tensors, not a number kept beside them: a graph compiled with dynamic shapes serves every t.
+    :meth:`extend` and :meth:`append` return a new cache with the rows concatenated (as Hugging Face's
+    ``DynamicCache`` does: O(t) a token, which the new query's O(t) attention costs anyway), and leave this one
+    as it was, so a generation can branch.
 
     Attributes:
-        buffer: the storage, shared by the caches of one generation (None before the first token).
-        t: number of tokens held.
+        keys: (B, H, t, D) keys of tokens 1..t, or None before the first token.
+        values: (B, H, t, Dv) values of tokens 1..t, or None before the first token.
+        padding: (B, t) bool, True where the token was padding (as a ``key_padding_mask``); None when none was.
 
     Example:
         >>> import torch
@@ -289,72 +242,30 @@ class KVCache:
         (6, (1, 2, 6, 8))
     """
 
-    buffer: _Buffer | None
-    t: int
+    keys: torch.Tensor | None = None
+    values: torch.Tensor | None = None
+    padding: torch.Tensor | None = None
 
     @property
-    def keys(self) -> torch.Tensor:
-        """(B, H, t, D) keys of tokens 1..t (a view); an empty cache has none (its t is 0)."""
-        check_found(
-            [] if self.buffer is None else [self],
-            "KVCache.keys",
-            name="KVCache",
-            expected="hold a token",
-            got="an empty cache",
-        )
-        assert self.buffer is not None
-        return self.buffer.keys[:, :, : self.t]
-
-    @property
-    def values(self) -> torch.Tensor:
-        """(B, H, t, Dv) values of tokens 1..t (a view); an empty cache has none (its t is 0)."""
-        check_found(
-            [] if self.buffer is None else [self],
-            "KVCache.values",
-            name="KVCache",
-            expected="hold a token",
-            got="an empty cache",
-        )
-        assert self.buffer is not None
-        return self.buffer.values[:, :, : self.t]
-
-    @property
-    def padding(self) -> torch.Tensor | None:
-        """(B, t) bool, True where the token was padding (as a ``key_padding_mask``); None when none was."""
-        if self.buffer is None or self.buffer.padding is None:
-            return None
-        return self.buffer.padding[:, : self.t]
+    def t(self) -> int:
+        """The number of tokens held."""
+        return 0 if self.keys is None else self.keys.shape[2]
 
     @staticmethod
     def empty() -> KVCache:
         """The cache before the first token."""
-        return KVCache(None, 0)
-
-    def _writable(self, k: torch.Tensor, v: torch.Tensor, rows: int) -> _Buffer:
-        """The buffer to write ``rows`` more rows into: fresh, this cache's, or a copy (branching)."""
-        buf = self.buffer
-        if buf is None:
-            B, H, _, D = k.shape
-            buf = _Buffer(k.new_empty(B, H, 16, D), v.new_empty(B, H, 16, v.shape[-1]), None, 0)
-        elif buf.length != self.t:  # this cache was added to before: branch on a copy of its rows
-            buf = buf.copy(self.t)
-        buf.grow(self.t + rows)
-        return buf
+        return KVCache()
 
     def extend(self, k: torch.Tensor, v: torch.Tensor, padding: torch.Tensor | None = None) -> KVCache:
         """The cache with n more tokens: k (B, H, n, D), v (B, H, n, Dv); ``padding`` (B, n) bool, True = padding
         (a ``key_padding_mask``: later queries will not attend to those tokens)."""
-        n = k.shape[2]
-        buf = self._writable(k, v, n)
-        t = self.t
-        buf.keys[:, :, t : t + n] = k
-        buf.values[:, :, t : t + n] = v
-        if padding is not None and buf.padding is None:
-            buf.padding = padding.new_zeros(k.shape[0], buf.keys.shape[2])
-        if buf.padding is not None:
-            buf.padding[:, t : t + n] = False if padding is None else padding
-        buf.length = t + n
-        return KVCache(buf, t + n)
+        if self.keys is None or self.values is None:
+            return KVCache(k, v, padding)
+        if padding is not None or self.padding is not None:
+            old = self.padding if self.padding is not None else k.new_zeros(k.shape[0], self.t, dtype=torch.bool)
+            new = padding if padding is not None else k.new_zeros(k.shape[0], k.shape[2], dtype=torch.bool)
+            padding = torch.cat([old, new], dim=1)  # (B, t + n)
+        return KVCache(torch.cat([self.keys, k], dim=2), torch.cat([self.values, v], dim=2), padding)
 
     def append(self, k_t: torch.Tensor, v_t: torch.Tensor) -> KVCache:
         """The cache with one more token: k_t (B, H, D), v_t (B, H, Dv)."""
@@ -375,8 +286,9 @@ def cached_attention(
     """Causal softmax attention of n new tokens that continue ``cache``: q, k (B, H, n, D), v (B, H, n, Dv).
 
     The new keys are added to the cache, and query i of the new tokens attends to every cached key and to the
-    new keys up to its own (the causal mask aligned to the last key). ``key_padding_mask`` (B, n) bool marks
-    padded new tokens, which are remembered in the cache. Returns (out (B, H, n, Dv), the new cache)."""
+    new keys up to its own: the causal mask aligned to the last key (for one new token, every key).
+    ``key_padding_mask`` (B, n) bool marks padded new tokens, which are remembered in the cache. Returns
+    (out (B, H, n, Dv), the new cache)."""
     if cache is None:
         cache = KVCache.empty()
     else:
@@ -384,8 +296,8 @@ def cached_attention(
     if key_padding_mask is not None:
         key_padding_mask = check_key_padding_mask(key_padding_mask, k.shape[0], k.shape[2], name=name).to(k.device)
     cache = cache.extend(k, v, key_padding_mask)
-    causal = k.shape[2] > 1  # one new token attends to every cached key
-    out = _attend(q, cache.keys, cache.values, None, cache.padding, causal, scale, lower_right=True)
+    keys, values = cast(torch.Tensor, cache.keys), cast(torch.Tensor, cache.values)  # not None after extend
+    out = _attend(q, keys, values, None, cache.padding, True, scale, lower_right=True)
     return out, cache
 
 
@@ -422,19 +334,19 @@ class SoftmaxAttention(ProjectedAttention[KVCache]):
         True
     """
 
+    has_weights = True
+
     def __init__(
         self,
         d_input: int,
-        d_model: int,
-        d_output: int,
-        n_heads: int,
+        d_model: int | None = None,
+        d_output: int | None = None,
+        n_heads: int | None = None,
         drop_out: float = 0.0,
         causal: bool = False,
-        *,
-        device: torch.device | str | None = None,
-        dtype: torch.dtype | None = None,
+        **kwargs: Any,
     ):
-        super().__init__(d_input, d_model, d_output, n_heads, drop_out, device=device, dtype=dtype)
+        super().__init__(d_input, d_model, d_output, n_heads, drop_out, **kwargs)
         self.causal = check_bool(causal, "causal", name=type(self).__name__)
 
     def extra_repr(self) -> str:
@@ -455,7 +367,8 @@ class SoftmaxAttention(ProjectedAttention[KVCache]):
     ) -> torch.Tensor | tuple[torch.Tensor, KVCache]:
         is_causal = self.causal if is_causal is None else is_causal
         if initial_state is None and not output_final_state:
-            return softmax_attention(q, k, v, attn_mask, is_causal=is_causal, key_padding_mask=key_padding_mask)
+            p = self.attn_drop if self.training else 0.0  # timm's attn_drop: dropout on the weights
+            return softmax_attention(q, k, v, attn_mask, p, is_causal, key_padding_mask=key_padding_mask)
         name = type(self).__name__
         if initial_state is not None:
             check_no_attn_mask(attn_mask, name=name, why=_NO_MASK_WITH_CACHE)
@@ -466,8 +379,10 @@ class SoftmaxAttention(ProjectedAttention[KVCache]):
                 if key_padding_mask is None
                 else check_key_padding_mask(key_padding_mask, k.shape[0], k.shape[2], name=name)
             )
-            return out, KVCache.empty().extend(k, v, kpm)
-        return cached_attention(q, k, v, initial_state, key_padding_mask=key_padding_mask, name=name)
+            cache = KVCache.empty().extend(k, v, kpm)
+        else:
+            out, cache = cached_attention(q, k, v, initial_state, key_padding_mask=key_padding_mask, name=name)
+        return (out, cache) if output_final_state else out
 
     def attend_step(
         self, q_t: torch.Tensor, k_t: torch.Tensor, v_t: torch.Tensor, state: KVCache | None

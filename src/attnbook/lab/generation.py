@@ -7,13 +7,9 @@ advancing its own generation by one token (so the timed tokens sit at positions 
 next position is reached by a new prefill, also when the calls went past it).
 ``min_s``, the fastest of the calls, is the one least disturbed by other work on a shared machine.
 
-Four paths can be timed (``decoders``, all in one alternating run): ``"static"``,
-:class:`attnbook.decoding.StaticDecoder` (the state allocated once and updated in place, what
-:meth:`~attnbook.lm.DecoderLM.generate` uses: on the CPU in float32 its native step, one C call a token, where
-the blocks allow), ``"torch"``, that decoder with torch's operations (``native=False``), ``"compiled"``, those
-compiled (``torch.compile``; on CUDA a
-CUDA graph, fixed shapes), and ``"eager"``,
-:meth:`~attnbook.lm.DecoderLM.step` (the chapter's teaching path, a new state every token). Memory is counted,
+Two paths can be timed (``decoders``, in one alternating run): ``"eager"``, :meth:`~attnbook.lm.DecoderLM.step`
+(each layer's own ``step``, what :meth:`~attnbook.lm.DecoderLM.generate` uses by default), and ``"compiled"``, that
+step compiled by ``torch.compile`` with dynamic shapes (``generate(decoder="compiled")``). Memory is counted,
 not timed: the bytes of the decoding state after exactly t tokens (:func:`attnbook.lm.state_bytes`: in use, and
 allocated behind it), and the peak extra memory of one step (:func:`attnbook.lab.profiling.peak_memory`; on the
 CPU it sees the tensors torch operators return, not a fused kernel's private scratch).
@@ -32,7 +28,6 @@ import torch
 
 from .. import mechanisms
 from .._checks import check_choice, check_count, check_int
-from ..decoding import StaticDecoder
 from ..lm import state_bytes
 from .bench import environment, loglog_slope
 from .lm import Setup
@@ -48,28 +43,21 @@ __all__ = [
     "ratio",
     "crossover",
     "cost_table",
-    "floor_table",
-    "decoding_summary",
 ]
 
 POSITIONS = tuple(2**i for i in range(4, 14))  # 16 .. 8192
-DECODERS = ("static", "torch", "eager", "compiled")
+DECODERS = ("eager", "compiled")
 
 
 class _Generation:
     """One mechanism's running generation: :meth:`seek` brings it to position t (a parallel prefill of the first t
     bytes of ``text``), :meth:`advance` feeds the next byte through one step."""
 
-    def __init__(self, model, text: torch.Tensor, device, decoder: str, capacity: int):
+    def __init__(self, model, text: torch.Tensor, device, decoder: str):
         self.model, self.text, self.device = model, text, device
         # the bytes as token ids on the device once, so that a step's next token is a view, not five operations
         self.tokens = text.reshape(-1).to(device, torch.long)
-        native = None if decoder == "static" else False  # "torch" and "compiled" run torch's operations
-        self.fast = (
-            None
-            if decoder == "eager"
-            else StaticDecoder(model, batch=1, capacity=capacity, compile=decoder == "compiled", native=native)
-        )
+        self.step = torch.compile(model.step, dynamic=True) if decoder == "compiled" else model.step
         self.state: Any = None
         self.t = 0
 
@@ -80,28 +68,17 @@ class _Generation:
     def seek(self, t: int) -> None:
         if t == self.t:
             return
-        prompt = self._bytes(0, t)
-        if self.fast is not None:
-            self.fast.prefill(prompt)
-        else:
-            _, self.state = self.model(prompt, output_final_state=True)
+        _, self.state = self.model(self._bytes(0, t), output_final_state=True)
         self.t = t
 
     def advance(self) -> None:
         i = self.t % self.tokens.numel()
-        token = self.tokens[i : i + 1]  # (1,)
-        if self.fast is not None:
-            self.fast.step(token)
-        else:
-            _, self.state = self.model.step(token, self.state)
+        _, self.state = self.step(self.tokens[i : i + 1], self.state)
         self.t += 1
 
     def held(self) -> tuple[int, int]:
         """Bytes of the decoding state: in use, and allocated behind it."""
-        if self.fast is None:
-            return state_bytes(self.state), state_bytes(self.state, allocated=True)
-        allocated = sum(x.numel() * x.element_size() for x in self.fast.tensors())
-        return state_bytes(self.fast.state()), allocated
+        return state_bytes(self.state), state_bytes(self.state, allocated=True)
 
 
 def measure(
@@ -114,7 +91,7 @@ def measure(
     text: torch.Tensor | None = None,
     device: torch.device | str = "cpu",
     dtype: torch.dtype = torch.float32,
-    decoders: Sequence[str] = ("static",),
+    decoders: Sequence[str] = ("eager",),
     burst: int = 1,
     progress: bool = True,
 ) -> dict:
@@ -126,8 +103,8 @@ def measure(
         positions: increasing positions t at which to measure.
         repeats, warmup: as in :func:`~attnbook.lab.profiling.compare` (each call is one token).
         text: the bytes fed to the models (cycled); default a fixed random byte string.
-        decoders: which of ``"static"``, ``"torch"``, ``"eager"`` and ``"compiled"`` to time (module docstring); each
-            mechanism is timed on each, all in one alternating run.
+        decoders: which of ``"eager"`` and ``"compiled"`` to time (module docstring); each mechanism is timed on
+            each, all in one alternating run.
         burst: tokens per timed call (their mean is recorded): 1 times a lone step right after the other
             mechanisms' (its weights and state may have left the processor's caches meanwhile); more times
             the steps of a generation that runs on, as ``generate`` does.
@@ -147,13 +124,12 @@ def measure(
     if text is None:
         text = torch.randint(256, (4096,), generator=torch.Generator().manual_seed(0), dtype=torch.uint8)
     burst = check_int(burst, "burst", name="measure", minimum=1)
-    capacity = positions[-1] + burst * (repeats + warmup) + 4  # the timed steps and peak_memory's one beyond t
     runs = {}
     for name in names:
         torch.manual_seed(0)
         model = setup.model(name).to(device=device, dtype=dtype).eval()
         for decoder in decoders:
-            runs[decoder, name] = _Generation(model, text, device, decoder, capacity)
+            runs[decoder, name] = _Generation(model, text, device, decoder)
     bar = Progress(len(positions) * len(runs), enabled=progress)
     records = []
     with torch.inference_mode():
@@ -214,7 +190,7 @@ def measure(
 
 
 def _decoder(result: dict, decoder: str | None) -> str:
-    decoders = result["config"].get("decoders", ["eager"])  # recordings made before the static decoder: eager
+    decoders = result["config"].get("decoders", ["eager"])
     return decoders[0] if decoder is None else check_choice(decoder, "decoder", tuple(decoders), name="series")
 
 
@@ -289,71 +265,4 @@ def cost_table(result: dict, *, at: Sequence[int] | None = None, metric: str = "
             kib = held[name][ts.index(last)] / 1024
             over = ratio(result, "softmax", name, last, metric, decoder) if "softmax" in times else math.nan
             lines.append(f"{decoder if i == 0 else '':7s}  {name:8s}{cells}{kib:16.1f}{over:10.2f}")
-    return "\n".join(lines)
-
-
-def floor_table(recording: dict, t: int | None = None, decoder: str = "static") -> dict[str, dict[str, float]]:
-    """Each mechanism's per-token step (median) at position ``t`` of a ``bench_decoding.py`` recording
-    (``benchmarks/results/decoding_cpu.json``) against its floor: ``{name: {"step_s", "floor_s", "bytes",
-    "times"}}``, ``times`` = step / floor. Default t: the last position.
-
-    The floor is the recording's: the longer of the step's arithmetic at the measured peak rate and the bytes it
-    must read once (every weight, the recurrent state or the cached keys and values) at the measured bandwidth.
-    """
-    ts, med = series(recording, "median_s", decoder)
-    t = ts[-1] if t is None else check_choice(t, "t", ts, name="floor_table")
-    out = {}
-    for name, values in med.items():
-        floor = recording["floors"]["floor_s"][name][str(t)]
-        step = values[ts.index(t)]
-        out[name] = {
-            "step_s": step,
-            "floor_s": floor["floor_s"],
-            "bytes": floor["bytes"],
-            "times": step / floor["floor_s"],
-        }
-    return out
-
-
-def decoding_summary(recording: dict) -> str:
-    """A ``bench_decoding.py`` recording for an 80-column page: every step at the last position against its floor
-    (static decoder, and its torch operations where they were recorded, else the compiled step), softmax's step
-    over the recurrent ones there, measured and at the floors, the crossover t*, and the prefill of a long prompt
-    against stepping through it (static steps, and the eager steps that ``generate`` took in 0.1)."""
-    ts, _ = series(recording, "median_s", "static")
-    t = ts[-1]
-    floors = floor_table(recording, t)
-    decoders = recording["config"].get("decoders", ["static"])
-    other = next((d for d in ("torch", "compiled") if d in decoders), None)
-    beside = floor_table(recording, t, other) if other else None
-    head = "static" + (f" | {other}" if other else "")
-    lines = [f"per-token step at t = {t}, median ({head}), against its floor:"]
-    for name, f in floors.items():
-        line = (
-            f"  {name:8s}{1e3 * f['step_s']:5.3f} ms  floor {1e3 * f['floor_s']:5.3f} ms ({f['bytes'] / 1e6:4.1f} MB)"
-        )
-        line += f" {f['times']:4.1f}x"
-        if beside:
-            line += f" | {1e3 * beside[name]['step_s']:5.3f} ms {beside[name]['times']:4.1f}x"
-        lines.append(line)
-    s = recording["summary"]
-    for name in ("linear", "flow"):
-        at_floor = floors["softmax"]["floor_s"] / floors[name]["floor_s"]
-        ratios = s["ratio_at_t_max"]
-        others = ", ".join(f"{ratios[d][name]:.1f}x {d}" for d in ("torch", "eager") if d in ratios)
-        measured = f"{ratios['static'][name]:.1f}x static" + (f" ({others})" if others else "")
-        lines.append(f"softmax / {name}: {measured}; {at_floor:.1f}x at the floors")
-    lines.append(f"linear attention's static step is the quicker one from t* = {s['crossover_t']} on")
-    prefill = recording["prefill"]
-    lines.append(f"a prompt of {prefill['prompt']} tokens: one prefill against stepping through it")
-    for name, p in prefill.items():
-        if name == "prompt":
-            continue
-        line = f"  {name:8s}{1e3 * p['prefill_s']:5.0f} ms against {1e3 * p['static_steps_s']:5.0f} ms static"
-        line += f" ({p['steps_over_prefill']:4.1f}x)"
-        if "eager_steps_s" in p:
-            line += f", {1e3 * p['eager_steps_s']:5.0f} ms eager ({p['eager_steps_s'] / p['prefill_s']:4.1f}x)"
-        lines.append(line)
-    worst = max(p["max_logit_difference"] for n, p in prefill.items() if n != "prompt")
-    lines.append(f"  the prefill's logits and the steps' differ by at most {worst:.0e}")
     return "\n".join(lines)

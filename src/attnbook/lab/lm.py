@@ -377,13 +377,13 @@ def quality_cost_table(trained: dict, writing: dict, speed: dict | None = None, 
     Columns: the recorded race's final bits per byte (mean and standard deviation over seeds, ``trained``: a
     ``bench_lm_training.py`` recording); training tokens per second (``speed``: a ``bench_training.py``
     recording, eager; omitted when None); milliseconds per generated token at ``early`` and at the last
-    position, and the state held there (``writing``: a generation recording, its static decoder, medians).
+    position, and the state held there (``writing``: a generation recording, its first decoder, medians).
     With ``speed``, a last line gives the nanoGPT-style SDPA model's training speed for reference.
     """
     from . import generation
 
-    ts, times = generation.series(writing, "median_s", "static")
-    _, held = generation.series(writing, "state_bytes", "static")
+    ts, times = generation.series(writing, "median_s")
+    _, held = generation.series(writing, "state_bytes")
     early = check_int(early, "early", name="quality_cost_table", minimum=1)
     i, last = ts.index(min(t for t in ts if t >= early)), len(ts) - 1
     bpb = final_bpb(trained["runs"])

@@ -1,4 +1,9 @@
-"""Causal linear attention tile by tile: features, numerator, normaliser and gradients in cache-sized pieces.
+"""The annex's causal linear attention for the CPU: features, numerator, normaliser and gradients tile by tile.
+
+Speed only: the mathematics is :func:`attnbook.linear_attention`'s chunked form (chapter 2), whose numbers this
+gives to rounding. It stays because ``benchmarks/bench_annex.py`` measures it faster than that plain form in
+every condition (quiet, after other work, beside busy processes, one and two threads); the table is in
+``benchmarks/results/PERFORMANCE.md``.
 
     out_i = sum_{j <= i} (phi(q_i) . phi(k_j)) v_j / (sum_{j <= i} phi(q_i) . phi(k_j) + eps)
 
@@ -8,11 +13,10 @@ C x C product, between chunks the carried state S = sum_j phi(k_j) v_j^T (R, Dv)
 
 A *tile* is a run of whole chunks of one row of (B H), or several whole rows (:func:`_tiles`). For the
 built-in feature maps (elementwise: ``kind`` "elu" or "relu") each tile's features are made into small
-buffers just before its products read them, so no (B, H, N, R) tensor of features is ever made, and on a
-CPU a tile's work stays in the caches (:data:`CPU_TILE` positions). Other feature maps pass their features
-as q and k (``kind`` None). The chunk states of a tile are *slots* of one buffer, the carry from the tiles
-before in the first (or, backwards in time, the last) slot, so one running sum over the slots gives every
-chunk's state and the next tile's carry (:class:`_Workspace`).
+buffers just before its products read them, so no (B, H, N, R) tensor of features is ever made, and a tile's
+work stays in the caches (:data:`CPU_TILE` positions). The chunk states of a tile are *slots* of one buffer,
+the carry from the tiles before in the first (or, backwards in time, the last) slot, so one running sum over
+the slots gives every chunk's state and the next tile's carry (:class:`_Workspace`).
 
 Backward, with g = dL/dout, r_i = 1 / (den_i + eps), gn_i = g_i r_i and gd_i = -(g_i . out_i) r_i:
 
@@ -29,9 +33,8 @@ is two passes over the tiles, forwards then backwards in time, with ten products
 The features are made again in each pass (a few elementwise passes over a tile in the cache) rather than
 saved: only q, k, v, the output and r are kept for the backward.
 
-A double backward (``create_graph=True``) recomputes the output through the differentiable composition of
-:mod:`attnbook._prefix` (:func:`attnbook._prefix.normalised_attention`) and differentiates that, so every
-derivative order is exact.
+A double backward (``create_graph=True``) differentiates the plain form, which the caller passes in
+(:func:`causal_linear_attention`'s ``plain``), so every derivative order is exact.
 """
 
 from __future__ import annotations
@@ -41,28 +44,16 @@ from typing import Any
 
 import torch
 
-from . import _prefix
-from ._runtime import autocast_disabled
-from .feature_maps import FEATURE_MAPS, features_into
+__all__ = ["causal_linear_attention", "forward", "backward", "CPU_TILE"]
 
-__all__ = ["attention", "forward", "tile_positions"]
-
-# Positions per tile on the CPU. Its inputs, features, scores and states stay in the caches, and each of a
-# tile's few dozen operations has enough work that its microsecond or two of dispatch does not dominate.
-# B=2 H=8 N=1024, D=64, C=32, one thread, no autograd: tiles of 2048 positions 10.7 ms a call, 1024 11.7 ms
-# (twice the operations), 4096 11.7 ms (alternating, on a busy host); B=1 H=4 N=16384: 43.9, 43.3 and 49.4 ms.
-# Forward and backward (an earlier version): 2048 and 4096 alike, 1024 5 % and 8192 10-14 % slower.
+# Positions per tile: its inputs, features, scores and states (about 300 numbers a position at R = Dv = 64) stay
+# in a core's caches, and each of a tile's few dozen operations has enough work that its microsecond or two of
+# dispatch does not dominate. benchmarks/bench_annex.py also times tiles of half and twice this size: the
+# annex's lead over the plain form does not hinge on it.
 CPU_TILE = 2048
-# Elsewhere (a GPU) the operations are launched, not run, by Python: tiles as large as the memory allows.
-DEVICE_TILE = 1 << 15
 
 # A plan of tiles (:func:`_tiles`): row groups (r0, R, spans), each span (s0, m, c) a run of m chunks of c positions.
 _Plan = list[tuple[int, int, list[tuple[int, int, int]]]]
-
-
-def tile_positions(device: torch.device) -> int:
-    """Positions per tile on ``device``."""
-    return CPU_TILE if device.type == "cpu" else DEVICE_TILE
 
 
 def _tiles(rows: int, N: int, C: int, positions: int) -> _Plan:
@@ -137,16 +128,16 @@ class _Workspace:
     chunks) in slot j + 1 and the earlier tile's carry in slot 0. m is the most chunks of a tile of the call;
     a tile with fewer uses the first slots, so the carry's slot does not depend on the tile's shape."""
 
-    def __init__(self, q: torch.Tensor, plan: _Plan, D: int, Dv: int, kind: str | None, grad: bool):
+    def __init__(self, q: torch.Tensor, plan: _Plan, D: int, Dv: int, grad: bool):
         self.R = max(R for _, R, _ in plan)
         self.m = max(m for _, _, spans in plan for _, m, _ in spans)
         most = max(R * m * c for _, R, spans in plan for _, m, c in spans)  # positions of the largest tile
         C = max(c for _, _, spans in plan for _, _, c in spans)
         slots = self.R * (self.m + 1)
         sizes = {
-            "fq": most * D if kind is not None else 0,
-            "fk": most * D if kind is not None else 0,
-            "work": most * max(D if kind == "elu" else 0, Dv if grad else 0),  # elu + 1's x + 1; gn out
+            "fq": most * D,
+            "fk": most * D,
+            "work": most * Dv if grad else 0,  # gn times out
             "scores": most * C,  # the masked C x C matrices
             "den": most,  # forwards the normaliser, backwards dL/dden
             "gn": most * Dv if grad else 0,  # dL/dnum
@@ -162,7 +153,7 @@ class _Workspace:
         self.Z = self.flat["Z"].view(self.R, self.m + 1, D)
         self.slots, self.zslots = self.S.unbind(1), self.Z.unbind(1)  # (R, D, Dv) and (R, D) each
         self._views: dict[tuple[int, int, int], _TileViews] = {}
-        self.kind, self.D, self.Dv, self.grad = kind, D, Dv, grad
+        self.D, self.Dv, self.grad = D, Dv, grad
 
     def views(self, R: int, m: int, c: int) -> _TileViews:
         """The views of a tile of R rows of m chunks of c positions (a namespace), made once per shape."""
@@ -180,12 +171,9 @@ class _Workspace:
                 n *= size
             return self.flat[name][:n].view(*shape)
 
-        w.fq = w.fk = w.tmp = None
-        if self.kind is not None:
-            w.fq, w.fk = take("fq", t, c, D), take("fk", t, c, D)
-            w.fq_rows, w.fk_rows, w.fkT, w.fkT_rows = _feature_views(w.fq, w.fk, R)
-            if self.kind == "elu":
-                w.tmp = take("work", t, c, D)
+        w.fq, w.fk = take("fq", t, c, D), take("fk", t, c, D)
+        w.fkT = w.fk.transpose(1, 2)
+        w.fq_rows, w.fk_rows, w.fkT_rows = _rows(w.fq, R), _rows(w.fk, R), _rows(w.fkT, R)
         w.scores = take("scores", t, c, c)
         w.den = take("den", t, c, 1)  # a column per chunk
         w.den_rows, w.denT_rows = _rows(w.den, R), _rows(w.den.view(t, 1, c), R)  # and as a row per chunk
@@ -204,10 +192,9 @@ class _Workspace:
 class _TileViews:
     """Views of a :class:`_Workspace` for one tile shape (attributes set by :meth:`_Workspace._make_views`)."""
 
-    # the features' buffers and their views (built-in kinds only; None otherwise), elu + 1's x + 1
-    fq: torch.Tensor | None
-    fk: torch.Tensor | None
-    tmp: torch.Tensor | None
+    # the features' buffers and their views
+    fq: torch.Tensor
+    fk: torch.Tensor
     fq_rows: tuple[torch.Tensor, ...]
     fk_rows: tuple[torch.Tensor, ...]
     fkT: torch.Tensor
@@ -233,26 +220,6 @@ class _TileViews:
     Z_run: torch.Tensor
 
 
-def _feature_views(
-    fq: torch.Tensor, fk: torch.Tensor, R: int
-) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...], torch.Tensor, tuple[torch.Tensor, ...]]:
-    """The views of a tile's features (t, c, D) that the products take: phi(q) and phi(k) per row,
-    phi(k)^T, and phi(k)^T per row."""
-    fkT = fk.transpose(1, 2)
-    return _rows(fq, R), _rows(fk, R), fkT, _rows(fkT, R)
-
-
-# A tile's features: phi(q), phi(k), phi(q) and phi(k) per row, phi(k)^T, and phi(k)^T per row.
-_Features = tuple[
-    torch.Tensor,
-    torch.Tensor,
-    tuple[torch.Tensor, ...],
-    tuple[torch.Tensor, ...],
-    torch.Tensor,
-    tuple[torch.Tensor, ...],
-]
-
-
 # A tile's features, then the gradients gn = g r of the numerator and gd = -(gn . out) of the normaliser.
 _TileInputs = tuple[
     torch.Tensor,
@@ -266,19 +233,17 @@ _TileInputs = tuple[
 ]
 
 
-def _features(
-    kind: str | None, w: _TileViews, qt: torch.Tensor, kt: torch.Tensor, dt: torch.Tensor | None, R: int
-) -> _Features:
-    """A tile's features and their views (:func:`_feature_views`): made into ``w``'s buffers for a built-in
-    ``kind`` (padded keys', marked by ``dt``, zeroed), else q and k themselves."""
-    if kind is None:
-        return (qt, kt, *_feature_views(qt, kt, R))
-    assert w.fq is not None and w.fk is not None  # the workspace makes feature buffers for a built-in kind
-    features_into(kind, qt, w.fq, w.tmp)
-    features_into(kind, kt, w.fk, w.tmp)
+def _features(kind: str, w: _TileViews, qt: torch.Tensor, kt: torch.Tensor, dt: torch.Tensor | None) -> list[Any]:
+    """A tile's features made into ``w``'s buffers (padded keys', marked by ``dt``, zeroed), and their views:
+    phi(q), phi(k), phi(q) and phi(k) per row, phi(k)^T, and phi(k)^T per row."""
+    for x, f in ((qt, w.fq), (kt, w.fk)):
+        if kind == "elu":
+            torch.ops.aten.elu.out(x, out=f).add_(1.0)  # elu(x) + 1, into the buffer
+        else:
+            torch.clamp(x, min=0.0, out=f)  # relu
     if dt is not None:
         w.fk.masked_fill_(dt, 0.0)
-    return w.fq, w.fk, w.fq_rows, w.fk_rows, w.fkT, w.fkT_rows
+    return [w.fq, w.fk, w.fq_rows, w.fk_rows, w.fkT, w.fkT_rows]
 
 
 def _carry(ws: _Workspace, into: int, source: int | None) -> None:
@@ -291,26 +256,25 @@ def _carry(ws: _Workspace, into: int, source: int | None) -> None:
             slots[into].copy_(slots[source])
 
 
-def _running_sum(ws: _Workspace, w: _TileViews, m: int, reverse: bool, loop: bool) -> None:
+def _running_sum(ws: _Workspace, w: _TileViews, m: int, reverse: bool) -> None:
     """The running sum over slots 0 .. m of the states (``S`` and ``Z``), in place: forwards, or from the end
-    when ``reverse``. ``loop`` (:func:`attnbook._prefix.by_additions`): one in-place addition per slot of
-    ``S``, on views made once; else (and always for the small ``Z``) one cumsum."""
-    if loop:
-        pairs = ((j, j + 1) for j in range(m - 1, -1, -1)) if reverse else ((j, j - 1) for j in range(1, m + 1))
-        for this, before in pairs:
-            ws.slots[this].add_(ws.slots[before])
-    for x in (w.Z_run,) if loop else (w.S_run, w.Z_run):
-        if reverse:
-            x.copy_(x.flip(1).cumsum(1).flip(1))
-        else:
-            x.cumsum_(1)
+    when ``reverse``. For ``S``, one in-place addition per slot on views made once: torch's CPU cumsum over a
+    middle dimension walks each number down the slots with the slots' stride (16 KiB at R = Dv = 64), several
+    times slower; for the small ``Z``, one cumsum."""
+    pairs = ((j, j + 1) for j in range(m - 1, -1, -1)) if reverse else ((j, j - 1) for j in range(1, m + 1))
+    for this, before in pairs:
+        ws.slots[this].add_(ws.slots[before])
+    if reverse:
+        w.Z_run.copy_(w.Z_run.flip(1).cumsum(1).flip(1))
+    else:
+        w.Z_run.cumsum_(1)
 
 
 def forward(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    kind: str | None,
+    kind: str,
     drop: torch.Tensor | None,
     C: int,
     eps: float,
@@ -319,15 +283,14 @@ def forward(
 ) -> torch.Tensor:
     """Causal linear attention without autograd, written into ``out`` (rows, N, Dv), contiguous.
 
-    q, k (rows, N, D): the inputs of the feature map ``kind`` ("elu", "relu"), or features when ``kind`` is
-    None; v (rows, N, Dv); contiguous, one dtype. ``drop`` (rows, N, 1) bool marks padded keys (their features
-    are zeroed; a built-in kind only: other maps' features come masked). ``recip`` (rows, N, 1), when given,
-    receives 1 / (den + eps)."""
+    q, k (rows, N, D): the inputs of the feature map ``kind`` ("elu", "relu"); v (rows, N, Dv); contiguous, one
+    dtype. ``drop`` (rows, N, 1) bool marks padded keys (their features are zeroed). ``recip`` (rows, N, 1), when
+    given, receives 1 / (den + eps)."""
     rows, N, D = q.shape
     Dv = v.shape[-1]
     C = min(C, N)
-    plan = _tiles(rows, N, C, tile_positions(q.device))
-    ws, loop = _Workspace(q, plan, D, Dv, kind, grad=False), _prefix.by_additions(q.device)
+    plan = _tiles(rows, N, C, CPU_TILE)
+    ws = _Workspace(q, plan, D, Dv, grad=False)
     tiles = _tiler([q, k, v, out, drop, recip], rows, N, C)
     for r0, R, spans in plan:
         last = None  # the slot that holds the carry: none for a row group's first tile (zero)
@@ -335,18 +298,21 @@ def forward(
             qt, kt, vt, ot, dt, rt = tiles(r0, R, s0, m, c)
             w = ws.views(R, m, c)
             _carry(ws, 0, last)
-            fq, fk, fq_rows, _, fkT, fkT_rows = _features(kind, w, qt, kt, dt, R)
+            fq, fk, fq_rows, _, fkT, fkT_rows = _features(kind, w, qt, kt, dt)
             scores = torch.bmm(fq, fkT, out=w.scores).tril_()  # (t, c, c)
             torch.sum(scores, -1, keepdim=True, out=w.den)  # (t, c, 1): the normaliser inside each chunk
             torch.bmm(scores, vt, out=ot)  # the numerator inside each chunk
             for i, v_i in enumerate(_rows(vt, R)):  # each chunk's own sums, into slots 1 .. m
                 torch.bmm(fkT_rows[i], v_i, out=w.hi[i])
                 torch.sum(fkT_rows[i], -1, out=w.zhi[i])
-            _running_sum(ws, w, m, False, loop)
+            _running_sum(ws, w, m, False)
             for i, o_i in enumerate(_rows(ot, R)):  # + phi(q) S and + phi(q) . z, with each chunk's states
                 o_i.baddbmm_(fq_rows[i], w.lo[i])
                 w.denT_rows[i].baddbmm_(w.zlo_row[i], fq_rows[i].transpose(1, 2))  # a product with one row
-            r = w.den.add_(eps).reciprocal_()  # (t, c, 1)
+            r = w.den.add_(eps)  # (t, c, 1)
+            if eps == 0:  # no weight at all (keys all padding): the numerator is 0 too, and the output 0
+                r.masked_fill_(r == 0, 1.0)
+            r.reciprocal_()
             if rt is not None:
                 rt.copy_(r)
             ot.mul_(r)  # times the reciprocal, as in fast-transformers
@@ -361,20 +327,19 @@ def backward(
     out: torch.Tensor,
     recip: torch.Tensor,
     g: torch.Tensor,
-    kind: str | None,
+    kind: str,
     drop: torch.Tensor | None,
     C: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv) of :func:`forward` for the output gradient g (rows, N, Dv): the two passes of the module
     docstring, one row group after the other, each tile's features made again (but for the last tile of a
-    group, which the pass back starts with while they are still in the buffers). With a built-in ``kind``
-    dq and dk are the gradients of the raw q and k (the feature map's derivative applied), else of the
-    features."""
+    group, which the pass back starts with while they are still in the buffers). dq and dk are the gradients of
+    the raw q and k (the feature map's derivative applied)."""
     rows, N, D = q.shape
     Dv = v.shape[-1]
     C = min(C, N)
-    plan = _tiles(rows, N, C, tile_positions(q.device))
-    ws, loop = _Workspace(q, plan, D, Dv, kind, grad=True), _prefix.by_additions(q.device)
+    plan = _tiles(rows, N, C, CPU_TILE)
+    ws = _Workspace(q, plan, D, Dv, grad=True)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     tiles = _tiler([q, k, v, out, recip, g, drop, dq, dk, dv], rows, N, C)
 
@@ -386,9 +351,8 @@ def backward(
         gt: torch.Tensor,
         rt: torch.Tensor,
         ot: torch.Tensor,
-        R: int,
     ) -> _TileInputs:
-        features = _features(kind, w, qt, kt, dt, R)
+        features = _features(kind, w, qt, kt, dt)
         gn = torch.mul(gt, rt, out=w.gn)  # dL/dnum
         torch.sum(torch.mul(gn, ot, out=w.gn_out), -1, keepdim=True, out=w.den).neg_()  # dL/dden = -(gn . out)
         return (*features, gn, w.den)
@@ -399,7 +363,7 @@ def backward(
             qt, kt, vt, ot, rt, gt, dt, dqt, dkt, dvt = tiles(r0, R, s0, m, c)
             w = ws.views(R, m, c)
             _carry(ws, 0, last)
-            fq, fk, fq_rows, fk_rows, fkT, fkT_rows, gn, gd = tile_inputs(w, qt, kt, dt, gt, rt, ot, R)
+            fq, fk, fq_rows, fk_rows, fkT, fkT_rows, gn, gd = tile_inputs(w, qt, kt, dt, gt, rt, ot)
             M = torch.bmm(gn, vt.transpose(1, 2), out=w.scores).add_(gd).tril_()  # (t, c, c)
             torch.bmm(M, fk, out=dqt)
             torch.bmm(M.transpose(1, 2), fq, out=dkt)
@@ -408,11 +372,11 @@ def backward(
             for j, v_j in enumerate(_rows(vt, R)):  # each chunk's phi(k)^T v and sum of phi(k), slots 1 .. m
                 torch.bmm(fkT_rows[j], v_j, out=w.hi[j])
                 torch.sum(fkT_rows[j], -1, out=w.zhi[j])
-            _running_sum(ws, w, m, False, loop)
+            _running_sum(ws, w, m, False)
             for j, dq_j in enumerate(_rows(dqt, R)):  # + gn S^T + gd z^T, with each chunk's states
                 dq_j.baddbmm_(w.gn_rows[j], w.loT[j])
                 dq_j.addcmul_(w.den_rows[j], w.zlo_row[j])  # (an outer product: elementwise is quicker)
-            if kind is not None and i < len(spans) - 1:  # the last span's features serve the pass back first
+            if i < len(spans) - 1:  # the last span's features serve the pass back first
                 dqt.mul_(_slope_(kind, fq))
             last = m
         last = None
@@ -420,95 +384,88 @@ def backward(
             qt, kt, vt, ot, rt, gt, dt, dqt, dkt, dvt = tiles(r0, R, s0, m, c)
             w = ws.views(R, m, c)
             if i > 0:  # the last span's features, gn and gd are still in the buffers
-                fq, fk, fq_rows, fk_rows, fkT, fkT_rows, gn, gd = tile_inputs(w, qt, kt, dt, gt, rt, ot, R)
+                fq, fk, fq_rows, fk_rows, fkT, fkT_rows, gn, gd = tile_inputs(w, qt, kt, dt, gt, rt, ot)
             _carry(ws, m, None if last is None else 0)
             for j in range(R):  # each chunk's phi(q)^T gn and gd^T phi(q), into slots 0 .. m - 1
                 torch.bmm(fq_rows[j].transpose(1, 2), w.gn_rows[j], out=w.lo[j])
                 torch.bmm(w.denT_rows[j], fq_rows[j], out=w.zlo_row[j])  # a row: 6x quicker than a column
-            _running_sum(ws, w, m, True, loop)
+            _running_sum(ws, w, m, True)
             v_rows, dk_rows, dv_rows = _rows(vt, R), _rows(dkt, R), _rows(dvt, R)
             for j in range(R):  # + U v and + w for dphi(k), + U^T phi(k) for dv, with each chunk's states
                 dk_rows[j].baddbmm_(v_rows[j], w.hiT[j]).add_(w.zhi_row[j])
                 dv_rows[j].baddbmm_(fk_rows[j], w.hi[j])
-            if dt is not None and kind is not None:
+            if dt is not None:
                 dkt.masked_fill_(dt, 0.0)  # padded keys' features were set to 0
-            if kind is not None:
-                if i == 0:
-                    dqt.mul_(_slope_(kind, fq))
-                dkt.mul_(_slope_(kind, fk))
+            if i == 0:
+                dqt.mul_(_slope_(kind, fq))
+            dkt.mul_(_slope_(kind, fk))
             last = m
     return dq, dk, dv
 
 
 class _CausalLinear(torch.autograd.Function):
-    """Causal linear attention with the tiled backward of the module docstring; q, k raw inputs of a built-in
-    ``kind`` or features (``kind`` None); all (rows, N, .) contiguous, one (accumulation) dtype."""
+    """Causal linear attention with the tiled backward of the module docstring: q, k the raw inputs of the
+    built-in ``kind``, all (rows, N, .) contiguous, one dtype; ``plain`` the plain form, whose derivatives serve
+    a double backward."""
 
-    # ctx: torch's FunctionCtx, which also carries this Function's own attributes (kind, drop, C, eps); torch
-    # declares neither those nor the context's type in forward and backward, hence Any.
+    # ctx: torch's FunctionCtx, which also carries this Function's own attributes; torch declares neither those
+    # nor the context's type in forward and backward, hence Any.
     @staticmethod
     def forward(
         ctx: Any,
         q: torch.Tensor,
         k: torch.Tensor,
         v: torch.Tensor,
-        kind: str | None,
+        kind: str,
         drop: torch.Tensor | None,
         C: int,
         eps: float,
+        plain: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor],
     ) -> torch.Tensor:
-        with autocast_disabled(q.device):
-            out, recip = v.new_empty(v.shape), v.new_empty(*v.shape[:-1], 1)
-            forward(q, k, v, kind, drop, C, eps, out, recip)
+        out, recip = v.new_empty(v.shape), v.new_empty(*v.shape[:-1], 1)
+        forward(q, k, v, kind, drop, C, eps, out, recip)
         ctx.save_for_backward(q, k, v, out, recip)
-        ctx.kind, ctx.drop, ctx.C, ctx.eps = kind, drop, C, eps
+        ctx.kind, ctx.drop, ctx.C, ctx.plain = kind, drop, C, plain
         return out
 
     @staticmethod
     def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         q, k, v, out, recip = ctx.saved_tensors
         need = ctx.needs_input_grad[:3]
-        if torch.is_grad_enabled():  # a graph of the backward is being built: differentiate a recomputation
-            return (
-                *_differentiable_grads(q, k, v, g, ctx.kind, ctx.drop, ctx.C, ctx.eps, need),
-                None,
-                None,
-                None,
-                None,
-            )
-        with autocast_disabled(q.device):
-            grads = backward(q, k, v, out, recip, g.contiguous(), ctx.kind, ctx.drop, ctx.C)
-        return (*(x if n else None for x, n in zip(grads, need, strict=True)), None, None, None, None)
+        if torch.is_grad_enabled():  # a graph of the backward is being built: differentiate the plain form
+            with torch.enable_grad():
+                y = ctx.plain(q, k, v)
+            wanted = [x for x, n in zip((q, k, v), need, strict=True) if n]
+            given = iter(torch.autograd.grad(y, wanted, g, create_graph=True, allow_unused=True))
+            return (*(next(given) if n else None for n in need), None, None, None, None, None)
+        grads = backward(q, k, v, out, recip, g.contiguous(), ctx.kind, ctx.drop, ctx.C)
+        return (*(x if n else None for x, n in zip(grads, need, strict=True)), None, None, None, None, None)
 
 
-def _differentiable_grads(
+def causal_linear_attention(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    g: torch.Tensor,
-    kind: str | None,
-    drop: torch.Tensor | None,
+    kind: str,
+    keep: torch.Tensor | None,
     C: int,
     eps: float,
-    need: tuple[bool, ...],
-) -> tuple[torch.Tensor | None, ...]:
-    """The first derivatives as a graph (for ``create_graph=True``): the output recomputed through
-    differentiable operations (:func:`attnbook._prefix.normalised_attention`) and differentiated."""
-    fq, fk = (q, k) if kind is None else (FEATURE_MAPS[kind](q), FEATURE_MAPS[kind](k))
-    if drop is not None and kind is not None:
-        fk = fk.masked_fill(drop, 0.0)
-    out = _prefix.normalised_attention(fq, fk, v, C, eps)
-    inputs = [x for x, n in zip((q, k, v), need, strict=True) if n]
-    grads = iter(torch.autograd.grad(out, inputs, g, create_graph=True, allow_unused=True))
-    return tuple(next(grads) if n else None for n in need)
-
-
-def attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kind: str | None, drop: torch.Tensor | None, C: int, eps: float
+    plain: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor],
 ) -> torch.Tensor:
-    """Causal linear attention on q, k (rows, N, D), v (rows, N, Dv) of one accumulation dtype, validated:
-    differentiable any number of times. ``kind`` and ``drop`` as in :func:`forward`."""
-    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    """Causal linear attention on q, k (B, H, N, D), v (B, H, N, Dv) of one (accumulation) dtype, validated, with
+    padded keys' q and v already zero: phi = the built-in ``kind``, ``keep`` (B, 1, N, 1) True = a real key.
+    Differentiable any number of times: a double backward differentiates ``plain`` (the plain form, on the
+    same (B, H, N, .) inputs)."""
+    B, H, N, _ = q.shape
+    rows = B * H
+    drop = None if keep is None else keep.logical_not().expand(B, H, N, 1).reshape(rows, N, 1).contiguous()
+    q3, k3, v3 = (x.reshape(rows, N, x.shape[-1]).contiguous() for x in (q, k, v))
+    if not (torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v))):
+        return forward(q3, k3, v3, kind, drop, C, eps, torch.empty_like(v3)).view(B, H, N, -1)
+
+    def plain_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return plain(*(x.view(B, H, N, x.shape[-1]) for x in (q, k, v))).reshape(rows, N, -1)
+
     # torch's Function.apply is untyped (no-untyped-call)
-    out: torch.Tensor = _CausalLinear.apply(q, k, v, kind, drop, C, eps)  # type: ignore[no-untyped-call]
-    return out
+    out: torch.Tensor = _CausalLinear.apply(q3, k3, v3, kind, drop, C, eps, plain_rows)  # type: ignore[no-untyped-call]
+    return out.view(B, H, N, -1)

@@ -1,0 +1,15 @@
+"""The speed annex: code that exists only to make the plain forms of the mechanism modules faster.
+
+Each mechanism module (:mod:`attnbook.linear`, :mod:`attnbook.mobile`) is its chapter's mathematics in plain
+torch, and reaches a path here by one dispatch line, as timm's attention reaches SDPA through ``fused_attn``.
+:func:`attnbook.config.plain` (``ATTNBOOK_PLAIN=1``, or :func:`attnbook.config.set_plain`) turns the annex off;
+then no module of this package is imported. Every path here gives the plain form's numbers to rounding (the
+tests compare them, and both with :mod:`attnbook.reference`), and stays only while ``benchmarks/bench_annex.py``
+measures it at least 1.3 times faster than the plain form in every condition: quiet, after another large
+workload, beside two busy processes, on one and on two threads. The recorded table is in
+``benchmarks/results/PERFORMANCE.md``.
+
+* :mod:`attnbook._fast.causal` -- causal linear attention on the CPU, tile by tile, with its own backward;
+* :mod:`attnbook._fast.linear` -- non-causal linear attention on the CPU without autograd, in fewer passes;
+* :mod:`attnbook._fast.mobile` -- Mobile-Attention's flows from each position's H x H Gram matrix.
+"""

@@ -1,0 +1,234 @@
+"""The speed annex (attnbook._fast): every path it holds gives the plain form's numbers, and the reference's,
+for outputs and gradients; ``ATTNBOOK_PLAIN=1`` and ``config.set_plain`` turn it off, and then it is not even
+imported.
+
+The annex's paths are reached through the public functions, with the annex on (``config.set_plain(False)``,
+whatever the environment says) and off (``config.set_plain(True)``)."""
+
+import functools
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from support import assert_matches_reference, qkv, tol
+
+import attnbook
+from attnbook import config, reference
+from attnbook._fast import causal
+
+
+@pytest.fixture
+def annex():
+    """Runs the test with the annex on, then gives the choice back to the environment."""
+    config.set_plain(False)
+    yield
+    config.set_plain(None)
+
+
+def both_paths(fn):
+    """fn with the annex on and off: (annex result, plain result)."""
+    results = []
+    for plain in (False, True):
+        config.set_plain(plain)
+        try:
+            results.append(fn())
+        finally:
+            config.set_plain(None)
+    return results
+
+
+@pytest.mark.parametrize(
+    "rows, N, C, positions",
+    [(6, 36, 3, 12), (6, 36, 3, 72), (6, 36, 3, 1000), (6, 37, 3, 12), (6, 37, 3, 1000), (1, 5, 5, 4), (7, 8, 4, 64)],
+)
+def test_tiles_cover_every_position_once_in_time_order(rows, N, C, positions):
+    """Every (row, position) belongs to exactly one chunk of one tile; a tile of several rows spans whole
+    rows; within a row the spans follow each other in time; no tile exceeds its positions but by one chunk."""
+    seen = torch.zeros(rows, N, dtype=torch.int64)
+    for r0, R, spans in causal._tiles(rows, N, C, positions):
+        assert R == 1 or spans == [(0, N // C, C)], "several rows per tile only for whole rows of whole chunks"
+        end = 0
+        for s0, m, c in spans:
+            assert s0 == end and c <= C and m >= 1
+            assert R * m * c <= max(positions, C)
+            seen[r0 : r0 + R, s0 : s0 + m * c] += 1
+            end = s0 + m * c
+        assert end == N
+    assert (seen == 1).all()
+
+
+LAYOUTS = [  # positions per tile
+    pytest.param(3, id="one_chunk_per_tile"),  # tiles of one row, one chunk: the carry alone
+    pytest.param(10, id="chunks_per_tile"),  # one row, several runs of chunks (the last run shorter)
+    pytest.param(80, id="rows_per_tile"),  # several whole rows (N = 36), or one row a tile (N = 37)
+    pytest.param(10_000, id="all_rows"),
+]
+
+
+@pytest.mark.parametrize("mask", [False, True], ids=["no_mask", "padded"])
+@pytest.mark.parametrize("fmap", ["elu", "relu"])
+@pytest.mark.parametrize("N", [36, 37], ids=["whole_chunks", "partial_chunk"])
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_causal_tiles_give_the_reference_and_the_plain_form(annex, monkeypatch, layout, N, fmap, mask):
+    """Every tile layout, with and without autograd, with padded keys: the float64 definition's outputs and
+    gradients, and the plain chunked form's."""
+    monkeypatch.setattr(causal, "CPU_TILE", layout)
+    B, H, D, Dv = 2, 3, 4, 5
+    q, k, v = qkv(B, H, N, N, D, Dv, dtype=torch.float64)
+    padding = None
+    if mask:
+        padding = torch.rand(B, N, generator=torch.Generator().manual_seed(1)) < 0.3
+        padding[:, 0] = False
+    kwargs = {"is_causal": True, "feature_map": fmap, "key_padding_mask": padding, "chunk_size": 3}
+    expected = functools.partial(reference.linear_attention, is_causal=True, feature_map=fmap, key_padding_mask=padding)
+    fast = functools.partial(attnbook.linear_attention, **kwargs)
+    assert_matches_reference(fast, expected, [q, k, v], dtype=torch.float64)
+    with torch.no_grad():
+        out, plain = both_paths(lambda: fast(q, k, v))
+    torch.testing.assert_close(out, expected(q, k, v), **tol(torch.float64))
+    torch.testing.assert_close(out, plain, **tol(torch.float64))
+
+
+@pytest.mark.parametrize("mask", [False, True], ids=["no_mask", "padded"])
+def test_causal_second_derivatives_differentiate_the_plain_form(annex, monkeypatch, mask):
+    """A backward with create_graph differentiates the plain chunked form, so gradgradcheck passes across tiles,
+    padded keys included."""
+    monkeypatch.setattr(causal, "CPU_TILE", 4)
+    q, k, v = (x.requires_grad_() for x in qkv(1, 2, 7, 7, 3, 2, dtype=torch.float64))
+    padding = torch.tensor([[False, False, True, False, False, True, False]]) if mask else None
+
+    def attend(q, k, v):
+        return attnbook.linear_attention(q, k, v, is_causal=True, key_padding_mask=padding, chunk_size=2)
+
+    assert torch.autograd.gradcheck(attend, (q, k, v))
+    assert torch.autograd.gradgradcheck(attend, (q, k, v))
+
+
+def test_causal_returns_only_the_requested_gradients(annex):
+    q, k, v = qkv(1, 2, 9, 9, 3, 2, dtype=torch.float64)
+    v.requires_grad_()
+    out = attnbook.linear_attention(q, k, v, is_causal=True, chunk_size=4)
+    (dv,) = torch.autograd.grad(out, (v,), torch.ones_like(out))
+    expected = reference.linear_attention(q, k, v, is_causal=True)
+    torch.testing.assert_close(dv, torch.autograd.grad(expected, (v,), torch.ones_like(out))[0], **tol(torch.float64))
+
+
+def test_causal_takes_views_and_a_non_contiguous_upstream(annex):
+    """q, k, v as a layer makes them (a transposed view of (B, L, H, D)) and a non-contiguous upstream."""
+    B, L, H, D = 2, 40, 3, 4
+    x = torch.randn(B, L, H, 3 * D, dtype=torch.float64, requires_grad=True)
+    q, k, v = (t.transpose(1, 2) for t in x.split(D, dim=-1))  # (B, H, L, D), non-contiguous
+    out = attnbook.linear_attention(q, k, v, is_causal=True, chunk_size=8)
+    expected = reference.linear_attention(q, k, v, is_causal=True)
+    torch.testing.assert_close(out, expected, **tol(torch.float64))
+    upstream = torch.randn(B, L, H, D, dtype=torch.float64).transpose(1, 2)
+    (g,) = torch.autograd.grad(out, x, upstream)
+    (r,) = torch.autograd.grad(expected, x, upstream)
+    torch.testing.assert_close(g, r, **tol(torch.float64))
+
+
+@pytest.mark.parametrize("B", [1, 2])
+def test_causal_padding_of_one_sequence_with_whole_chunks(annex, B):
+    """0.2.0 failed with "view size is not compatible" for a key_padding_mask, batch 1, two or more heads and a
+    length that is a multiple of the chunk size: the padding's rows were a view of stride 0 over the heads."""
+    q, k, v = qkv(B, 2, 64, 64, 8, 8, dtype=torch.float64)
+    padding = torch.zeros(B, 64, dtype=torch.bool)
+    padding[:, 50:] = True
+    for grad in (False, True):
+        with torch.set_grad_enabled(grad):
+            out = attnbook.linear_attention(q, k, v, is_causal=True, key_padding_mask=padding, chunk_size=32)
+        expected = reference.linear_attention(q, k, v, is_causal=True, key_padding_mask=padding)
+        torch.testing.assert_close(out, expected, **tol(torch.float64))
+
+
+@pytest.mark.parametrize("eps", [1e-6, 0.0], ids=["eps", "no_eps"])
+@pytest.mark.parametrize("fmap", ["elu", "relu"])
+@pytest.mark.parametrize("shape", [(2, 3, 40, 40), (2, 3, 17, 33), (1, 1, 1, 5)], ids=["square", "cross", "one_query"])
+def test_non_causal_inference_gives_the_reference_and_the_plain_form(annex, shape, fmap, eps):
+    B, H, N, M = shape
+    q, k, v = qkv(B, H, N, M, 4, 5, dtype=torch.float64)
+    padding = torch.zeros(B, M, dtype=torch.bool)
+    padding[-1, M // 2 :] = True
+    if eps == 0.0:
+        padding[0] = True  # a sequence with no key at all: zeros, not NaN
+    call = functools.partial(attnbook.linear_attention, feature_map=fmap, key_padding_mask=padding, eps=eps)
+    with torch.no_grad():
+        out, plain = both_paths(lambda: call(q, k, v))
+    expected = reference.linear_attention(q, k, v, feature_map=fmap, key_padding_mask=padding, eps=eps)
+    torch.testing.assert_close(out, expected, **tol(torch.float64))
+    torch.testing.assert_close(out, plain, **tol(torch.float64))
+    assert q.isfinite().all() and k.isfinite().all()  # the inputs were not written to
+
+
+@pytest.mark.parametrize("mask", [False, True], ids=["no_mask", "padded"])
+@pytest.mark.parametrize("eps", [1e-6, 0.0], ids=["eps", "no_eps"])
+def test_mobile_gram_flows_give_the_reference_and_the_plain_form(annex, eps, mask):
+    q, k, v = (x.requires_grad_() for x in qkv(2, 4, 9, 9, 3, 5, dtype=torch.float64))
+    padding = None
+    if mask:
+        padding = torch.zeros(2, 9, dtype=torch.bool)
+        padding[1, 6:] = True
+    expected = reference.mobile_attention(q, k, v, eps=eps, return_flows=True)
+    if mask:  # the reference has no padding: the unpadded second sequence alone
+        short = reference.mobile_attention(*(x[1:, :, :6] for x in (q, k, v)), eps=eps, return_flows=True)
+    call = functools.partial(attnbook.mobile_attention, key_padding_mask=padding, eps=eps, return_flows=True)
+    (out, stats), (plain, plain_stats) = both_paths(lambda: call(q, k, v))
+    torch.testing.assert_close(out, plain, **tol(torch.float64))
+    for a, b in zip(stats, plain_stats, strict=True):
+        torch.testing.assert_close(a, b, **tol(torch.float64))
+    torch.testing.assert_close(out[:1], expected[0][:1], **tol(torch.float64))
+    if mask:
+        torch.testing.assert_close(out[1:, :, :6], short[0], **tol(torch.float64))
+    upstream = torch.randn_like(out)
+    grads = [torch.autograd.grad(y, (q, k, v), upstream) for y in (out, plain)]
+    for a, b in zip(*grads, strict=True):
+        torch.testing.assert_close(a, b, **tol(torch.float64))
+    if not mask:
+        for a, b in zip(grads[0], torch.autograd.grad(expected[0], (q, k, v), upstream), strict=True):
+            torch.testing.assert_close(a, b, **tol(torch.float64))
+
+
+def test_set_plain_wins_over_the_environment_and_none_gives_it_back(monkeypatch):
+    monkeypatch.setenv("ATTNBOOK_PLAIN", "1")
+    assert config.plain()
+    config.set_plain(False)
+    try:
+        assert not config.plain()
+    finally:
+        config.set_plain(None)
+    assert config.plain()
+    monkeypatch.setenv("ATTNBOOK_PLAIN", "0")
+    assert not config.plain()
+    monkeypatch.setenv("ATTNBOOK_PLAIN", "sometimes")
+    with pytest.raises(ValueError, match="ATTNBOOK_PLAIN must be one of '1', '0'"):
+        config.plain()
+    with pytest.raises(TypeError, match="enable must be True or False"):
+        config.set_plain("yes")
+
+
+def test_with_attnbook_plain_no_module_of_the_annex_is_imported():
+    """Every mechanism, causal and not, with and without autograd, a layer and a generation: with
+    ``ATTNBOOK_PLAIN=1`` no ``attnbook._fast`` module is imported; without it, the annex is used."""
+    script = """
+import sys, torch, attnbook
+from attnbook.mechanisms import MECHANISMS
+from attnbook.lm import DecoderLM
+q, k, v = (torch.randn(2, 2, 70, 8, requires_grad=True) for _ in range(3))
+for name, m in MECHANISMS.items():
+    layer = m.module(16, 2)
+    layer(torch.randn(2, 70, 16)).sum().backward()
+    if m.function is not None:
+        for causal in (False, True) if m.causal else (False,):
+            m(q, k, v, is_causal=causal).sum().backward()
+            with torch.no_grad():
+                m(q, k, v, is_causal=causal)
+DecoderLM("linear", dim=16, n_heads=2).generate(torch.randint(0, 256, (1, 5)), 3)
+print(sorted(n for n in sys.modules if n.startswith("attnbook._fast")))
+"""
+    for plain, expected in (("1", "[]"), ("0", "['attnbook._fast', 'attnbook._fast.causal'")):
+        env = {**os.environ, "ATTNBOOK_PLAIN": plain}
+        done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.strip().startswith(expected), done.stdout
