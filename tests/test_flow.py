@@ -345,3 +345,43 @@ class TestModule:
             attnbook.FlowAttention(4, 4, 4, 2, causal="False")
         with pytest.raises(TypeError, match="drop_out must be a number, got None"):
             attnbook.FlowAttention(4, 4, 4, 2, drop_out=None)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_nan_in_padding_gives_zero_gradients(causal):
+    """A padded position holding NaN contributes nothing forwards and gets a zero gradient (0.2.0 gave NaN:
+    the features were zeroed after the sigmoid, whose derivative at NaN is NaN)."""
+    q, k, v = (x.requires_grad_() for x in qkv(2, 3, 7, 7, 4, 4))
+    padding = torch.zeros(2, 7, dtype=torch.bool)
+    padding[0, 5:] = True
+    with torch.no_grad():
+        for x in (q, k, v):
+            x[0, :, 5:] = float("nan")
+    kwargs = {"key_padding_mask": padding, "is_causal": causal, "chunk_size": 3}
+    if not causal:
+        kwargs["query_padding_mask"] = padding
+    out = attnbook.flow_attention(q, k, v, **kwargs)
+    assert torch.isfinite(out).all()
+    out.sum().backward()
+    for x in (q, k, v):
+        assert torch.isfinite(x.grad).all() and (x.grad[0, :, 5:] == 0).all()
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_a_query_whose_keys_are_all_padding_gets_zeros_with_eps_zero(causal):
+    """With eps = 0 a sink with no source at all has no incoming flow: its output is 0, not 0/0 = NaN."""
+    q, k, v = qkv(2, 2, 5, 5, 3, 3)
+    padding = torch.zeros(2, 5, dtype=torch.bool)
+    padding[1] = True  # the second sequence has no real key
+    out = attnbook.flow_attention(q, k, v, key_padding_mask=padding, is_causal=causal, eps=0.0)
+    assert torch.isfinite(out).all() and (out[1] == 0).all()
+
+
+def test_a_state_with_a_negative_count_is_refused():
+    q, k, v = qkv(2, 2, 5, 5, 3, 3)
+    _, state = attnbook.flow_attention(q, k, v, is_causal=True, output_final_state=True)
+    bad = state._replace(t=torch.tensor([5, -1]))
+    with pytest.raises(ValueError, match=r"flow_attention: initial_state.t must hold token counts >= 0, got \[5, -1\]"):
+        attnbook.flow_attention(q, k, v, is_causal=True, initial_state=bad)
+    with pytest.raises(ValueError, match=r"flow_attention_step: state.t must hold token counts >= 0"):
+        attnbook.flow_attention_step(q[:, :, 0], k[:, :, 0], v[:, :, 0], bad)

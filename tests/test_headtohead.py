@@ -260,7 +260,7 @@ def test_lookup_share_of_a_hand_made_perfect_lookup_is_one():
     key, _, _ = task.fields(tokens)
     j = (key[:, :-1] == key[:, -1:]).float().argmax(-1)  # (10,)
     torch.testing.assert_close(share, row[torch.arange(10), :, j].detach())
-    with pytest.raises(TypeError, match="^lookup_share: model must be a TinyModel, got a _Block module"):
+    with pytest.raises(TypeError, match="^lookup_share: model must be a TinyModel, got a Block module"):
         h2h.lookup_share(block, tokens, task)
 
 

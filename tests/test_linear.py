@@ -515,3 +515,21 @@ class TestModule:
         args = dict(d_input=4, d_model=8, d_output=4, n_heads=2) | kwargs
         with pytest.raises(error, match=message):
             attnbook.LinearAttention(**args)
+
+
+@pytest.mark.parametrize("plain", [False, True], ids=["annex", "plain"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_a_query_whose_keys_are_all_padding_gets_zeros_with_eps_zero(causal, plain):
+    """With eps = 0 a query with no weight at all (every key padding) returns zeros and zero gradients, not
+    0/0 = NaN, in the plain form and in the annex."""
+    q, k, v = (x.requires_grad_() for x in qkv(2, 2, 6, 6, 3, 3))
+    padding = torch.zeros(2, 6, dtype=torch.bool)
+    padding[1] = True
+    config.set_plain(plain)
+    try:
+        out = attnbook.linear_attention(q, k, v, key_padding_mask=padding, is_causal=causal, eps=0.0, chunk_size=4)
+        out.sum().backward()
+    finally:
+        config.set_plain(None)
+    assert torch.isfinite(out).all() and (out[1] == 0).all()
+    assert all(torch.isfinite(x.grad).all() for x in (q, k, v)) and (q.grad[1] == 0).all()

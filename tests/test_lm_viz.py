@@ -68,9 +68,9 @@ def test_the_generation_figure_plots_time_and_state_on_log_axes():
 
 def test_the_generation_figure_draws_a_second_decoder_dotted_in_the_same_colours():
     result = generation.measure(Setup(dim=8, n_heads=2, n_layers=1), mechanism_names=["softmax", "linear"],
-                                positions=[2, 16], repeats=1, warmup=0, decoders=("static", "eager"),
+                                positions=[2, 16], repeats=1, warmup=0, decoders=("compiled", "eager"),
                                 progress=False)  # fmt: skip
-    fig = lm_plots.plot_generation(result, decoder="static", also="eager")
+    fig = lm_plots.plot_generation(result, decoder="compiled", also="eager")
     top = fig.axes[0].get_lines()
     dotted = [ln for ln in top if ln.get_linestyle() == ":" and len(ln.get_xdata())]
     assert {ln.get_color() for ln in dotted} == {colour("softmax"), colour("linear")}

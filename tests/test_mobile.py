@@ -192,3 +192,33 @@ def test_float16_function_keeps_a_large_output_when_asked_for_float32():
     assert out.dtype == torch.float32 and torch.isfinite(out).all()
     ref16 = reference.mobile_attention(q.half(), k.half(), v.half())  # the same rounded inputs
     torch.testing.assert_close(out.double() / ref16.abs().max(), ref16 / ref16.abs().max(), **tol(torch.float32))
+
+
+@pytest.mark.parametrize("seed", [2, 4])
+def test_float16_inputs_of_magnitude_1e4_give_finite_gradients(seed):
+    """0.2.0's float16 output projection took its gradient through the rows' scale (up to 2^16): a finite forward,
+    an entirely non-finite gradient. The float64 output fits float16 here, and so must both results."""
+    torch.manual_seed(seed)
+    layer = attnbook.MobileAttention(16, 16, 16, 2, drop_out=0.0)
+    x = torch.randn(2, 8, 16) * 1e4
+    assert layer.double()(x.double()).abs().max() < 65504  # the case is one float16 can hold
+    x16 = x.half().requires_grad_()
+    y = layer.half()(x16)
+    y.sum().backward()
+    assert torch.isfinite(y).all() and torch.isfinite(x16.grad).all()
+
+
+def test_nan_in_padding_gives_zero_gradients():
+    """A padded position holding NaN contributes nothing forwards and gets a zero gradient (0.2.0 gave NaN:
+    the features were zeroed after the sigmoid, whose derivative at NaN is NaN)."""
+    q, k, v = (x.requires_grad_() for x in qkv(2, 4, 6, 6, 3, 3))
+    padding = torch.zeros(2, 6, dtype=torch.bool)
+    padding[0, 4:] = True
+    with torch.no_grad():
+        for x in (q, k, v):
+            x[0, :, 4:] = float("nan")
+    out = attnbook.mobile_attention(q, k, v, key_padding_mask=padding)
+    assert torch.isfinite(out).all()
+    out.sum().backward()
+    for x in (q, k, v):
+        assert torch.isfinite(x.grad).all() and (x.grad[0, :, 4:] == 0).all()

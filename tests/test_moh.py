@@ -629,3 +629,35 @@ def test_every_broadcastable_mask_shape_works_on_both_paths(fused):
     expected = reference.moh_layer(layer, x, attn_mask=keys.expand(2, 4, 5, 5))[0]
     for mask in (keys, keys[None], keys.expand(5, 5), keys.expand(2, 1, 5, 5)):
         torch.testing.assert_close(layer(x, attn_mask=mask), expected, **tol(torch.float64))
+
+
+def test_reentrant_checkpointing_warns_that_the_load_balancing_loss_has_no_gradient():
+    """torch.utils.checkpoint(use_reentrant=True) runs its first forward without autograd, so the loss a layer
+    keeps has no graph; gathering it says so (0.2.0 said nothing, and the router learned nothing). With
+    use_reentrant=False the loss has its gradient."""
+    from torch.utils.checkpoint import checkpoint
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(attnbook.MoHAttention(16, num_heads=4, shared_head=1, routed_head=2)).train()
+    x = torch.randn(2, 5, 16, requires_grad=True)
+    checkpoint(model, x, use_reentrant=True).sum()
+    with pytest.warns(UserWarning, match="computed without autograd .* use_reentrant=False"):
+        attnbook.moh_load_balancing_loss(model)
+    checkpoint(model, x, use_reentrant=False).sum()
+    loss = attnbook.moh_load_balancing_loss(model)
+    (grad,) = torch.autograd.grad(loss, model[0].wg.weight)
+    assert grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_float16_inputs_of_magnitude_1e4_give_finite_gradients(seed):
+    """0.2.0's float16 output projection took its gradient through the rows' scale (up to 2^16): a finite forward,
+    an entirely non-finite gradient. The float64 output fits float16 here, and so must both results."""
+    torch.manual_seed(seed)
+    layer = attnbook.MoHAttention(16, num_heads=2)
+    x = torch.randn(2, 8, 16) * 1e4
+    assert layer.double()(x.double()).abs().max() < 65504  # the case is one float16 can hold
+    x16 = x.half().requires_grad_()
+    y = layer.half()(x16)
+    y.sum().backward()
+    assert torch.isfinite(y).all() and torch.isfinite(x16.grad).all()

@@ -248,3 +248,33 @@ def test_scales_that_would_give_nan_are_refused(scale, error):
     q, k, v = qkv(1, 1, 3, 3, 2, 2)
     with pytest.raises(error, match="softmax_attention: scale must be"):
         attnbook.softmax_attention(q, k, v, scale=scale, is_causal=True)
+
+
+def test_the_reference_is_finite_where_the_answer_is():
+    """0.2.0's literal softmax formed exp of every score before masking: a causal row whose future keys score
+    far above its visible ones, or a row whose visible scores all carry a -1e30 float mask, gave inf * 0 = NaN."""
+    q = torch.randn(1, 1, 6, 4, dtype=torch.float64) * 30
+    v = torch.randn(1, 1, 6, 4, dtype=torch.float64)
+    out = reference.softmax_attention(q, q.flip(2), v, is_causal=True)
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out, F.scaled_dot_product_attention(q, q.flip(2), v, is_causal=True))
+    mask = torch.full((6, 6), -1e30, dtype=torch.float64)
+    out = reference.softmax_attention(q, q, v, is_causal=True, attn_mask=mask)
+    expected = F.scaled_dot_product_attention(
+        q, q, v, attn_mask=mask.masked_fill(~torch.ones(6, 6).tril().bool(), -torch.inf)
+    )
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out, expected)
+
+
+def test_the_references_warn_that_mask_is_deprecated():
+    """The changelog of 0.2.0 promised a FutureWarning for mask=; the references gave none."""
+    q, k, v = qkv(1, 2, 4, 4, 3, 3)
+    allowed = torch.ones(4, 4, dtype=torch.bool).tril()
+    with pytest.warns(FutureWarning, match="reference.softmax_attention: mask= is deprecated"):
+        old = reference.softmax_attention(q, k, v, mask=allowed)
+    torch.testing.assert_close(old, reference.softmax_attention(q, k, v, attn_mask=allowed))
+    layer = attnbook.MoHAttention(8, num_heads=2)
+    x = torch.randn(1, 4, 8)
+    with pytest.warns(FutureWarning, match="reference.moh_layer: mask= is deprecated"):
+        reference.moh_layer(layer, x, mask=allowed)

@@ -139,3 +139,13 @@ def test_the_language_model_prefills_steps_and_generates_through_the_layers_stat
         for _ in range(6):  # greedy decoding by hand: one whole forward per token
             expected = torch.cat([expected, model(expected)[:, -1].argmax(-1, keepdim=True)], 1)
         assert torch.equal(out, expected), decoder
+
+
+def test_a_softmax_layer_continues_a_cache_without_returning_one():
+    """0.2.0 returned (out, cache) from a causal call with initial_state but without output_final_state, and the
+    layer failed with "'tuple' object has no attribute 'shape'"."""
+    layer = attnbook.SoftmaxAttention(8, 8, 8, 2, causal=True).eval()
+    x = torch.randn(2, 6, 8)
+    _, cache = layer(x[:, :4], output_final_state=True)
+    tail = layer(x[:, 4:], initial_state=cache)
+    torch.testing.assert_close(tail, layer(x)[:, 4:], **tol(torch.float32))

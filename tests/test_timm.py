@@ -1,12 +1,14 @@
-"""MoHAttention in real timm (installed from PyPI with --no-deps; torchvision stood in by ``timm_stub``): a
-``VisionTransformer(attn_layer=MoHAttention)`` builds with timm's own constructor keywords, trains, and loads a
-timm ViT's attention weights, after which (every head shared, a zero ``wg_1``) it computes timm's model exactly."""
+"""The layers in real timm (installed from PyPI with --no-deps; torchvision stood in by ``timm_stub``): a
+``VisionTransformer(attn_layer=...)`` builds with timm's own constructor keywords and trains for every layer of the
+package; MoHAttention also loads a timm ViT's attention weights, after which (every head shared, a zero ``wg_1``)
+it computes timm's model exactly."""
 
 import pytest
 import timm_stub
 import torch
 from support import tol
 
+import attnbook
 from attnbook import MoHAttention
 
 timm_stub.install()
@@ -28,6 +30,35 @@ class AllShared(MoHAttention):
 
     def __init__(self, dim, num_heads=8, **kwargs):
         super().__init__(dim, num_heads, shared_head=num_heads, routed_head=0, **kwargs)
+
+
+LAYERS = [attnbook.SoftmaxAttention, attnbook.LinearAttention, attnbook.FlowAttention, attnbook.MobileAttention]
+
+
+@pytest.mark.parametrize("layer", LAYERS, ids=lambda c: c.__name__)
+@pytest.mark.parametrize("qk_norm", [False, True], ids=["plain", "qk_norm"])
+def test_a_vision_transformer_of_every_layer_builds_and_takes_a_training_step(layer, qk_norm):
+    """timm builds each layer with its own keywords (0.2.0 refused them: "unexpected keyword argument
+    'num_heads'"), and one optimiser step changes every parameter and lowers nothing to NaN."""
+    torch.manual_seed(0)
+    model = VisionTransformer(**VIT, attn_layer=layer, qkv_bias=True, qk_norm=qk_norm, proj_drop_rate=0.1)
+    assert all(type(block.attn) is layer and block.attn.n_heads == 4 for block in model.blocks)
+    assert all(isinstance(block.attn.q_norm, torch.nn.LayerNorm) == qk_norm for block in model.blocks)
+    before = [p.detach().clone() for p in model.parameters()]
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    loss = torch.nn.functional.cross_entropy(model(torch.randn(4, 3, 32, 32)), torch.tensor([0, 1, 2, 3]))
+    loss.backward()
+    opt.step()
+    assert torch.isfinite(loss)
+    changed = [not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True)]
+    assert all(changed), [n for (n, _), c in zip(model.named_parameters(), changed, strict=True) if not c]
+
+
+def test_a_layer_without_attention_weights_refuses_attention_dropout():
+    with pytest.raises(ValueError, match=r"LinearAttention: attn_drop must be 0.0 \(this mechanism never forms"):
+        VisionTransformer(**VIT, attn_layer=attnbook.LinearAttention, attn_drop_rate=0.1)
+    model = VisionTransformer(**VIT, attn_layer=attnbook.SoftmaxAttention, attn_drop_rate=0.1)
+    assert model.blocks[0].attn.attn_drop == 0.1
 
 
 @pytest.mark.parametrize("layer", [MoHAttention, Routed], ids=["defaults", "routed"])

@@ -22,7 +22,7 @@ Every mechanism follows the same rules, written once here:
 from __future__ import annotations
 
 import contextlib
-from typing import cast
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -128,18 +128,42 @@ def linear_in_range(layer: nn.Linear, x: torch.Tensor, dtype: torch.dtype) -> to
     For a float16 result, each row of x is first divided by a power of two s >= 1 that brings it within
     [-1, 1] (exact: only the exponent changes), the product runs in float16, and ``s * (W x / s) + b`` is
     formed in float32 before the final rounding. A row whose entries exceed 65504 but whose projection does
-    not thus gives a finite result, where rounding x to float16 first would give inf. Other dtypes (bfloat16
-    has float32's range) are a plain cast and ``layer(x)``.
+    not thus gives a finite result, where rounding x to float16 first would give inf. The gradients are formed
+    in x's dtype (:class:`_HalfLinear`), so that they too are finite wherever they fit float16. Other dtypes
+    (bfloat16 has float32's range) are a plain cast and ``layer(x)``.
     """
-    if dtype != torch.float16 or x.dtype == torch.float16:
+    if dtype != torch.float16 or x.dtype == torch.float16 or layer.weight.dtype != torch.float16:
         y: torch.Tensor = layer(x.to(dtype))  # nn.Module.__call__ is untyped in torch
         return y
-    wide = x.dtype
-    peak = x.detach().abs().amax(dim=-1, keepdim=True)  # (..., 1)
-    peak = torch.nan_to_num(peak, nan=1.0, posinf=1.0).clamp_min(1.0)  # non-finite rows stay non-finite below
-    scale = torch.exp2(torch.ceil(torch.log2(peak)))  # (..., 1), a power of two >= the row's largest entry
-    y = F.linear((x / scale).to(dtype), layer.weight.to(dtype))  # (..., out), rows within [-1, 1]
-    y = y.to(wide) * scale
-    if layer.bias is not None:
-        y = y + layer.bias.to(wide)
-    return y.to(dtype)
+    out: torch.Tensor = _HalfLinear.apply(x, layer.weight, layer.bias)  # type: ignore[no-untyped-call]
+    return out
+
+
+class _HalfLinear(torch.autograd.Function):
+    """x W^T + b in float16 for x in a wider dtype and a float16 W, b: the rows scaled into float16's range
+    forwards (:func:`linear_in_range`); backwards the gradients x^T-wise in x's dtype. Through autograd the
+    gradient of the float16 product would be g s, which overflows for a row of x beyond 65504 even where the
+    gradients of x and W (g W and g^T x) fit float16."""
+
+    # ctx: torch's FunctionCtx, whose type torch's forward and backward do not declare, hence Any.
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        wide = x.dtype
+        peak = x.abs().amax(dim=-1, keepdim=True)  # (..., 1)
+        peak = torch.nan_to_num(peak, nan=1.0, posinf=1.0).clamp_min(1.0)  # non-finite rows stay non-finite below
+        scale = torch.exp2(torch.ceil(torch.log2(peak)))  # (..., 1), a power of two >= the row's largest entry
+        y = F.linear((x / scale).to(weight.dtype), weight).to(wide) * scale  # (..., out), rows within [-1, 1]
+        if bias is not None:
+            y = y + bias.to(wide)
+        ctx.save_for_backward(x, weight, bias)
+        return y.to(weight.dtype)
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        x, weight, bias = ctx.saved_tensors
+        g = g.to(x.dtype)  # (..., out)
+        gx = g @ weight.to(x.dtype) if ctx.needs_input_grad[0] else None  # (..., in)
+        rows = g.reshape(-1, g.shape[-1])  # (rows, out)
+        gw = (rows.T @ x.reshape(-1, x.shape[-1])).to(weight.dtype) if ctx.needs_input_grad[1] else None
+        gb = rows.sum(0).to(bias.dtype) if bias is not None and ctx.needs_input_grad[2] else None
+        return gx, gw, gb

@@ -279,13 +279,13 @@ def _flow_causal(
     out, kv = chunked_causal_product(qs, ks, v * c.unsqueeze(-1), chunk_size, state.kv)  # (B, H, N, Dv)
     out = out * (a * r_in / t).unsqueeze(-1)  # a_i / (I_i t_i)
     stats = FlowStats(incoming, outgoing, conserved_incoming, conserved_outgoing, c, a, conserved_outgoing_raw)
-    new_state = FlowState(
+    new_state = FlowState(  # contiguous copies: no view keeps the sums of every position alive
         state.t + steps[:, 0].sum(-1).long(),
-        key_sum[..., -1, :],
-        query_sum[..., -1, :],
-        key_over_outgoing[..., -1, :],
-        query_over_incoming[..., -1, :],
-        exp_mean[..., -1],
+        key_sum[..., -1, :].contiguous(),
+        query_sum[..., -1, :].contiguous(),
+        key_over_outgoing[..., -1, :].contiguous(),
+        query_over_incoming[..., -1, :].contiguous(),
+        exp_mean[..., -1].contiguous(),
         kv,
     )
     return out, _zero_padded(stats, keep, keep), new_state

@@ -100,14 +100,17 @@ def chunked_causal_product(
     acc, mm = q.dtype, product_dtype(q)
     N, C = q.shape[-2], chunk_size
     n = chunk_count(N, C)  # chunks; the last one padded with zeros
-    qc, kc, vc = (F.pad(x, (0, 0, 0, n * C - N)).unflatten(-2, (n, C)).to(mm) for x in (q, k, v))  # (..., n, C, .)
+    qc, kc, vc = (F.pad(x, (0, 0, 0, n * C - N)).reshape(*x.shape[:-2], n, C, x.shape[-1]).to(mm) for x in (q, k, v))
     kv = (kc.transpose(-2, -1) @ vc).to(acc)  # (..., n, R, Dv): each chunk's own sum of k_j v_j^T
     states = F.pad(kv, (0, 0, 0, 0, 1, 0)).cumsum(-3)  # (..., n + 1, R, Dv): the state before chunk c, and at the end
     if state is not None:
         states = states + state.unsqueeze(-3)
     scores = (qc @ kc.transpose(-2, -1)).tril()  # (..., n, C, C): q_i . k_j inside a chunk, j <= i
     out = (scores @ vc).to(acc) + (qc @ states[..., :-1, :, :].to(mm)).to(acc)  # (..., n, C, Dv)
-    return out.flatten(-3, -2)[..., :N, :], states[..., -1, :, :]
+    out = out.flatten(-3, -2)[..., :N, :]  # (..., N, Dv)
+    # Traced, a copy: torch 2.13's inductor compiles the backward of a product that saved this slice with the
+    # strides of the first length, and fails at the next one (with dynamic shapes; reduced in the changelog).
+    return (out.contiguous() if tracing() else out), states[..., -1, :, :]
 
 
 def _feature_map(feature_map: str | FeatureMap, D: int, *, name: str, got: str | Callable[[], str]) -> FeatureMap:
@@ -347,7 +350,7 @@ def _causal(
     carried = None if state is None else torch.cat([state.S, state.z.unsqueeze(-1)], dim=-1)  # (B, H, R, Dv + 1)
     nd, final = chunked_causal_product(fq, fk, torch.cat([v, ones], dim=-1), chunk_size, carried)
     out = _divide(nd[..., :-1], nd[..., -1:] + eps)  # (B, H, N, Dv)
-    return out, LinearState(final[..., :-1], final[..., -1])
+    return out, LinearState(final[..., :-1].contiguous(), final[..., -1].contiguous())  # states of one layout
 
 
 def linear_attention_step(

@@ -49,6 +49,7 @@ it saves no FLOPs. Real savings would need gathering each head's selected tokens
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple, cast, overload
 
@@ -666,7 +667,17 @@ def moh_load_balancing_loss(model: nn.Module, reduction: str = "mean") -> torch.
             expected="have run a forward in training mode (model.train()) before its loss is gathered",
             got="no load-balancing loss",
         )
-        losses.append(cast(torch.Tensor, m.load_balancing_loss))  # not None: checked above
+        loss = cast(torch.Tensor, m.load_balancing_loss)  # not None: checked above
+        if torch.is_grad_enabled() and loss.grad_fn is None and m.wg.weight.requires_grad:
+            warnings.warn(
+                f"{where}: the load-balancing loss of layer {name or '<model>'!r} was computed without autograd (a "
+                "training forward under torch.no_grad, or inside torch.utils.checkpoint with use_reentrant=True, "
+                "whose first forward runs without autograd): it gives the router no gradient. Checkpoint with "
+                "use_reentrant=False",
+                UserWarning,
+                stacklevel=2,
+            )
+        losses.append(loss)
     if not losses:
         return next(layers[0][1].parameters()).new_zeros((), dtype=torch.float32)
     total = torch.stack([loss.to(losses[0].dtype) for loss in losses]).sum()

@@ -259,8 +259,8 @@ class KVCache(NamedTuple):
     def extend(self, k: torch.Tensor, v: torch.Tensor, padding: torch.Tensor | None = None) -> KVCache:
         """The cache with n more tokens: k (B, H, n, D), v (B, H, n, Dv); ``padding`` (B, n) bool, True = padding
         (a ``key_padding_mask``: later queries will not attend to those tokens)."""
-        if self.keys is None or self.values is None:
-            return KVCache(k, v, padding)
+        if self.keys is None or self.values is None:  # contiguous, as the concatenations that follow are
+            return KVCache(k.contiguous(), v.contiguous(), padding)
         if padding is not None or self.padding is not None:
             old = self.padding if self.padding is not None else k.new_zeros(k.shape[0], self.t, dtype=torch.bool)
             new = padding if padding is not None else k.new_zeros(k.shape[0], k.shape[2], dtype=torch.bool)

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import math
 import statistics
-import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
@@ -52,14 +51,13 @@ from .._checks import (
     check_divisible,
     check_instance,
     check_int,
-    check_max_size,
-    check_module,
     check_number,
     check_sequence,
     check_tensor,
 )
 from .._module import ProjectedAttention
 from ..moh import MoHAttention, moh_load_balancing_loss
+from . import training
 from .headtohead import RecallEmbedding, RecallTask, Summary
 from .listops import ListOps, label_distribution
 
@@ -400,39 +398,15 @@ class Setup:
 
     def learning_rate(self, step: int) -> float:
         """Linear warm-up to ``lr``, then a cosine to ``lr / 10`` at the last step (``step`` from 0)."""
-        if step < self.warmup:
-            return self.lr * (step + 1) / self.warmup
-        progress = (step - self.warmup) / max(1, self.steps - self.warmup)
-        return self.lr * (0.1 + 0.45 * (1 + math.cos(math.pi * min(progress, 1.0))))
+        return training.Optim(self.lr, self.weight_decay, warmup=self.warmup).learning_rate(step, self.steps)
 
 
-class _Block(nn.Module):
-    def __init__(self, variant: Variant, d: int, heads: int):
-        super().__init__()
-        self.norm1, self.norm2 = nn.LayerNorm(d), nn.LayerNorm(d)
-        self.attn = variant.build(d, heads)  # a self-attention layer: attn(x)
-        self.mlp = nn.Sequential(nn.Linear(d, 2 * d), nn.GELU(), nn.Linear(2 * d, d))
-
-    def attend(self, h: torch.Tensor, padding: torch.Tensor | None) -> torch.Tensor:
-        if padding is not None:
-            return self.attn(h, key_padding_mask=padding)  # (B, N, d)
-        return self.attn(h)  # (B, N, d)
-
-    def forward(self, x: torch.Tensor, padding: torch.Tensor | None = None) -> torch.Tensor:
-        x = x + self.attend(self.norm1(x), padding)  # (B, N, d)
-        return x + self.mlp(self.norm2(x))  # (B, N, d)
-
-
-class Classifier(nn.Module):
-    """A non-causal encoder: token + learned position embeddings, ``n_layers`` pre-norm blocks (attention of
-    one :class:`Variant`, then a two-layer MLP, each with a residual), a final norm, a pooled linear head.
+class Classifier(training.Classifier):
+    """:class:`attnbook.lab.training.Classifier` with the attention of a :class:`Variant`.
 
     Args:
         variant: a :class:`Variant` or a name of :data:`VARIANTS`.
-        vocab, length, n_classes: token ids, the longest sequence, the classes.
-        d_model, n_heads, n_layers: widths and depth.
-        pool: ``"mean"`` over the real tokens (PAD excluded) or ``"last"`` (the last position).
-        embedding: replaces the token embedding (e.g. :class:`RecallEmbedding`).
+        vocab, length, n_classes, d_model, n_heads, n_layers, pool, embedding: as there.
 
     Shape:
         ``forward(tokens, padding=None)``: tokens (B, N) long, padding (B, N) bool (True = PAD) ->
@@ -452,41 +426,12 @@ class Classifier(nn.Module):
         pool: str = "mean",
         embedding: nn.Module | None = None,
     ):
-        super().__init__()
-        name = "Classifier"
-        self.variant = _variant(variant, name)
-        vocab = check_int(vocab, "vocab", name=name, minimum=1)
-        length = check_int(length, "length", name=name, minimum=1)
-        n_classes = check_int(n_classes, "n_classes", name=name, minimum=2)
-        d_model = check_int(d_model, "d_model", name=name, minimum=1)
-        n_heads = check_int(n_heads, "n_heads", name=name, minimum=1)
-        n_layers = check_int(n_layers, "n_layers", name=name, minimum=1)
-        check_divisible(d_model, n_heads, name=name, total_arg="d_model", parts_arg="n_heads")
-        self.pool = check_choice(pool, "pool", ("mean", "last"), name=name)
-        if embedding is not None:
-            check_module(embedding, "embedding", name=name)
-        self.embed = nn.Embedding(vocab, d_model) if embedding is None else embedding
-        self.position = nn.Parameter(torch.randn(length, d_model) * 0.02)
-        self.blocks = nn.ModuleList(_Block(self.variant, d_model, n_heads) for _ in range(n_layers))
-        self.norm = nn.LayerNorm(d_model)
-        self.head = nn.Linear(d_model, n_classes)
-
-    def embed_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
-        """Token plus position embeddings, (B, N) -> (B, N, d_model)."""
-        check_tensor(tokens, "tokens", name="Classifier", dims=2, layout="(B, N)", floating=False)
-        check_max_size(tokens, "tokens", 1, self.position.shape[0], name="Classifier", label="N", why=" (length)")
-        return self.embed(tokens) + self.position[: tokens.shape[1]]  # (B, N, d)
-
-    def forward(self, tokens: torch.Tensor, padding: torch.Tensor | None = None) -> torch.Tensor:
-        x = self.embed_tokens(tokens)  # (B, N, d)
-        for block in self.blocks:
-            x = block(x, padding)
-        x = self.norm(x)
-        if self.pool == "last":
-            return self.head(x[:, -1])  # (B, n_classes)
-        real = x.new_ones(x.shape[:2]) if padding is None else (~padding).to(x.dtype)  # (B, N)
-        pooled = (x * real.unsqueeze(-1)).sum(1) / real.sum(1, keepdim=True).clamp_min(1.0)  # (B, d)
-        return self.head(pooled)  # (B, n_classes)
+        v = _variant(variant, "Classifier")
+        n_classes = check_int(n_classes, "n_classes", name="Classifier", minimum=2)
+        sizes = {"d_model": d_model, "n_heads": n_heads, "n_layers": n_layers, "pool": pool, "embedding": embedding}
+        super().__init__(v.mechanism, vocab=vocab, length=length, n_classes=n_classes, attn_options=dict(v.options),
+                         **sizes)  # fmt: skip
+        self.variant = v
 
 
 @dataclass
@@ -601,7 +546,6 @@ def train(
     device = torch.device(device)
     model = _build(v, task, setup, seed, device)
     balance = setup.moh_balance > 0 and any(isinstance(m, MoHAttention) and m.routed_head > 0 for m in model.modules())
-    opt = torch.optim.AdamW(model.parameters(), lr=setup.lr, weight_decay=setup.weight_decay, foreach=True)
     data = torch.Generator().manual_seed(seed + 1)
     held = _held_out(task, setup, seed, device)
     run = Run(v.name, v.mechanism, seed, majority=_majority(held.target, task.n_classes))
@@ -616,25 +560,13 @@ def train(
         run.steps.append(step)
         run.wall_s.append(elapsed)
 
-    elapsed = 0.0
-    evaluate(0, 0.0)
-    for step in range(1, setup.steps + 1):
-        b = task.batch(setup.batch, data, device)
-        for group in opt.param_groups:
-            group["lr"] = setup.learning_rate(step - 1)
-        t0 = time.perf_counter()
-        loss = nn.functional.cross_entropy(model(b.tokens, b.padding), b.target)
-        if balance:
-            loss = loss + setup.moh_balance * moh_load_balancing_loss(model)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        nn.utils.clip_grad_norm_(model.parameters(), setup.clip, foreach=True)
-        opt.step()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        elapsed += time.perf_counter() - t0
-        if step % setup.eval_every == 0 or step == setup.steps:
-            evaluate(step, elapsed)
+    def loss(model: nn.Module, b: _Batch) -> torch.Tensor:
+        value = nn.functional.cross_entropy(model(b.tokens, b.padding), b.target)
+        return value + setup.moh_balance * moh_load_balancing_loss(model) if balance else value
+
+    optim = training.Optim(setup.lr, setup.weight_decay, warmup=setup.warmup, clip=setup.clip, foreach=True)
+    training.fit(model, lambda _: task.batch(setup.batch, data, device), loss, steps=setup.steps, optim=optim,
+                 evaluate=evaluate, eval_every=setup.eval_every, device=device)  # fmt: skip
     if keep_model:
         run.model = model.eval()
     return run

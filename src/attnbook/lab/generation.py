@@ -30,7 +30,6 @@ from .. import mechanisms
 from .._checks import check_choice, check_count, check_int
 from ..lm import state_bytes
 from .bench import environment, loglog_slope
-from .lm import Setup
 from .profiling import compare, peak_memory
 from .progress import Progress
 
@@ -82,7 +81,7 @@ class _Generation:
 
 
 def measure(
-    setup: Setup,
+    setup: Any,
     *,
     mechanism_names: Sequence[str] | None = None,
     positions: Sequence[int] = POSITIONS,

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import math
 import statistics
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -48,19 +47,16 @@ from .._checks import (
     check_bool,
     check_choice,
     check_count,
-    check_divisible,
     check_found,
     check_instance,
     check_int,
-    check_max_size,
     check_module,
     check_number,
     check_sequence,
     check_subset,
-    check_tensor,
 )
 from ..moh import MoHAttention
-from . import bench, recordings
+from . import bench, recordings, training
 
 __all__ = [
     "gpu_report_lines",
@@ -182,21 +178,9 @@ class RecallEmbedding(nn.Module):
         return self.key(key) + fact * self.value(value) + self.role(is_query.long())  # (B, N, d)
 
 
-class _Block(nn.Module):
-    def __init__(self, mechanism: str, d: int, heads: int):
-        super().__init__()
-        self.norm1, self.norm2 = nn.LayerNorm(d), nn.LayerNorm(d)
-        self.attn = mechanisms.get(mechanism).module(d, heads)  # a self-attention layer: attn(x)
-        self.mlp = nn.Sequential(nn.Linear(d, 2 * d), nn.GELU(), nn.Linear(2 * d, d))
-
-    def forward(self, x):
-        h = self.norm1(x)
-        x = x + self.attn(h)  # (B, N, d)
-        return x + self.mlp(self.norm2(x))  # (B, N, d)
-
-
-class TinyModel(nn.Module):
-    """Embeddings, ``n_layers`` pre-norm attention blocks of one mechanism, a classifier at the last position.
+class TinyModel(training.Classifier):
+    """Embeddings, ``n_layers`` blocks of one mechanism, a classifier at the last position: chapter 6's
+    :class:`attnbook.lab.training.Classifier`.
 
     Args:
         mechanism: a name of :data:`attnbook.mechanisms.MECHANISMS`.
@@ -219,36 +203,10 @@ class TinyModel(nn.Module):
         n_layers: int = 2,
         embedding: nn.Module | None = None,
     ):
-        super().__init__()
-        name = "TinyModel"
-        check_choice(mechanism, "mechanism", MECHANISMS, name=name)
-        vocab = check_int(vocab, "vocab", name=name, minimum=1)
-        length = check_int(length, "length", name=name, minimum=1)
-        n_out = check_int(n_out, "n_out", name=name, minimum=1)
-        d_model = check_int(d_model, "d_model", name=name, minimum=1)
-        n_heads = check_int(n_heads, "n_heads", name=name, minimum=1)
-        n_layers = check_int(n_layers, "n_layers", name=name, minimum=1)
-        check_divisible(d_model, n_heads, name=name, total_arg="d_model", parts_arg="n_heads")
-        if embedding is not None:
-            check_module(embedding, "embedding", name=name)
+        check_choice(mechanism, "mechanism", MECHANISMS, name="TinyModel")
+        super().__init__(mechanism, vocab=vocab, length=length, n_classes=n_out, d_model=d_model, n_heads=n_heads,
+                         n_layers=n_layers, pool="last", embedding=embedding, name="TinyModel")  # fmt: skip
         self.mechanism = mechanism
-        self.embed = nn.Embedding(vocab, d_model) if embedding is None else embedding
-        self.position = nn.Parameter(torch.randn(length, d_model) * 0.02)
-        self.blocks = nn.ModuleList(_Block(mechanism, d_model, n_heads) for _ in range(n_layers))
-        self.norm = nn.LayerNorm(d_model)
-        self.head = nn.Linear(d_model, n_out)
-
-    def embed_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
-        """Token plus position embeddings, (B, N) -> (B, N, d_model): the input of the first block."""
-        check_tensor(tokens, "tokens", name="TinyModel", dims=2, layout="(B, N)", floating=False)
-        check_max_size(tokens, "tokens", 1, self.position.shape[0], name="TinyModel", label="N", why=" (length)")
-        return self.embed(tokens) + self.position[: tokens.shape[1]]  # (B, N, d)
-
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        x = self.embed_tokens(tokens)  # (B, N, d)
-        for block in self.blocks:
-            x = block(x)
-        return self.head(self.norm(x[:, -1]))  # (B, n_out)
 
 
 @dataclass
@@ -347,12 +305,11 @@ def train(
         n_layers=n_layers,
         embedding=embedding,
     ).to(device)
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01, foreach=True)
     data = torch.Generator().manual_seed(seed + 1)
     eval_tokens, eval_target = task.batch(eval_size, torch.Generator().manual_seed(10_000 + seed), device)
     curve = Curve(mechanism, seed=seed)
 
-    def evaluate(step: int, elapsed: float) -> None:
+    def evaluate(step: int, elapsed: float) -> bool:
         model.eval()
         with torch.no_grad():
             logits = model(eval_tokens)  # (eval_size, n_values)
@@ -361,23 +318,13 @@ def train(
         model.train()
         curve.steps.append(step)
         curve.wall_s.append(elapsed)
+        return stop_at is not None and len(curve.accuracy) > 2 and min(curve.accuracy[-2:]) >= stop_at
 
-    elapsed = 0.0
-    evaluate(0, 0.0)
-    for step in range(1, steps + 1):
-        tokens, target = task.batch(batch, data, device)
-        t0 = time.perf_counter()
-        out = nn.functional.cross_entropy(model(tokens), target)
-        opt.zero_grad(set_to_none=True)
-        out.backward()
-        opt.step()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        elapsed += time.perf_counter() - t0
-        if step % eval_every == 0 or step == steps:
-            evaluate(step, elapsed)
-            if stop_at is not None and len(curve.accuracy) > 2 and min(curve.accuracy[-2:]) >= stop_at:
-                break
+    def loss(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        return nn.functional.cross_entropy(model(batch[0]), batch[1])
+
+    training.fit(model, lambda _: task.batch(batch, data, device), loss, steps=steps, optim=training.Optim(
+        lr, 0.01, foreach=True), evaluate=evaluate, eval_every=eval_every, device=device)  # fmt: skip
     if keep_model:
         curve.model = model.eval()
     return curve

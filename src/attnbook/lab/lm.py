@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import math
 import statistics
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -23,6 +22,7 @@ from .._checks import check_count, check_instance, check_int
 from ..lm import DecoderLM
 from .corpus import Corpus, windows
 from .progress import Progress
+from .training import Optim, fit
 
 __all__ = [
     "Setup",
@@ -102,10 +102,7 @@ def setup() -> Setup:
 
 def learning_rate(step: int, s: Setup) -> float:
     """The schedule every mechanism follows: linear warm-up to ``s.lr``, cosine decay to ``s.lr / 10``."""
-    if step < s.warmup:
-        return s.lr * (step + 1) / s.warmup
-    progress = (step - s.warmup) / max(1, s.steps - s.warmup)
-    return s.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0))))
+    return Optim(s.lr, s.weight_decay, warmup=s.warmup).learning_rate(step, s.steps)
 
 
 def validation_starts(data: torch.Tensor, n: int, length: int) -> torch.Tensor:
@@ -193,43 +190,32 @@ def train(
     device = torch.device(device)
     torch.manual_seed(seed)
     model = s.model(mechanism).to(device)
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    other = [p for p in model.parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": s.weight_decay}, {"params": other, "weight_decay": 0.0}], lr=s.lr
-    )
     data = torch.Generator().manual_seed(seed)
     valid_starts = validation_starts(corpus.valid, s.eval_windows, s.context)
     run = Run(mechanism, seed, model=model)
     high = corpus.train.numel() - s.context - 1
+
+    def next_batch(_: int) -> tuple[torch.Tensor, torch.Tensor]:
+        x, y = windows(corpus.train, torch.randint(0, high, (s.batch,), generator=data), s.context)
+        return x.to(device), y.to(device)
+
+    def loss(model: torch.nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        x, y = batch
+        return F.cross_entropy(model(x).flatten(0, 1), y.flatten())  # logits (batch, N, V)
 
     def evaluate(step: int, elapsed: float) -> None:
         run.steps.append(step)
         run.wall_s.append(elapsed)
         run.valid_bpb.append(bits_per_byte(model, corpus.valid, valid_starts, s.context))
 
-    elapsed = 0.0
-    evaluate(0, 0.0)
-    model.train()
-    for step in range(s.steps):
-        starts = torch.randint(0, high, (s.batch,), generator=data)
-        x, y = windows(corpus.train, starts, s.context)
-        x, y = x.to(device), y.to(device)
-        t0 = time.perf_counter()
-        for group in opt.param_groups:
-            group["lr"] = learning_rate(step, s)
-        logits = model(x)  # (batch, N, V)
-        loss = F.cross_entropy(logits.flatten(0, 1), y.flatten())
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        run.train_bpb.append(loss.item() / LN2)  # .item() also waits for the device
-        elapsed += time.perf_counter() - t0
-        if (step + 1) % s.eval_every == 0 or step + 1 == s.steps:
-            evaluate(step + 1, elapsed)
+    def after_step(step: int, value: torch.Tensor) -> None:
+        run.train_bpb.append(value.item() / LN2)  # .item() also waits for the device
         if progress is not None:
             progress.update(note=f"{note}bpb {run.valid_bpb[-1]:.2f}")
+
+    optim = Optim(s.lr, s.weight_decay, warmup=s.warmup, clip=1.0, decay_matrices_only=True)
+    fit(model, next_batch, loss, steps=s.steps, optim=optim, evaluate=evaluate, eval_every=s.eval_every,
+        device=device, after_step=after_step)  # fmt: skip
     model.eval()
     return run
 

@@ -95,7 +95,7 @@ def plot_generation(
     ``result`` is a :func:`attnbook.lab.generation.measure` result (or its recording); ``metric`` the timing
     to plot (``"median_s"`` or ``"min_s"``, the fastest call); ``decoder`` the path drawn in solid lines
     (default the first one timed) and ``also`` a second one drawn dotted in the same colours (e.g. ``"eager"``,
-    the teaching path, beside ``"static"``).
+    the teaching path, beside ``"compiled"``).
     """
     from ..lab import generation
 
