@@ -49,7 +49,7 @@ help:
 	@echo "                  once, with nbmake), the website with warnings as errors, browser and front-end tests"
 	@echo "make serve      - serve _build/html on http://127.0.0.1:8000"
 	@echo "make unit       - the unit tests against the editable checkout (quick, while developing)"
-	@echo "make lint       - ruff, ruff format, mypy --strict on the library, and nbstripout"
+	@echo "make lint       - ruff, ruff format, mypy --strict on the library, import-linter, and nbstripout"
 	@echo "make lock       - record the exact versions of .venv in $(LOCK) (after a green make test)"
 
 $(BIN)/.installed: pyproject.toml requirements.txt $(LOCK)
@@ -126,6 +126,7 @@ lint: venv
 	$(BIN)/ruff check src tests benchmarks book
 	$(BIN)/ruff format --check src tests benchmarks book
 	$(BIN)/mypy
+	$(BIN)/lint-imports  # the package's layers and no import cycle ([tool.importlinter] in pyproject.toml)
 	$(BIN)/nbstripout --verify --keep-id $(wildcard book/*.ipynb)
 
 unit: venv

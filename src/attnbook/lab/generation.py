@@ -29,6 +29,7 @@ import torch
 from .. import mechanisms
 from .._checks import check_choice, check_count, check_int
 from ..lm import state_bytes
+from ..viz.lm import series
 from .bench import environment, loglog_slope
 from .profiling import compare, peak_memory
 from .progress import Progress
@@ -186,26 +187,6 @@ def measure(
         },
         "records": records,
     }
-
-
-def _decoder(result: dict, decoder: str | None) -> str:
-    decoders = result["config"].get("decoders", ["eager"])
-    return decoders[0] if decoder is None else check_choice(decoder, "decoder", tuple(decoders), name="series")
-
-
-def series(
-    result: dict, metric: str = "median_s", decoder: str | None = None
-) -> tuple[list[int], dict[str, list[float]]]:
-    """``(positions, {mechanism: values})`` of one metric of a :func:`measure` result, for one ``decoder``
-    (default the first one timed)."""
-    decoder = _decoder(result, decoder)
-    records = [r for r in result["records"] if r.get("decoder", "eager") == decoder]
-    ts = sorted({r["t"] for r in records})
-    out: dict[str, list[float]] = {}
-    for name in result["config"]["mechanisms"]:
-        by_t = {r["t"]: r[metric] for r in records if r["mechanism"] == name}
-        out[name] = [float(by_t.get(t, math.nan)) for t in ts]
-    return ts, out
 
 
 def slope(

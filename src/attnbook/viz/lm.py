@@ -6,13 +6,14 @@ colour per mechanism (:func:`~attnbook.viz.style.line_style`).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 
 import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
-from .._checks import check_all_equal
+from .._checks import check_all_equal, check_choice
 from .style import PAGE_WIDTH, book_style, line_style
 
 __all__ = ["curve_summary", "plot_bpb", "plot_generation"]
@@ -82,6 +83,22 @@ def plot_bpb(runs: Sequence, *, baselines: Mapping[str, float] | None = None, ti
     return fig
 
 
+def series(
+    result: Mapping, metric: str = "median_s", decoder: str | None = None
+) -> tuple[list[int], dict[str, list[float]]]:
+    """``(positions, {mechanism: values})`` of one metric of a :func:`attnbook.lab.generation.measure` result (or
+    its recording), for one ``decoder`` (default the first one timed). Also ``attnbook.lab.generation.series``."""
+    decoders = tuple(result["config"].get("decoders", ["eager"]))
+    decoder = decoders[0] if decoder is None else check_choice(decoder, "decoder", decoders, name="series")
+    records = [r for r in result["records"] if r.get("decoder", "eager") == decoder]
+    ts = sorted({r["t"] for r in records})
+    out: dict[str, list[float]] = {}
+    for name in result["config"]["mechanisms"]:
+        by_t = {r["t"]: r[metric] for r in records if r["mechanism"] == name}
+        out[name] = [float(by_t.get(t, math.nan)) for t in ts]
+    return ts, out
+
+
 def plot_generation(
     result: Mapping,
     *,
@@ -97,11 +114,9 @@ def plot_generation(
     (default the first one timed) and ``also`` a second one drawn dotted in the same colours (e.g. ``"eager"``,
     the teaching path, beside ``"compiled"``).
     """
-    from ..lab import generation
-
-    ts, times = generation.series(result, metric, decoder)
-    _, held = generation.series(result, "state_bytes", decoder)
-    other = generation.series(result, metric, also)[1] if also is not None else {}
+    ts, times = series(result, metric, decoder)
+    _, held = series(result, "state_bytes", decoder)
+    other = series(result, metric, also)[1] if also is not None else {}
     label = "fastest" if metric == "min_s" else "median"
     with book_style():
         fig, axes = plt.subplots(2, 1, figsize=(PAGE_WIDTH, 6.2), layout="constrained")
