@@ -4,9 +4,12 @@ come from :mod:`attnbook.testing` (the chapters use the same), the ports of the 
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
+from attnbook import config
 from attnbook.feature_maps import PerformerFeatures
 from attnbook.testing import TOLERANCES, assert_matches_reference, tol  # noqa: F401  (the one table)
 
@@ -78,3 +81,17 @@ def feature_map(name, D):
 
 
 FEATURE_MAP_IDS = ["elu", "relu", "performer", "square_plus"]
+
+
+@contextlib.contextmanager
+def paths(plain: bool):
+    """The plain forms alone (``plain``) or the speed annex too, on one thread (its causal tiles run on one thread
+    only); the environment's choice and the thread count come back afterwards."""
+    threads = torch.get_num_threads()
+    config.set_plain(plain)
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        config.set_plain(None)
+        torch.set_num_threads(threads)

@@ -5,10 +5,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from published import fast_transformers_linear_attention
-from support import DEVICES, FEATURE_MAP_IDS, FLOAT_DTYPES, assert_matches_reference, feature_map, qkv, tol
+from support import DEVICES, FEATURE_MAP_IDS, FLOAT_DTYPES, assert_matches_reference, feature_map, paths, qkv, tol
 
 import attnbook
-from attnbook import config, reference
+from attnbook import reference
 from attnbook.feature_maps import PerformerFeatures
 from attnbook.lab.profiling import peak_memory
 from attnbook.linear import chunked_causal_product
@@ -268,8 +268,7 @@ def test_causal_memory_is_a_few_copies_of_the_inputs_not_n_by_n(grad, plain):
     N, D = 4096, 64
     q, k, v = qkv(1, 1, N, N, D, D)
     io_bytes = 4 * q.numel() * q.element_size()  # q, k, v and the output
-    config.set_plain(plain)
-    try:
+    with paths(plain):
         if not grad:
             with torch.no_grad():
                 peak = peak_memory(lambda: attnbook.linear_attention(q, k, v, is_causal=True), existing=(q, k, v))
@@ -281,8 +280,6 @@ def test_causal_memory_is_a_few_copies_of_the_inputs_not_n_by_n(grad, plain):
                 out.backward(torch.ones_like(out))
 
             peak = peak_memory(forward_backward, existing=(q, k, v))
-    finally:
-        config.set_plain(None)
     assert peak < 3 * io_bytes < N * N * 4, f"peak {peak} bytes for q, k, v, out of {io_bytes} bytes"
 
 
@@ -292,12 +289,8 @@ def test_the_annex_needs_at_most_twice_the_output_for_causal_inference(B, H, N):
     included): the features of one tile at a time, never the (B, H, N, R) features, key prefix sums or per-chunk
     states of the whole batch (the plain form holds N / ell chunk states: about 9 outputs at N = 16384)."""
     q, k, v = qkv(B, H, N, N, 64, 64)
-    config.set_plain(False)
-    try:
-        with torch.no_grad():
-            peak = peak_memory(lambda: attnbook.linear_attention(q, k, v, is_causal=True), existing=(q, k, v))
-    finally:
-        config.set_plain(None)
+    with paths(plain=False), torch.no_grad():
+        peak = peak_memory(lambda: attnbook.linear_attention(q, k, v, is_causal=True), existing=(q, k, v))
     out_bytes = v.numel() * v.element_size()
     assert peak <= 2 * out_bytes, f"peak {peak / 2**20:.1f} MiB for an output of {out_bytes / 2**20:.1f} MiB"
 
@@ -525,11 +518,8 @@ def test_a_query_whose_keys_are_all_padding_gets_zeros_with_eps_zero(causal, pla
     q, k, v = (x.requires_grad_() for x in qkv(2, 2, 6, 6, 3, 3))
     padding = torch.zeros(2, 6, dtype=torch.bool)
     padding[1] = True
-    config.set_plain(plain)
-    try:
+    with paths(plain):
         out = attnbook.linear_attention(q, k, v, key_padding_mask=padding, is_causal=causal, eps=0.0, chunk_size=4)
         out.sum().backward()
-    finally:
-        config.set_plain(None)
     assert torch.isfinite(out).all() and (out[1] == 0).all()
     assert all(torch.isfinite(x.grad).all() for x in (q, k, v)) and (q.grad[1] == 0).all()

@@ -61,7 +61,7 @@ def elu_feature_map(x: torch.Tensor) -> torch.Tensor:
         tensor([0.3679, 1.0000, 3.0000])
     """
     check_tensor(x, "x", name="elu_feature_map")
-    return F.elu(x) + 1.0
+    return F.elu(x).add_(1.0)  # + 1 in place: elu's gradient is taken from x, not from its result
 
 
 def relu_feature_map(x: torch.Tensor) -> torch.Tensor:

@@ -45,9 +45,10 @@ code builds (B, H, N, D, Dv)). :func:`flow_attention_step` is the same computati
 
 from __future__ import annotations
 
-from typing import Any, Literal, NamedTuple, cast, overload
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, TypedDict, cast, overload
 
 import torch
+from torch import Tensor
 
 from ._checks import (
     check_bool,
@@ -66,6 +67,9 @@ from ._checks import (
 from ._module import ProjectedAttention
 from ._runtime import accumulation_dtype, autocast_disabled, result_dtype
 from .linear import chunked_causal_product
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 __all__ = ["FlowStats", "FlowState", "flow_attention", "flow_attention_step", "FlowAttention"]
 
@@ -306,141 +310,57 @@ def _check_flow_state(
     return check_state(state, FlowState, fields, name=name, dtype=acc, device=device, counts={"t": (B,)}, arg=arg)
 
 
+class _Options(TypedDict, total=False):
+    """The keywords of :func:`flow_attention` but ``return_flows`` and ``output_final_state``, for its overloads."""
+
+    is_causal: bool
+    attn_mask: Tensor | None
+    key_padding_mask: Tensor | None
+    query_padding_mask: Tensor | None
+    eps: float
+    chunk_size: int
+    out_dtype: torch.dtype | None
+    competition: bool
+    allocation: bool
+    initial_state: FlowState | None
+    causal: bool | None
+
+
 @overload
 def flow_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
     *,
-    is_causal: bool = ...,
-    attn_mask: torch.Tensor | None = ...,
-    key_padding_mask: torch.Tensor | None = ...,
-    query_padding_mask: torch.Tensor | None = ...,
-    eps: float = ...,
     return_flows: Literal[False] = ...,
-    chunk_size: int = ...,
-    out_dtype: torch.dtype | None = ...,
-    competition: bool = ...,
-    allocation: bool = ...,
-    initial_state: FlowState | None = ...,
     output_final_state: Literal[False] = ...,
-    causal: bool | None = ...,
-) -> torch.Tensor: ...
-
-
+    **options: Unpack[_Options],
+) -> Tensor: ...
 @overload
 def flow_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    *,
-    is_causal: bool = ...,
-    attn_mask: torch.Tensor | None = ...,
-    key_padding_mask: torch.Tensor | None = ...,
-    query_padding_mask: torch.Tensor | None = ...,
-    eps: float = ...,
-    return_flows: Literal[True],
-    chunk_size: int = ...,
-    out_dtype: torch.dtype | None = ...,
-    competition: bool = ...,
-    allocation: bool = ...,
-    initial_state: FlowState | None = ...,
-    output_final_state: Literal[False] = ...,
-    causal: bool | None = ...,
-) -> tuple[torch.Tensor, FlowStats]: ...
-
-
+    q: Tensor, k: Tensor, v: Tensor, *, return_flows: Literal[True], output_final_state: Literal[False] = ...,
+    **options: Unpack[_Options],
+) -> tuple[Tensor, FlowStats]: ...  # fmt: skip
 @overload
 def flow_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    *,
-    is_causal: bool = ...,
-    attn_mask: torch.Tensor | None = ...,
-    key_padding_mask: torch.Tensor | None = ...,
-    query_padding_mask: torch.Tensor | None = ...,
-    eps: float = ...,
-    return_flows: Literal[False] = ...,
-    chunk_size: int = ...,
-    out_dtype: torch.dtype | None = ...,
-    competition: bool = ...,
-    allocation: bool = ...,
-    initial_state: FlowState | None = ...,
-    output_final_state: Literal[True],
-    causal: bool | None = ...,
-) -> tuple[torch.Tensor, FlowState]: ...
-
-
+    q: Tensor, k: Tensor, v: Tensor, *, return_flows: Literal[False] = ..., output_final_state: Literal[True],
+    **options: Unpack[_Options],
+) -> tuple[Tensor, FlowState]: ...  # fmt: skip
 @overload
 def flow_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    *,
-    is_causal: bool = ...,
-    attn_mask: torch.Tensor | None = ...,
-    key_padding_mask: torch.Tensor | None = ...,
-    query_padding_mask: torch.Tensor | None = ...,
-    eps: float = ...,
-    return_flows: Literal[True],
-    chunk_size: int = ...,
-    out_dtype: torch.dtype | None = ...,
-    competition: bool = ...,
-    allocation: bool = ...,
-    initial_state: FlowState | None = ...,
-    output_final_state: Literal[True],
-    causal: bool | None = ...,
-) -> tuple[torch.Tensor, FlowStats, FlowState]: ...
-
-
+    q: Tensor, k: Tensor, v: Tensor, *, return_flows: Literal[True], output_final_state: Literal[True],
+    **options: Unpack[_Options],
+) -> tuple[Tensor, FlowStats, FlowState]: ...  # fmt: skip
 @overload
 def flow_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    *,
-    is_causal: bool = ...,
-    attn_mask: torch.Tensor | None = ...,
-    key_padding_mask: torch.Tensor | None = ...,
-    query_padding_mask: torch.Tensor | None = ...,
-    eps: float = ...,
-    return_flows: Literal[False] = ...,
-    chunk_size: int = ...,
-    out_dtype: torch.dtype | None = ...,
-    competition: bool = ...,
-    allocation: bool = ...,
-    initial_state: FlowState | None = ...,
-    output_final_state: bool,
-    causal: bool | None = ...,
-) -> torch.Tensor | tuple[torch.Tensor, FlowState]: ...
-
-
+    q: Tensor, k: Tensor, v: Tensor, *, return_flows: Literal[False] = ..., output_final_state: bool,
+    **options: Unpack[_Options],
+) -> Tensor | tuple[Tensor, FlowState]: ...  # fmt: skip
 @overload
 def flow_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    *,
-    is_causal: bool = ...,
-    attn_mask: torch.Tensor | None = ...,
-    key_padding_mask: torch.Tensor | None = ...,
-    query_padding_mask: torch.Tensor | None = ...,
-    eps: float = ...,
-    return_flows: bool = ...,
-    chunk_size: int = ...,
-    out_dtype: torch.dtype | None = ...,
-    competition: bool = ...,
-    allocation: bool = ...,
-    initial_state: FlowState | None = ...,
-    output_final_state: bool = ...,
-    causal: bool | None = ...,
-) -> (
-    torch.Tensor
-    | tuple[torch.Tensor, FlowStats]
-    | tuple[torch.Tensor, FlowState]
-    | tuple[torch.Tensor, FlowStats, FlowState]
-): ...
+    q: Tensor, k: Tensor, v: Tensor, *, return_flows: bool = ..., output_final_state: bool = ...,
+    **options: Unpack[_Options],
+) -> Tensor | tuple[Tensor, FlowStats] | tuple[Tensor, FlowState] | tuple[Tensor, FlowStats, FlowState]: ...  # noqa: E501  # fmt: skip
 
 
 def flow_attention(

@@ -23,10 +23,11 @@ The literal definitions (the normalised N x M matrix, the loop over time) are
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Literal, NamedTuple, overload
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, TypedDict, overload
 
 import torch
 import torch.nn.functional as F
+from torch import Tensor
 
 from . import config
 from ._checks import (
@@ -49,6 +50,9 @@ from ._checks import (
 from ._module import ProjectedAttention
 from ._runtime import accumulation_dtype, autocast_disabled, chunk_count, product_dtype, result_dtype, tracing
 from .feature_maps import FEATURE_MAPS, FeatureMap, PerformerFeatures, resolve_feature_map
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 __all__ = ["linear_attention", "LinearState", "linear_attention_step", "LinearAttention", "chunked_causal_product"]
 
@@ -138,61 +142,37 @@ def _divide(num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:
     return num / torch.where(den == 0, 1.0, den)
 
 
-@overload
-def linear_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    *,
-    is_causal: bool = ...,
-    attn_mask: torch.Tensor | None = ...,
-    key_padding_mask: torch.Tensor | None = ...,
-    feature_map: str | FeatureMap = ...,
-    eps: float = ...,
-    chunk_size: int = ...,
-    out_dtype: torch.dtype | None = ...,
-    initial_state: LinearState | None = ...,
-    output_final_state: Literal[False] = ...,
-    causal: bool | None = ...,
-) -> torch.Tensor: ...
+def _divide_(num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:
+    """:func:`_divide` in place, for a ``num`` made for it: one tensor of the output's size fewer."""
+    return num.div_(torch.where(den == 0, 1.0, den))
+
+
+class _Options(TypedDict, total=False):
+    """The keywords of :func:`linear_attention` but ``output_final_state``, for its overloads."""
+
+    is_causal: bool
+    attn_mask: torch.Tensor | None
+    key_padding_mask: torch.Tensor | None
+    feature_map: str | FeatureMap
+    eps: float
+    chunk_size: int
+    out_dtype: torch.dtype | None
+    initial_state: LinearState | None
+    causal: bool | None
 
 
 @overload
 def linear_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    *,
-    is_causal: bool = ...,
-    attn_mask: torch.Tensor | None = ...,
-    key_padding_mask: torch.Tensor | None = ...,
-    feature_map: str | FeatureMap = ...,
-    eps: float = ...,
-    chunk_size: int = ...,
-    out_dtype: torch.dtype | None = ...,
-    initial_state: LinearState | None = ...,
-    output_final_state: Literal[True],
-    causal: bool | None = ...,
-) -> tuple[torch.Tensor, LinearState]: ...
-
-
+    q: Tensor, k: Tensor, v: Tensor, *, output_final_state: Literal[False] = ..., **options: Unpack[_Options]
+) -> Tensor: ...
 @overload
 def linear_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    *,
-    is_causal: bool = ...,
-    attn_mask: torch.Tensor | None = ...,
-    key_padding_mask: torch.Tensor | None = ...,
-    feature_map: str | FeatureMap = ...,
-    eps: float = ...,
-    chunk_size: int = ...,
-    out_dtype: torch.dtype | None = ...,
-    initial_state: LinearState | None = ...,
-    output_final_state: bool,
-    causal: bool | None = ...,
-) -> torch.Tensor | tuple[torch.Tensor, LinearState]: ...
+    q: Tensor, k: Tensor, v: Tensor, *, output_final_state: Literal[True], **options: Unpack[_Options]
+) -> tuple[Tensor, LinearState]: ...
+@overload
+def linear_attention(
+    q: Tensor, k: Tensor, v: Tensor, *, output_final_state: bool, **options: Unpack[_Options]
+) -> Tensor | tuple[Tensor, LinearState]: ...
 
 
 def linear_attention(
@@ -279,7 +259,7 @@ def linear_attention(
         if keep is not None:  # zero padded keys before phi (no huge key becomes inf * 0 = NaN) and their values
             k, v = torch.where(keep, k, 0.0), torch.where(keep, v, 0.0)
         if _annex_takes(q, phi, causal, initial_state, output_final_state):
-            return _annex(q, k, v, phi, keep, causal, chunk_size, eps).to(dtype)  # attnbook._fast: speed only
+            return _annex(q, k, v, phi, keep, chunk_size, eps).to(dtype)  # attnbook._fast: speed only
         fq, fk = _features(phi, q, k, keep, name=name)  # (B, H, N, R), (B, H, M, R)
         if causal:
             if initial_state is not None:
@@ -293,7 +273,7 @@ def linear_attention(
         z = fk.sum(-2)  # (B, H, R): sum_j phi(k_j)
         num = fq @ S  # (B, H, N, Dv)
         den = fq @ z.unsqueeze(-1)  # (B, H, N, 1)
-        return _divide(num, den + eps).to(dtype)  # (B, H, N, Dv)
+        return _divide_(num, den + eps).to(dtype)  # (B, H, N, Dv)
 
 
 #: The built-in feature maps by function, for the annex, which makes them itself.
@@ -301,11 +281,13 @@ FEATURE_NAMES: dict[FeatureMap, str] = {phi: name for name, phi in FEATURE_MAPS.
 
 
 def _annex_takes(q: torch.Tensor, phi: FeatureMap, causal: bool, state: object, output_state: bool) -> bool:
-    """Whether the speed annex runs this call: it is on (:func:`attnbook.config.plain`), on the CPU, not traced,
-    with a built-in feature map; causal without a state, or non-causal without autograd."""
-    if config.plain() or q.device.type != "cpu" or tracing() or phi not in FEATURE_NAMES:
+    """Whether the speed annex runs this call: it is on (:func:`attnbook.config.plain`), the call is causal
+    without a state, with a built-in feature map, not traced, on the CPU with one thread (its tiles are laid out
+    for one core's caches; with more threads, each of their many products synchronises the threads, and beside
+    other work the plain form's few large products were as fast: ``benchmarks/bench_annex.py``)."""
+    if config.plain() or not causal or state is not None or output_state or phi not in FEATURE_NAMES:
         return False
-    return state is None and not output_state if causal else not torch.is_grad_enabled()
+    return q.device.type == "cpu" and not tracing() and torch.get_num_threads() == 1
 
 
 def _annex(
@@ -314,16 +296,11 @@ def _annex(
     v: torch.Tensor,
     phi: FeatureMap,
     keep: torch.Tensor | None,
-    causal: bool,
     chunk_size: int,
     eps: float,
 ) -> torch.Tensor:
-    """The annex's form of :func:`linear_attention` (``attnbook._fast``), imported only when it runs. Its
-    causal form's double backward differentiates the plain form (:func:`_causal`)."""
-    if not causal:
-        from ._fast.linear import linear_attention_inference
-
-        return linear_attention_inference(q, k, v, FEATURE_NAMES[phi], keep, eps)
+    """The annex's causal linear attention (``attnbook._fast.causal``), imported only when it runs; its double
+    backward differentiates the plain form (:func:`_causal`)."""
     from ._fast.causal import causal_linear_attention
 
     def plain(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:

@@ -35,9 +35,10 @@ float16 first.
 
 from __future__ import annotations
 
-from typing import Any, Literal, NoReturn, overload
+from typing import TYPE_CHECKING, Any, Literal, NoReturn, TypedDict, overload
 
 import torch
+from torch import Tensor
 
 from . import config
 from ._checks import (
@@ -54,6 +55,9 @@ from ._checks import (
 from ._module import ProjectedAttention
 from ._runtime import accumulation_dtype, autocast_disabled, result_dtype, tracing
 from .flow import FlowStats, _reciprocal, _zero_padded
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 __all__ = ["mobile_attention", "MobileAttention"]
 
@@ -85,49 +89,28 @@ def head_flows(qs: torch.Tensor, ks: torch.Tensor, eps: float, keep: torch.Tenso
     return incoming, outgoing, conserved_incoming, conserved_outgoing_raw
 
 
-@overload
-def mobile_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    *,
-    attn_mask: torch.Tensor | None = ...,
-    key_padding_mask: torch.Tensor | None = ...,
-    is_causal: bool = ...,
-    eps: float = ...,
-    return_flows: Literal[False] = ...,
-    out_dtype: torch.dtype | None = ...,
-) -> torch.Tensor: ...
+class _Options(TypedDict, total=False):
+    """The keywords of :func:`mobile_attention` but ``return_flows``, for its overloads."""
+
+    attn_mask: Tensor | None
+    key_padding_mask: Tensor | None
+    is_causal: bool
+    eps: float
+    out_dtype: torch.dtype | None
 
 
 @overload
 def mobile_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    *,
-    attn_mask: torch.Tensor | None = ...,
-    key_padding_mask: torch.Tensor | None = ...,
-    is_causal: bool = ...,
-    eps: float = ...,
-    return_flows: Literal[True],
-    out_dtype: torch.dtype | None = ...,
-) -> tuple[torch.Tensor, FlowStats]: ...
-
-
+    q: Tensor, k: Tensor, v: Tensor, *, return_flows: Literal[False] = ..., **options: Unpack[_Options]
+) -> Tensor: ...
 @overload
 def mobile_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    *,
-    attn_mask: torch.Tensor | None = ...,
-    key_padding_mask: torch.Tensor | None = ...,
-    is_causal: bool = ...,
-    eps: float = ...,
-    return_flows: bool,
-    out_dtype: torch.dtype | None = ...,
-) -> torch.Tensor | tuple[torch.Tensor, FlowStats]: ...
+    q: Tensor, k: Tensor, v: Tensor, *, return_flows: Literal[True], **options: Unpack[_Options]
+) -> tuple[Tensor, FlowStats]: ...
+@overload
+def mobile_attention(
+    q: Tensor, k: Tensor, v: Tensor, *, return_flows: bool, **options: Unpack[_Options]
+) -> Tensor | tuple[Tensor, FlowStats]: ...
 
 
 def mobile_attention(
@@ -208,7 +191,7 @@ def _mobile(
     qs, ks = torch.sigmoid(q), torch.sigmoid(k)  # (B, H, N, D)
     if keep is not None:
         qs, ks = torch.where(real, qs, 0.0), torch.where(real, ks, 0.0)
-    if config.plain() or tracing():
+    if config.plain() or tracing() or torch.is_grad_enabled():  # the annex's Gram form: for inference only
         flows = head_flows(qs, ks, eps, keep)
     else:
         from ._fast.mobile import head_flows as gram_flows  # the speed annex (attnbook._fast)
@@ -222,7 +205,7 @@ def _mobile(
     if keep is not None:
         competition, allocation = torch.where(keep, competition, 0.0), torch.where(keep, allocation, 0.0)
     kv = ks.transpose(-2, -1) @ (v * competition.unsqueeze(-1))  # (B, H, D, Dv): sum_j k~_j (c_j v_j)^T
-    out = (qs @ kv) * (allocation * _reciprocal(incoming, keep)).unsqueeze(-1)  # (B, H, N, Dv): a_i / I_i
+    out = (qs @ kv).mul_((allocation * _reciprocal(incoming, keep)).unsqueeze(-1))  # (B, H, N, Dv): a_i / I_i
     stats = FlowStats(*flows[:3], conserved_outgoing, competition, allocation, conserved_outgoing_raw)
     return out, _zero_padded(stats, keep, keep)
 

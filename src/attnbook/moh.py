@@ -20,31 +20,10 @@ its mean router probability) keeps the router from collapsing onto a few heads.
 
 Parameter names follow the MoH reference code and timm's ``Attention`` (``qkv``, ``q_norm``, ``k_norm``,
 ``proj``, ``wg`` = W_r, ``wg_0`` = W_h, ``wg_1`` = W_s), so MoH checkpoints and timm ViT attention weights
-load unchanged. The outputs and the loss equal the reference's for every configuration it supports.
-
-Fixes with respect to the reference code, each explained where it is made:
-
-* no class-level list of losses (it grows without bound and is shared by every model in the process): a
-  training forward stores its own loss on the module (:attr:`MoHAttention.load_balancing_loss`) and
-  :func:`moh_load_balancing_loss` gathers them from a model;
-* ``shared_head=1`` works (the reference has no ``wg_1`` then and crashes): a softmax over one logit is
-  identically 1, so the single shared head's gate is 1 (times the two-stage weight) and no ``wg_1`` exists;
-* invalid head counts raise a ``ValueError`` saying why instead of crashing inside ``forward`` or leaving
-  heads that no token can ever use;
-* routing comes back from the call (``forward(x, return_routing=True)`` -> ``(out, HeadRouting)``), with no
-  hooks and no global state;
-* the router runs in at least float32 (also under autocast); the output has the input's dtype (under autocast
-  the autocast dtype, like timm's layer);
-* the gates multiply the heads in float32 and the output projection sees that product unrounded: in
-  float16 a gate times a head can exceed 65504 where the layer's output does not;
-* masks follow :func:`attnbook.softmax_attention`'s rule on the fused and on the explicit path: keys no query
-  may attend to contribute nothing whatever they hold, a query with nothing to attend to gets zero heads, and
-  a NaN in a visible input stays NaN (the reference's ``nan_to_num`` would turn it into zeros). The router
-  sees every token, so garbage in a padding token's x still reaches that token's own output and the
-  load-balancing loss (a mean over all tokens).
-
-Note that, like the reference, this computes every head densely and then multiplies unselected heads by 0:
-it saves no FLOPs. Real savings would need gathering each head's selected tokens (a ragged batch per head).
+load unchanged. The outputs and the loss equal the reference's for every configuration it supports; what is
+changed on purpose (no class-level list of losses, one shared head, head counts checked, routing returned,
+float32 router and gates, torch's mask rules) is listed in the book's appendix. Like the reference, every head
+is computed densely and unselected heads are multiplied by 0: no FLOPs are saved.
 """
 
 from __future__ import annotations

@@ -18,9 +18,10 @@ from __future__ import annotations
 import copy
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Literal, cast, overload
+from typing import TYPE_CHECKING, Literal, TypedDict, cast, overload
 
 import torch
+from torch import Tensor
 
 from ._checks import (
     check_attn_mask,
@@ -32,6 +33,8 @@ from ._checks import (
 )
 
 if TYPE_CHECKING:  # result and argument types only: the oracles compute everything themselves
+    from typing_extensions import Unpack
+
     from .feature_maps import FeatureMap
     from .flow import FlowStats
     from .moh import MoHAttention
@@ -53,52 +56,27 @@ def _f64(*xs: torch.Tensor) -> list[torch.Tensor]:
     return [x.to(torch.float64) for x in xs]
 
 
-@overload
-def softmax_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    *,
-    is_causal: bool = ...,
-    attn_mask: torch.Tensor | None = ...,
-    key_padding_mask: torch.Tensor | None = ...,
-    scale: float | None = ...,
-    return_weights: Literal[False] = ...,
-    causal: bool | None = ...,
-    mask: torch.Tensor | None = ...,
-) -> torch.Tensor: ...
+class _SoftmaxOptions(TypedDict, total=False):
+    is_causal: bool
+    attn_mask: Tensor | None
+    key_padding_mask: Tensor | None
+    scale: float | None
+    causal: bool | None
+    mask: Tensor | None
 
 
 @overload
 def softmax_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    *,
-    is_causal: bool = ...,
-    attn_mask: torch.Tensor | None = ...,
-    key_padding_mask: torch.Tensor | None = ...,
-    scale: float | None = ...,
-    return_weights: Literal[True],
-    causal: bool | None = ...,
-    mask: torch.Tensor | None = ...,
-) -> tuple[torch.Tensor, torch.Tensor]: ...
-
-
+    q: Tensor, k: Tensor, v: Tensor, *, return_weights: Literal[False] = ..., **options: Unpack[_SoftmaxOptions]
+) -> Tensor: ...
 @overload
 def softmax_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    *,
-    is_causal: bool = ...,
-    attn_mask: torch.Tensor | None = ...,
-    key_padding_mask: torch.Tensor | None = ...,
-    scale: float | None = ...,
-    return_weights: bool,
-    causal: bool | None = ...,
-    mask: torch.Tensor | None = ...,
-) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]: ...
+    q: Tensor, k: Tensor, v: Tensor, *, return_weights: Literal[True], **options: Unpack[_SoftmaxOptions]
+) -> tuple[Tensor, Tensor]: ...
+@overload
+def softmax_attention(
+    q: Tensor, k: Tensor, v: Tensor, *, return_weights: bool, **options: Unpack[_SoftmaxOptions]
+) -> Tensor | tuple[Tensor, Tensor]: ...
 
 
 def softmax_attention(
@@ -175,49 +153,26 @@ def _linear_phi(feature_map: str | FeatureMap, x: torch.Tensor) -> torch.Tensor:
     return feature_map(x).to(torch.float64)
 
 
-@overload
-def linear_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    *,
-    is_causal: bool = ...,
-    feature_map: str | FeatureMap = ...,
-    key_padding_mask: torch.Tensor | None = ...,
-    eps: float = ...,
-    return_weights: Literal[False] = ...,
-    causal: bool | None = ...,
-) -> torch.Tensor: ...
+class _LinearOptions(TypedDict, total=False):
+    is_causal: bool
+    feature_map: str | FeatureMap
+    key_padding_mask: Tensor | None
+    eps: float
+    causal: bool | None
 
 
 @overload
 def linear_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    *,
-    is_causal: bool = ...,
-    feature_map: str | FeatureMap = ...,
-    key_padding_mask: torch.Tensor | None = ...,
-    eps: float = ...,
-    return_weights: Literal[True],
-    causal: bool | None = ...,
-) -> tuple[torch.Tensor, torch.Tensor]: ...
-
-
+    q: Tensor, k: Tensor, v: Tensor, *, return_weights: Literal[False] = ..., **options: Unpack[_LinearOptions]
+) -> Tensor: ...
 @overload
 def linear_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    *,
-    is_causal: bool = ...,
-    feature_map: str | FeatureMap = ...,
-    key_padding_mask: torch.Tensor | None = ...,
-    eps: float = ...,
-    return_weights: bool,
-    causal: bool | None = ...,
-) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]: ...
+    q: Tensor, k: Tensor, v: Tensor, *, return_weights: Literal[True], **options: Unpack[_LinearOptions]
+) -> tuple[Tensor, Tensor]: ...
+@overload
+def linear_attention(
+    q: Tensor, k: Tensor, v: Tensor, *, return_weights: bool, **options: Unpack[_LinearOptions]
+) -> Tensor | tuple[Tensor, Tensor]: ...
 
 
 def linear_attention(
@@ -516,49 +471,26 @@ def _flow_dot(x: torch.Tensor, y: torch.Tensor, eps: float) -> torch.Tensor:
     return ((x + eps) * (y + eps)).sum(-1)
 
 
-@overload
-def flow_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    *,
-    is_causal: bool = ...,
-    eps: float = ...,
-    return_flows: Literal[False] = ...,
-    competition: bool = ...,
-    allocation: bool = ...,
-    causal: bool | None = ...,
-) -> torch.Tensor: ...
+class _FlowOptions(TypedDict, total=False):
+    is_causal: bool
+    eps: float
+    competition: bool
+    allocation: bool
+    causal: bool | None
 
 
 @overload
 def flow_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    *,
-    is_causal: bool = ...,
-    eps: float = ...,
-    return_flows: Literal[True],
-    competition: bool = ...,
-    allocation: bool = ...,
-    causal: bool | None = ...,
-) -> tuple[torch.Tensor, FlowStats]: ...
-
-
+    q: Tensor, k: Tensor, v: Tensor, *, return_flows: Literal[False] = ..., **options: Unpack[_FlowOptions]
+) -> Tensor: ...
 @overload
 def flow_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    *,
-    is_causal: bool = ...,
-    eps: float = ...,
-    return_flows: bool,
-    competition: bool = ...,
-    allocation: bool = ...,
-    causal: bool | None = ...,
-) -> torch.Tensor | tuple[torch.Tensor, FlowStats]: ...
+    q: Tensor, k: Tensor, v: Tensor, *, return_flows: Literal[True], **options: Unpack[_FlowOptions]
+) -> tuple[Tensor, FlowStats]: ...
+@overload
+def flow_attention(
+    q: Tensor, k: Tensor, v: Tensor, *, return_flows: bool, **options: Unpack[_FlowOptions]
+) -> Tensor | tuple[Tensor, FlowStats]: ...
 
 
 def flow_attention(
@@ -649,35 +581,16 @@ def flow_attention(
 
 @overload
 def mobile_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    *,
-    eps: float = ...,
-    return_flows: Literal[False] = ...,
-) -> torch.Tensor: ...
-
-
+    q: Tensor, k: Tensor, v: Tensor, *, eps: float = ..., return_flows: Literal[False] = ...
+) -> Tensor: ...
 @overload
 def mobile_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    *,
-    eps: float = ...,
-    return_flows: Literal[True],
-) -> tuple[torch.Tensor, FlowStats]: ...
-
-
+    q: Tensor, k: Tensor, v: Tensor, *, eps: float = ..., return_flows: Literal[True]
+) -> tuple[Tensor, FlowStats]: ...
 @overload
 def mobile_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    *,
-    eps: float = ...,
-    return_flows: bool,
-) -> torch.Tensor | tuple[torch.Tensor, FlowStats]: ...
+    q: Tensor, k: Tensor, v: Tensor, *, eps: float = ..., return_flows: bool
+) -> Tensor | tuple[Tensor, FlowStats]: ...
 
 
 def mobile_attention(

@@ -1,0 +1,265 @@
+"""Does each fast path of the annex (attnbook._fast) earn its place? Every path against the plain form it replaces,
+and the defaults against the seeds' formulations, in every condition a user's machine may be in.
+
+Conditions (each crossed with 1 and 2 threads of torch in this process):
+
+* ``quiet``: nothing else runs;
+* ``after_work``: right after another large workload in this process (a few seconds of large matrix products
+  and of tensors of 32 to 256 MiB made and dropped), so that caches, the allocator and the thread pool are in
+  the state other work leaves them in;
+* ``beside_busy``: beside two other processes, each running torch's matrix products on 2 threads, on a
+  machine of 2 cores: every thread here has to wait for a core.
+
+Cases, at the sizes of issue 36 (float32, CPU):
+
+* ``linear``: non-causal linear attention without autograd, B=4 H=8 N=4096 D=64: the annex (default), the plain
+  form (``config.set_plain(True)``), and the seed's formulation (fast-transformers' three einsums,
+  ``tests/published.py``);
+* ``mobile``: Mobile-Attention's core without autograd, same sizes: annex, plain, the published core;
+* ``mobile_train``: the same, forward and backward;
+* ``causal``: causal linear attention without autograd at (B, H, N) = (2, 8, 1024), (2, 8, 4096), (1, 4, 16384):
+  annex, plain, and fast-transformers' C++ kernel (``benchmarks/peers.py --build``; skipped without it);
+* ``causal_train``: forward and backward at (2, 8, 4096), the same three;
+* ``tiles`` (quiet only): the annex's causal tiles of 1024, 2048 (its constant) and 4096 positions.
+
+Every case alternates its implementations in one run (:func:`attnbook.lab.profiling.compare`) and records
+medians; the verdict of a fast path is the smallest plain / annex ratio over all conditions (it stays at 1.3 or
+more). The recording refuses a busy machine (the 1-minute load average above half the cores) unless
+``--force``, and stores the load before and after and the commit.
+
+    python benchmarks/bench_annex.py                # benchmarks/results/annex.json and a markdown table
+    python benchmarks/bench_annex.py --quick        # fewer repeats, the smallest causal size only
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+import attnbook
+from attnbook import config
+from attnbook._fast import causal as annex_causal
+from attnbook.lab.bench import environment
+from attnbook.lab.profiling import compare
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from peers import import_causal_product  # noqa: E402
+from published import fast_transformers_linear_attention, published_mobile_attention  # noqa: E402
+from recording import quiet_or_exit, stamp  # noqa: E402
+
+CONDITIONS = ("quiet", "after_work", "beside_busy")
+THRESHOLD = 1.3  # a fast path stays when plain / annex is at least this in every condition
+BUSY_JOB = """
+import torch, time
+torch.set_num_threads(2)
+a = torch.randn(1024, 1024)
+end = time.time() + {seconds}
+while time.time() < end:
+    a = torch.tanh(a @ a.T / 1024)
+"""
+
+
+def plain(fn):
+    """fn with the annex off, then the environment's choice back."""
+
+    def call():
+        config.set_plain(True)
+        try:
+            return fn()
+        finally:
+            config.set_plain(None)
+
+    return call
+
+
+def large_workload(seconds: float = 4.0) -> None:
+    """Other work in this process: large products, and large tensors made and dropped."""
+    end = time.time() + seconds
+    a = torch.randn(2048, 2048)
+    while time.time() < end:
+        a = torch.tanh(a @ a.T / 2048)
+        for mib in (32, 64, 128, 256):
+            torch.ones(mib << 18).mul_(2.0).sum()
+
+
+def fwd_bwd(fn, inputs):
+    def step():
+        out = fn(*inputs)
+        return torch.autograd.grad(out, inputs, torch.ones_like(out))
+
+    return step
+
+
+def peer_causal(kernel):
+    """fast-transformers' CausalLinearAttention on (B, H, N, D): elu + 1 features, its C++ product, its normaliser."""
+
+    def attend(q, k, v, eps=1e-6):
+        fq, fk = F.elu(q) + 1, F.elu(k) + 1
+        return kernel(fq, fk, v) / ((fq * fk.cumsum(-2)).sum(-1, keepdim=True) + eps)
+
+    return attend
+
+
+def cases(quick: bool, kernel) -> dict[str, dict]:
+    """Every case: its size, whether it trains, and its implementations (zero-argument callables)."""
+    g = torch.Generator().manual_seed(0)
+    out: dict[str, dict] = {}
+    q, k, v = (torch.randn(4, 8, 4096, 64, generator=g) for _ in range(3))
+    qs, ks, vs = (x.transpose(1, 2).contiguous() for x in (q, k, v))  # the seed's (B, N, H, D) layout
+    with torch.no_grad():
+        out["linear"] = {
+            "size": "B=4 H=8 N=4096 D=64",
+            "fns": {
+                "annex": lambda: attnbook.linear_attention(q, k, v),
+                "plain": plain(lambda: attnbook.linear_attention(q, k, v)),
+                "seed": lambda: fast_transformers_linear_attention(qs, ks, vs),
+            },
+        }
+        out["mobile"] = {
+            "size": "B=4 H=8 N=4096 D=64",
+            "fns": {
+                "annex": lambda: attnbook.mobile_attention(q, k, v),
+                "plain": plain(lambda: attnbook.mobile_attention(q, k, v)),
+                "seed": lambda: published_mobile_attention(q, k, v),
+            },
+        }
+    qg, kg, vg = (x[:2].clone().requires_grad_() for x in (q, k, v))
+    out["mobile_train"] = {
+        "size": "B=2 H=8 N=4096 D=64, forward and backward",
+        "grad": True,
+        "fns": {
+            "annex": fwd_bwd(attnbook.mobile_attention, (qg, kg, vg)),
+            "plain": plain(fwd_bwd(attnbook.mobile_attention, (qg, kg, vg))),
+        },
+    }
+    sizes = [(2, 8, 1024)] if quick else [(2, 8, 1024), (2, 8, 4096), (1, 4, 16384)]
+    for B, H, N in sizes:
+        cq, ck, cv = (torch.randn(B, H, N, 64, generator=g) for _ in range(3))
+
+        def causal(cq=cq, ck=ck, cv=cv):
+            return attnbook.linear_attention(cq, ck, cv, is_causal=True)
+
+        fns = {"annex": causal, "plain": plain(causal)}
+        if kernel is not None:
+            fns["peer"] = lambda cq=cq, ck=ck, cv=cv: peer_causal(kernel)(cq, ck, cv)
+        out[f"causal_{N}"] = {"size": f"B={B} H={H} N={N} D=64", "fns": fns}
+    tq, tk, tv = (torch.randn(2, 8, 1024 if quick else 4096, 64, generator=g).requires_grad_() for _ in range(3))
+
+    def causal_linear(q, k, v):
+        return attnbook.linear_attention(q, k, v, is_causal=True)
+
+    fns = {"annex": fwd_bwd(causal_linear, (tq, tk, tv)), "plain": plain(fwd_bwd(causal_linear, (tq, tk, tv)))}
+    if kernel is not None:
+        fns["peer"] = fwd_bwd(peer_causal(kernel), (tq, tk, tv))
+    out["causal_train"] = {"size": f"B=2 H=8 N={tq.shape[2]} D=64, forward and backward", "grad": True, "fns": fns}
+    return out
+
+
+def tile_sizes(repeats: int) -> dict[str, float]:
+    """The annex's causal tiles of half, one and twice its constant, quiet, one thread: medians in ms."""
+    q, k, v = (torch.randn(2, 8, 4096, 64) for _ in range(3))
+
+    def with_tile(positions):
+        def call():
+            before = annex_causal.CPU_TILE
+            annex_causal.CPU_TILE = positions
+            try:
+                with torch.no_grad():
+                    return attnbook.linear_attention(q, k, v, is_causal=True)
+            finally:
+                annex_causal.CPU_TILE = before
+
+        return call
+
+    base = annex_causal.CPU_TILE
+    timing = compare({str(t): with_tile(t) for t in (base // 2, base, base * 2)}, repeats=repeats, warmup=1)
+    return {name: round(t.median * 1e3, 2) for name, t in timing.items()}
+
+
+def run(quick: bool, repeats: int) -> dict:
+    kernel = import_causal_product()
+    if kernel is None:
+        print("fast-transformers' kernel is not built (benchmarks/peers.py --build): no peer column", file=sys.stderr)
+    table = cases(quick, kernel)
+    results: dict[str, dict] = {name: {"size": case["size"], "cells": {}} for name, case in table.items()}
+    for condition in CONDITIONS:
+        busy = []
+        if condition == "beside_busy":
+            seconds = 1200 if not quick else 300
+            busy = [subprocess.Popen([sys.executable, "-c", BUSY_JOB.format(seconds=seconds)]) for _ in range(2)]
+            time.sleep(2.0)
+        try:
+            for threads in (1, 2):
+                torch.set_num_threads(threads)
+                for name, case in table.items():
+                    if condition == "after_work":
+                        large_workload()
+                    with torch.set_grad_enabled(case.get("grad", False)):
+                        timing = compare(case["fns"], repeats=repeats, warmup=1)
+                    cell = {impl: round(t.median * 1e3, 2) for impl, t in timing.items()}
+                    cell["plain/annex"] = round(cell["plain"] / cell["annex"], 2)
+                    for other in ("seed", "peer"):
+                        if other in cell:
+                            cell[f"{other}/annex"] = round(cell[other] / cell["annex"], 2)
+                    results[name]["cells"][f"{condition}/{threads}"] = cell
+                    print(f"{condition:12s} {threads} thread(s)  {name:14s} {cell}", file=sys.stderr, flush=True)
+        finally:
+            for job in busy:
+                job.kill()
+                job.wait()
+    torch.set_num_threads(1)
+    tiles = tile_sizes(repeats)
+    verdicts = {}
+    for name, r in results.items():
+        worst = {key: min(c[key] for c in r["cells"].values()) for key in next(iter(r["cells"].values())) if "/" in key}
+        r["worst"] = worst
+        verdicts[name] = worst["plain/annex"] >= THRESHOLD
+    return {"results": results, "tiles_ms": tiles, "verdicts": verdicts, "threshold": THRESHOLD}
+
+
+def markdown(recording: dict) -> str:
+    lines = []
+    for name, r in recording["results"].items():
+        lines.append(f"**{name}** ({r['size']}), medians in ms:\n")
+        impls = [k for k in next(iter(r["cells"].values())) if "/" not in k]
+        ratios = [k for k in next(iter(r["cells"].values())) if "/" in k]
+        lines.append("| condition | threads | " + " | ".join(impls + ratios) + " |")
+        lines.append("|---|---|" + "---|" * (len(impls) + len(ratios)))
+        for key, cell in r["cells"].items():
+            condition, threads = key.split("/")
+            lines.append(f"| {condition} | {threads} | " + " | ".join(str(cell[c]) for c in impls + ratios) + " |")
+        lines.append(f"\nworst over the conditions: {r['worst']}\n")
+    lines.append(f"tiles (quiet, 1 thread, B=2 H=8 N=4096, ms): {recording['tiles_ms']}")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="fewer repeats and the smallest causal size only")
+    parser.add_argument("--repeats", type=int, default=None)
+    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "annex.json")
+    parser.add_argument("--force", action="store_true", help="record on a busy machine (noted in the recording)")
+    args = parser.parse_args(argv)
+    load = quiet_or_exit("bench_annex.py", args.force)
+    repeats = args.repeats or (3 if args.quick else 7)
+    recording = run(args.quick, repeats)
+    recording["environment"] = stamp(environment(), load, args.force)
+    recording["config"] = {"repeats": repeats, "quick": args.quick, "conditions": CONDITIONS, "threads": [1, 2]}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(recording, indent=1) + "\n")
+    print(markdown(recording))
+    print(f"\nwritten {args.out.relative_to(ROOT) if args.out.is_relative_to(ROOT) else args.out}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
