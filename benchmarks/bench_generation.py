@@ -2,10 +2,11 @@
 
 Measured by :func:`attnbook.lab.generation.measure`: one DecoderLM per mechanism, at the model sizes of
 chapter 7 (``attnbook.lab.lm.SMALL``, ``RECORDED`` and ``FULL``), is brought to each position t by a parallel
-prefill and then timed token by token, on the static decoder (what ``generate`` uses) and on the eager teaching
-path, all in one alternating run (:func:`attnbook.lab.profiling.compare`), in bursts of 64 consecutive tokens
-(``--burst``), fastest and median kept; the decoding state's bytes and one step's peak extra memory are
-counted. The script refuses to record on a busy machine (load average above half the cores) unless ``--force``.
+prefill and then timed token by token, on the teaching step (``DecoderLM.step``, what ``generate`` uses) and on
+that step compiled (``generate(decoder="compiled")``), all in one alternating run
+(:func:`attnbook.lab.profiling.compare`), in bursts of 64 consecutive tokens (``--burst``), fastest and
+median kept; the decoding state's bytes and one step's peak extra memory are counted. The script refuses to
+record on a busy machine (load average above half the cores) unless ``--force``.
 
     python benchmarks/bench_generation.py     # CPU, one thread, float32, all three sizes, t = 16 .. 8192
 
@@ -51,7 +52,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--threads", type=int, default=1, help="CPU threads (default 1)")
     add_burst_argument(parser)
-    parser.add_argument("--decoders", nargs="+", default=["static", "eager"], choices=list(generation.DECODERS))
+    parser.add_argument("--decoders", nargs="+", default=["eager", "compiled"], choices=list(generation.DECODERS))
     parser.add_argument("--force", action="store_true", help="record even when the machine is busy")
     parser.add_argument("--out-dir", type=Path, default=Path(__file__).parent / "results" / "ch07")
     args = parser.parse_args()

@@ -53,7 +53,7 @@ def stamp(environment: dict, load_before: list[float], force: bool) -> dict:
 
 
 def add_burst_argument(parser: argparse.ArgumentParser) -> None:
-    """``--burst``, the tokens of one generation timed per call (bench_decoding.py, bench_generation.py)."""
+    """``--burst``, the tokens of one generation timed per call (bench_generation.py)."""
     parser.add_argument(
         "--burst",
         type=int,

@@ -420,7 +420,7 @@ def test_benchmark_recordings_are_read_from_the_repository_and_only_bench_result
     (results / "ch07").mkdir(parents=True)
     (tmp_path / "elsewhere").mkdir()
     (results / "cpu.json").write_text(json.dumps(_bench_result()))
-    (results / "decoding_cpu.json").write_text(json.dumps({"records": [{"t": 16}], "environment": {}}))
+    (results / "annex.json").write_text(json.dumps({"records": [{"t": 16}], "environment": {}}))
     (results / "notes.json").write_text(json.dumps({"hello": 1}))
     found = h2h.benchmark_recordings(start=tmp_path / "repo" / "benchmarks")
     assert list(found) == ["cpu.json"] and found["cpu.json"]["config"]["lengths"] == [256, 512, 1024]
@@ -460,8 +460,11 @@ def _claims():
     moh = {"curve": [{"fraction": f, "accuracy": {"mean": a}} for f, a in ((0.25, 0.67), (0.5, 0.996), (1.0, 1.0))],
            "softmax": {"accuracy": {"mean": 1.0}}}  # fmt: skip
     lookup = {"demos": [{"n_tokens": 6, "dim": 8, "rescaled": {"linear": [0.2, 0.3]}, "trained": {"linear": 1.0}}]}
-    decoding = {"summary": {"ratio_at_t_max": {"static": {"linear": 3.8}}}, "config": {"positions": [16, 8192]}}
-    return {"listops": listops, "heads": heads, "moh": moh, "lookup": lookup, "decoding": decoding}
+    writing = {
+        "summary": {"eager": {"softmax_over": {"linear": 3.8}}, "compiled": {"softmax_over": {"linear": 9.0}}},
+        "config": {"positions": [16, 8192], "decoders": ["eager", "compiled"]},
+    }
+    return {"listops": listops, "heads": heads, "moh": moh, "lookup": lookup, "writing": writing}
 
 
 def test_claim_numbers_name_every_recorded_number_and_leave_out_absent_recordings():

@@ -348,7 +348,7 @@ BROKEN = {
             c,
             lambda x: "device = config.device()" in source(x),
             "device = config.device()",
-            "device = config.device()\nprint(inspect.getsource(attnbook._prefix._plan))",
+            "device = config.device()\nprint(inspect.getsource(attnbook._fast.causal._tiles))",
         ),
     ),
     "no take-away": (

@@ -13,11 +13,11 @@ import recording  # noqa: E402
 
 SCRIPTS = [
     "bench_claims.py",
-    "bench_decoding.py",
     "bench_generation.py",
     "bench_training.py",
     "bench_lm_training.py",
     "bench_compile.py",
+    "bench_annex.py",
 ]
 
 

@@ -6,9 +6,11 @@ Tensor legend (used in every docstring, einsum string and shape comment)::
     N  number of queries       M  number of keys (when it differs from N)
     D  query/key width         Dv value width
     C  model width, H * D      R  feature-map width
+    ell  chunk length of a chunked causal form (``chunk_size``)
 
-Layout is head-first, ``(B, H, N, D)``, as in ``torch.nn.functional.scaled_dot_product_attention``.
-Boolean masks use True = "may attend".
+Layout is head-first, ``(B, H, N, D)``, as in ``torch.nn.functional.scaled_dot_product_attention``. Masks mean
+what they mean in torch: ``attn_mask`` as in SDPA (bool True = may attend, or a float added to the scores),
+``key_padding_mask`` as in ``nn.MultiheadAttention`` ((B, M), True = padding).
 
 Rules every function, step and layer follows:
 
@@ -26,6 +28,9 @@ Rules every function, step and layer follows:
   depend on it are NaN (see :mod:`attnbook.softmax` for the exact rule).
 * **Derivatives.** Every function is differentiable twice (``gradgradcheck`` passes), except softmax
   attention on torch's fused SDPA kernels, which raise on a second derivative (the math backend works).
+* **Plain first.** Each mechanism's module is its chapter's mathematics in plain torch; the few paths that exist
+  only for speed live in ``attnbook._fast`` and are turned off by ``ATTNBOOK_PLAIN=1`` or
+  :func:`attnbook.config.set_plain` (:mod:`attnbook.config`).
 
 Example:
     >>> import torch, attnbook

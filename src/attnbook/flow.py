@@ -38,8 +38,8 @@ prompt is prefilled in one call and generation continues with :func:`flow_attent
 
 Cost: non-causal O(B H (N + M) D Dv) time, O(B H (N + M) (D + Dv)) memory, like linear attention --
 conservation adds O(N D) work. Causal: every prefix sum is a cumulative sum over the sequence, and the output
-is chapter 2's chunked causal product (:func:`attnbook.linear.chunked_causal_product`, chunks of C =
-``chunk_size``), O(B H N (C + D) Dv) time: no N x N and no N x D x Dv tensor is built (the published causal
+is chapter 2's chunked causal product (:func:`attnbook.linear.chunked_causal_product`, chunks of ell =
+``chunk_size``), O(B H N (ell + D) Dv) time: no N x N and no N x D x Dv tensor is built (the published causal
 code builds (B, H, N, D, Dv)). :func:`flow_attention_step` is the same computation for one token: O(B H D Dv).
 """
 
@@ -411,7 +411,7 @@ def flow_attention(
             ``is_causal`` it must be None (``key_padding_mask`` pads both).
         eps: added to every component of the flow vectors, as in the published code (0 <= eps <= 1).
         return_flows: also return the :class:`FlowStats`.
-        chunk_size: the chunk length C of the causal output product (any positive int; the result does not
+        chunk_size: the chunk length ell of the causal output product (any positive int; the result does not
             depend on it beyond rounding).
         out_dtype: dtype of ``out``; default the inputs' (under autocast: the autocast dtype).
         competition: False replaces the competition c_j by 1 (the paper's ablation "w/o competition").

@@ -10,8 +10,8 @@ generation cost O(1) per token (Katharopoulos et al., "Transformers are RNNs: Fa
 Transformers with Linear Attention", ICML 2020, Eqs. 4-6 and 16-20). eps is added to the denominator, as in
 fast-transformers' ``LinearAttention``.
 
-The causal sums are computed by one chunked form (:func:`chunked_causal_product`): inside a chunk of C positions
-the masked C x C product, between chunks the carried state, as in flash-linear-attention's chunked algorithm
+The causal sums are computed by one chunked form (:func:`chunked_causal_product`): inside a chunk of ell positions
+the masked ell x ell product, between chunks the carried state, as in flash-linear-attention's chunked algorithm
 (Yang et al., "Gated Linear Attention Transformers with Hardware-Efficient Training", ICML 2024, Sec. 2.2). On the
 CPU, causal attention with a built-in feature map goes to the speed annex (:mod:`attnbook._fast`) unless
 :func:`attnbook.config.plain` says otherwise.
@@ -89,28 +89,30 @@ def chunked_causal_product(
     """o_i = q_i^T (S_0 + sum_{j<=i} k_j v_j^T), every chunk at once; and the state after the last position.
 
     q, k (..., N, R), v (..., N, Dv) and the carried state S_0 (..., R, Dv) (zero when None) in the accumulation
-    dtype. The sequence is cut into chunks of C = ``chunk_size`` positions (the last padded with zeros). Inside a
-    chunk the causal products are a masked C x C matrix, (q k^T) masked to j <= i, times v; the chunks before
+    dtype. The sequence is cut into n chunks of ell = ``chunk_size`` positions (the last padded with zeros). Inside
+    a chunk the causal products are a masked ell x ell matrix, (q k^T) masked to j <= i, times v; the chunks before
     contribute q_i^T S_c, S_c the state before chunk c: a running sum of the chunks' own k^T v. The products'
     inputs are in :func:`attnbook._runtime.product_dtype` (bfloat16 for bfloat16 inputs, a GPU's matrix units)
     and their results and the states in the accumulation dtype.
 
-    Cost: O(N (C + R) Dv) time; O(N (C + R Dv / C)) memory beside the inputs (the scores of every chunk and the
+    Cost: O(N (ell + R) Dv) time; O(N (ell + R Dv / ell)) memory beside the inputs (the scores of every chunk and the
     state before every chunk).
 
     Returns:
         (o (..., N, Dv), S_0 + sum_j k_j v_j^T (..., R, Dv)), in the accumulation dtype.
     """
     acc, mm = q.dtype, product_dtype(q)
-    N, C = q.shape[-2], chunk_size
-    n = chunk_count(N, C)  # chunks; the last one padded with zeros
-    qc, kc, vc = (F.pad(x, (0, 0, 0, n * C - N)).reshape(*x.shape[:-2], n, C, x.shape[-1]).to(mm) for x in (q, k, v))
+    N, ell = q.shape[-2], chunk_size
+    n = chunk_count(N, ell)  # chunks; the last one padded with zeros
+    qc, kc, vc = (
+        F.pad(x, (0, 0, 0, n * ell - N)).reshape(*x.shape[:-2], n, ell, x.shape[-1]).to(mm) for x in (q, k, v)
+    )
     kv = (kc.transpose(-2, -1) @ vc).to(acc)  # (..., n, R, Dv): each chunk's own sum of k_j v_j^T
     states = F.pad(kv, (0, 0, 0, 0, 1, 0)).cumsum(-3)  # (..., n + 1, R, Dv): the state before chunk c, and at the end
     if state is not None:
         states = states + state.unsqueeze(-3)
-    scores = (qc @ kc.transpose(-2, -1)).tril()  # (..., n, C, C): q_i . k_j inside a chunk, j <= i
-    out = (scores @ vc).to(acc) + (qc @ states[..., :-1, :, :].to(mm)).to(acc)  # (..., n, C, Dv)
+    scores = (qc @ kc.transpose(-2, -1)).tril()  # (..., n, ell, ell): q_i . k_j inside a chunk, j <= i
+    out = (scores @ vc).to(acc) + (qc @ states[..., :-1, :, :].to(mm)).to(acc)  # (..., n, ell, Dv)
     out = out.flatten(-3, -2)[..., :N, :]  # (..., N, Dv)
     # Traced, a copy: torch 2.13's inductor compiles the backward of a product that saved this slice with the
     # strides of the first length, and fails at the next one (with dynamic shapes; reduced in the changelog).
@@ -200,8 +202,8 @@ def linear_attention(
     state after the last token, as flash-linear-attention's functions do.
 
     Cost: non-causal O(B H (N + M) R Dv) time and O(B H (N + M) R) memory beside the inputs and the output.
-    Causal, chunked (:func:`chunked_causal_product`, C = ``chunk_size``): O(B H N (C + R) Dv) time; nothing of
-    size N x N. The result does not depend on C beyond rounding. Differentiable any number of times.
+    Causal, chunked (:func:`chunked_causal_product`, ell = ``chunk_size``): O(B H N (ell + R) Dv) time; nothing
+    of size N x N. The result does not depend on ell beyond rounding. Differentiable any number of times.
 
     Args:
         q: queries (B, H, N, D).
@@ -216,7 +218,7 @@ def linear_attention(
             vector on its own, or an :class:`attnbook.feature_maps.PerformerFeatures`.
         eps: added to the denominator, as in fast-transformers. With eps = 0 a query with no weight at all
             (every key padded) gets zeros.
-        chunk_size: C of the causal chunked form.
+        chunk_size: the chunk length ell of the causal chunked form.
         out_dtype: dtype of the result; default the inputs' (under autocast: the autocast dtype). Pass the
             accumulation dtype (e.g. float32 for float16 inputs) to keep a result that float16 cannot hold.
         initial_state: causal only: the :class:`LinearState` of the tokens before these (S (B, H, R, Dv),
@@ -402,7 +404,7 @@ class LinearAttention(ProjectedAttention[LinearState]):
             D = d_model // n_heads.
         causal: every forward is causal (as if ``is_causal=True``; needs L == S).
         eps: added to the denominator.
-        chunk_size: C of the causal chunked form.
+        chunk_size: the chunk length ell of the causal chunked form.
         device, dtype: of the parameters, as for torch's layers.
 
     Shape:

@@ -8,8 +8,8 @@ every condition (quiet, after other work, beside busy processes, one and two thr
     out_i = sum_{j <= i} (phi(q_i) . phi(k_j)) v_j / (sum_{j <= i} phi(q_i) . phi(k_j) + eps)
 
 Chunked as in Katharopoulos et al., "Transformers are RNNs" (ICML 2020, Sec. 3.3), in the chunked form of
-e.g. Hua et al., "Transformer Quality in Linear Time" (ICML 2022): inside a chunk of C positions the masked
-C x C product, between chunks the carried state S = sum_j phi(k_j) v_j^T (R, Dv) and z = sum_j phi(k_j) (R).
+e.g. Hua et al., "Transformer Quality in Linear Time" (ICML 2022): inside a chunk of ell positions the masked
+ell x ell product, between chunks the carried state S = sum_j phi(k_j) v_j^T (R, Dv) and z = sum_j phi(k_j) (R).
 
 A *tile* is a run of whole chunks of one row of (B H), or several whole rows (:func:`_tiles`). For the
 built-in feature maps (elementwise: ``kind`` "elu" or "relu") each tile's features are made into small
@@ -52,58 +52,59 @@ __all__ = ["causal_linear_attention", "forward", "backward", "CPU_TILE"]
 # annex's lead over the plain form does not hinge on it.
 CPU_TILE = 2048
 
-# A plan of tiles (:func:`_tiles`): row groups (r0, R, spans), each span (s0, m, c) a run of m chunks of c positions.
+# A plan of tiles (:func:`_tiles`): row groups (r0, nr, spans), nr rows from row r0, each span (s0, m, c) a run
+# of m chunks of c positions.
 _Plan = list[tuple[int, int, list[tuple[int, int, int]]]]
 
 
-def _tiles(rows: int, N: int, C: int, positions: int) -> _Plan:
-    """The tiles of a (rows, N) problem in chunks of C <= N: a list of row groups (r0, R, spans), each span
+def _tiles(rows: int, N: int, ell: int, positions: int) -> _Plan:
+    """The tiles of a (rows, N) problem in chunks of ell <= N: a list of row groups (r0, nr, spans), each span
     (s0, m, c) a run of m chunks of c positions from position s0, in forward time order.
 
     Several whole rows per tile when a row is at most half a tile and holds whole chunks only (then the rows
     of a tile are contiguous in memory and its chunks form one batch); else one row per tile, its whole
-    chunks in runs of ``positions // C``, and the partial chunk that remains (N % C positions) last."""
-    n, p = divmod(N, C)
+    chunks in runs of ``positions // ell``, and the partial chunk that remains (N % ell positions) last."""
+    n, p = divmod(N, ell)
     if p == 0 and 2 * N <= positions:
-        R = positions // N
-        return [(r0, min(R, rows - r0), [(0, n, C)]) for r0 in range(0, rows, R)]
-    G = max(1, positions // C)
-    spans = [(c0 * C, min(G, n - c0), C) for c0 in range(0, n, G)]
+        nr = positions // N
+        return [(r0, min(nr, rows - r0), [(0, n, ell)]) for r0 in range(0, rows, nr)]
+    per_run = max(1, positions // ell)
+    spans = [(c0 * ell, min(per_run, n - c0), ell) for c0 in range(0, n, per_run)]
     if p:
-        spans.append((n * C, 1, p))
+        spans.append((n * ell, 1, p))
     return [(r, 1, spans) for r in range(rows)]
 
 
 def _tiler(
-    tensors: Sequence[torch.Tensor | None], rows: int, N: int, C: int
+    tensors: Sequence[torch.Tensor | None], rows: int, N: int, ell: int
 ) -> Callable[[int, int, int, int, int], list[Any]]:
-    """A function of a tile (r0, R, s0, m, c) that gives each of ``tensors`` ((rows, N, .), or None) as the
-    tile's batch of chunks (R m, c, .): when every chunk is whole, one slice of a view made once (a tile's
+    """A function of a tile (r0, nr, s0, m, c) that gives each of ``tensors`` ((rows, N, .), or None) as the
+    tile's batch of chunks (nr m, c, .): when every chunk is whole, one slice of a view made once (a tile's
     chunks are consecutive in memory), else a slice and a view (:func:`_tile`).
 
     The tiles are typed Any: each is a tensor, or None where its tensor is None (the optional masks and
     reciprocals), which the caller knows position by position."""
-    if N % C:
-        return lambda r0, R, s0, m, c: [None if x is None else _tile(x, r0, R, s0, m, c) for x in tensors]
-    n = N // C
-    chunks = [None if x is None else x.view(rows * n, C, x.shape[-1]) for x in tensors]
+    if N % ell:
+        return lambda r0, nr, s0, m, c: [None if x is None else _tile(x, r0, nr, s0, m, c) for x in tensors]
+    n = N // ell
+    chunks = [None if x is None else x.view(rows * n, ell, x.shape[-1]) for x in tensors]
 
-    def tile(r0: int, R: int, s0: int, m: int, c: int) -> list[Any]:
-        a = r0 * n + s0 // C
-        return [None if x is None else x[a : a + R * m] for x in chunks]
+    def tile(r0: int, nr: int, s0: int, m: int, c: int) -> list[Any]:
+        a = r0 * n + s0 // ell
+        return [None if x is None else x[a : a + nr * m] for x in chunks]
 
     return tile
 
 
-def _tile(x: torch.Tensor, r0: int, R: int, s0: int, m: int, c: int) -> torch.Tensor:
-    """Rows r0 .. r0 + R of x (rows, N, E), positions s0 .. s0 + m c, as a batch of chunks (R m, c, E): a view
+def _tile(x: torch.Tensor, r0: int, nr: int, s0: int, m: int, c: int) -> torch.Tensor:
+    """Rows r0 .. r0 + nr of x (rows, N, E), positions s0 .. s0 + m c, as a batch of chunks (nr m, c, E): a view
     (the rows of a tile of several rows are whole)."""
-    return x[r0 : r0 + R, s0 : s0 + m * c].view(R * m, c, x.shape[-1])
+    return x[r0 : r0 + nr, s0 : s0 + m * c].view(nr * m, c, x.shape[-1])
 
 
-def _rows(x: torch.Tensor, R: int) -> tuple[torch.Tensor, ...]:
-    """A tile's batch of chunks (R m, ...) as its R rows' batches (m, ...)."""
-    return (x,) if R == 1 else x.view(R, -1, *x.shape[1:]).unbind(0)
+def _rows(x: torch.Tensor, nr: int) -> tuple[torch.Tensor, ...]:
+    """A tile's batch of chunks (nr m, ...) as its nr rows' batches (m, ...)."""
+    return (x,) if nr == 1 else x.view(nr, -1, *x.shape[1:]).unbind(0)
 
 
 def _slope_(kind: str, phi: torch.Tensor) -> torch.Tensor:
@@ -120,7 +121,7 @@ class _Workspace:
     view costs about a microsecond, as much as a small operation: tiles of 2,048 positions once spent a tenth
     of their time making the same views again (B=2 H=8 N=1024, one thread: 8.4 -> 7.5 ms a forward).
 
-    ``S`` (R, m + 1, D, Dv) holds, per row of a tile, m + 1 *slots* of chunk states; ``Z`` (R, m + 1, D) the
+    ``S`` (nr, m + 1, D, Dv) holds, per row of a tile, m + 1 *slots* of chunk states; ``Z`` (nr, m + 1, D) the
     same for the sums of features. Forwards in time the carry (the sum over the tiles done) is in slot 0 and
     chunk j's own sum in slot j + 1; a running sum over the slots, in place, leaves in slot j the state
     *before* chunk j for every chunk, and in slot m the next tile's carry. Backwards in time chunk j's own sum
@@ -129,16 +130,16 @@ class _Workspace:
     a tile with fewer uses the first slots, so the carry's slot does not depend on the tile's shape."""
 
     def __init__(self, q: torch.Tensor, plan: _Plan, D: int, Dv: int, grad: bool):
-        self.R = max(R for _, R, _ in plan)
+        self.nr = max(nr for _, nr, _ in plan)
         self.m = max(m for _, _, spans in plan for _, m, _ in spans)
-        most = max(R * m * c for _, R, spans in plan for _, m, c in spans)  # positions of the largest tile
-        C = max(c for _, _, spans in plan for _, _, c in spans)
-        slots = self.R * (self.m + 1)
+        most = max(nr * m * c for _, nr, spans in plan for _, m, c in spans)  # positions of the largest tile
+        ell = max(c for _, _, spans in plan for _, _, c in spans)
+        slots = self.nr * (self.m + 1)
         sizes = {
             "fq": most * D,
             "fk": most * D,
             "work": most * Dv if grad else 0,  # gn times out
-            "scores": most * C,  # the masked C x C matrices
+            "scores": most * ell,  # the masked ell x ell matrices
             "den": most,  # forwards the normaliser, backwards dL/dden
             "gn": most * Dv if grad else 0,  # dL/dnum
             "S": slots * D * Dv,
@@ -149,21 +150,21 @@ class _Workspace:
         for name, size in sizes.items():
             self.flat[name] = block[start : start + size]
             start += size
-        self.S = self.flat["S"].view(self.R, self.m + 1, D, Dv)
-        self.Z = self.flat["Z"].view(self.R, self.m + 1, D)
-        self.slots, self.zslots = self.S.unbind(1), self.Z.unbind(1)  # (R, D, Dv) and (R, D) each
+        self.S = self.flat["S"].view(self.nr, self.m + 1, D, Dv)
+        self.Z = self.flat["Z"].view(self.nr, self.m + 1, D)
+        self.slots, self.zslots = self.S.unbind(1), self.Z.unbind(1)  # (nr, D, Dv) and (nr, D) each
         self._views: dict[tuple[int, int, int], _TileViews] = {}
         self.D, self.Dv, self.grad = D, Dv, grad
 
-    def views(self, R: int, m: int, c: int) -> _TileViews:
-        """The views of a tile of R rows of m chunks of c positions (a namespace), made once per shape."""
-        key = (R, m, c)
+    def views(self, nr: int, m: int, c: int) -> _TileViews:
+        """The views of a tile of nr rows of m chunks of c positions (a namespace), made once per shape."""
+        key = (nr, m, c)
         if key not in self._views:
-            self._views[key] = self._make_views(R, m, c)
+            self._views[key] = self._make_views(nr, m, c)
         return self._views[key]
 
-    def _make_views(self, R: int, m: int, c: int) -> _TileViews:
-        t, D, Dv, w = R * m, self.D, self.Dv, _TileViews()
+    def _make_views(self, nr: int, m: int, c: int) -> _TileViews:
+        t, D, Dv, w = nr * m, self.D, self.Dv, _TileViews()
 
         def take(name: str, *shape: int) -> torch.Tensor:
             n = 1
@@ -173,17 +174,17 @@ class _Workspace:
 
         w.fq, w.fk = take("fq", t, c, D), take("fk", t, c, D)
         w.fkT = w.fk.transpose(1, 2)
-        w.fq_rows, w.fk_rows, w.fkT_rows = _rows(w.fq, R), _rows(w.fk, R), _rows(w.fkT, R)
+        w.fq_rows, w.fk_rows, w.fkT_rows = _rows(w.fq, nr), _rows(w.fk, nr), _rows(w.fkT, nr)
         w.scores = take("scores", t, c, c)
         w.den = take("den", t, c, 1)  # a column per chunk
-        w.den_rows, w.denT_rows = _rows(w.den, R), _rows(w.den.view(t, 1, c), R)  # and as a row per chunk
+        w.den_rows, w.denT_rows = _rows(w.den, nr), _rows(w.den.view(t, 1, c), nr)  # and as a row per chunk
         if self.grad:
             w.gn, w.gn_out = take("gn", t, c, Dv), take("work", t, c, Dv)
-            w.gn_rows = _rows(w.gn, R)
+            w.gn_rows = _rows(w.gn, nr)
         S, Z = self.S, self.Z
-        w.hi, w.lo = [S[i, 1 : m + 1] for i in range(R)], [S[i, :m] for i in range(R)]  # (m, D, Dv)
+        w.hi, w.lo = [S[i, 1 : m + 1] for i in range(nr)], [S[i, :m] for i in range(nr)]  # (m, D, Dv)
         w.hiT, w.loT = [x.transpose(1, 2) for x in w.hi], [x.transpose(1, 2) for x in w.lo]
-        w.zhi, w.zlo = [Z[i, 1 : m + 1] for i in range(R)], [Z[i, :m] for i in range(R)]  # (m, D)
+        w.zhi, w.zlo = [Z[i, 1 : m + 1] for i in range(nr)], [Z[i, :m] for i in range(nr)]  # (m, D)
         w.zhi_row, w.zlo_row = [x.unsqueeze(1) for x in w.zhi], [x.unsqueeze(1) for x in w.zlo]  # (m, 1, D)
         w.S_run, w.Z_run = S[:, : m + 1], Z[:, : m + 1]  # the slots a running sum covers
         return w
@@ -199,7 +200,7 @@ class _TileViews:
     fk_rows: tuple[torch.Tensor, ...]
     fkT: torch.Tensor
     fkT_rows: tuple[torch.Tensor, ...]
-    # the masked C x C matrices, the normaliser (a column and a row per chunk), dL/dnum and its product
+    # the masked ell x ell matrices, the normaliser (a column and a row per chunk), dL/dnum and its product
     scores: torch.Tensor
     den: torch.Tensor
     den_rows: tuple[torch.Tensor, ...]
@@ -276,7 +277,7 @@ def forward(
     v: torch.Tensor,
     kind: str,
     drop: torch.Tensor | None,
-    C: int,
+    ell: int,
     eps: float,
     out: torch.Tensor,
     recip: torch.Tensor | None = None,
@@ -288,25 +289,25 @@ def forward(
     given, receives 1 / (den + eps)."""
     rows, N, D = q.shape
     Dv = v.shape[-1]
-    C = min(C, N)
-    plan = _tiles(rows, N, C, CPU_TILE)
+    ell = min(ell, N)
+    plan = _tiles(rows, N, ell, CPU_TILE)
     ws = _Workspace(q, plan, D, Dv, grad=False)
-    tiles = _tiler([q, k, v, out, drop, recip], rows, N, C)
-    for r0, R, spans in plan:
+    tiles = _tiler([q, k, v, out, drop, recip], rows, N, ell)
+    for r0, nr, spans in plan:
         last = None  # the slot that holds the carry: none for a row group's first tile (zero)
         for s0, m, c in spans:
-            qt, kt, vt, ot, dt, rt = tiles(r0, R, s0, m, c)
-            w = ws.views(R, m, c)
+            qt, kt, vt, ot, dt, rt = tiles(r0, nr, s0, m, c)
+            w = ws.views(nr, m, c)
             _carry(ws, 0, last)
             fq, fk, fq_rows, _, fkT, fkT_rows = _features(kind, w, qt, kt, dt)
             scores = torch.bmm(fq, fkT, out=w.scores).tril_()  # (t, c, c)
             torch.sum(scores, -1, keepdim=True, out=w.den)  # (t, c, 1): the normaliser inside each chunk
             torch.bmm(scores, vt, out=ot)  # the numerator inside each chunk
-            for i, v_i in enumerate(_rows(vt, R)):  # each chunk's own sums, into slots 1 .. m
+            for i, v_i in enumerate(_rows(vt, nr)):  # each chunk's own sums, into slots 1 .. m
                 torch.bmm(fkT_rows[i], v_i, out=w.hi[i])
                 torch.sum(fkT_rows[i], -1, out=w.zhi[i])
             _running_sum(ws, w, m, False)
-            for i, o_i in enumerate(_rows(ot, R)):  # + phi(q) S and + phi(q) . z, with each chunk's states
+            for i, o_i in enumerate(_rows(ot, nr)):  # + phi(q) S and + phi(q) . z, with each chunk's states
                 o_i.baddbmm_(fq_rows[i], w.lo[i])
                 w.denT_rows[i].baddbmm_(w.zlo_row[i], fq_rows[i].transpose(1, 2))  # a product with one row
             r = w.den.add_(eps)  # (t, c, 1)
@@ -329,7 +330,7 @@ def backward(
     g: torch.Tensor,
     kind: str,
     drop: torch.Tensor | None,
-    C: int,
+    ell: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv) of :func:`forward` for the output gradient g (rows, N, Dv): the two passes of the module
     docstring, one row group after the other, each tile's features made again (but for the last tile of a
@@ -337,11 +338,11 @@ def backward(
     the raw q and k (the feature map's derivative applied)."""
     rows, N, D = q.shape
     Dv = v.shape[-1]
-    C = min(C, N)
-    plan = _tiles(rows, N, C, CPU_TILE)
+    ell = min(ell, N)
+    plan = _tiles(rows, N, ell, CPU_TILE)
     ws = _Workspace(q, plan, D, Dv, grad=True)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    tiles = _tiler([q, k, v, out, recip, g, drop, dq, dk, dv], rows, N, C)
+    tiles = _tiler([q, k, v, out, recip, g, drop, dq, dk, dv], rows, N, ell)
 
     def tile_inputs(
         w: _TileViews,
@@ -357,11 +358,11 @@ def backward(
         torch.sum(torch.mul(gn, ot, out=w.gn_out), -1, keepdim=True, out=w.den).neg_()  # dL/dden = -(gn . out)
         return (*features, gn, w.den)
 
-    for r0, R, spans in plan:
+    for r0, nr, spans in plan:
         last = None
         for i, (s0, m, c) in enumerate(spans):  # forwards in time: dphi(q), the in-chunk parts of dphi(k), dv
-            qt, kt, vt, ot, rt, gt, dt, dqt, dkt, dvt = tiles(r0, R, s0, m, c)
-            w = ws.views(R, m, c)
+            qt, kt, vt, ot, rt, gt, dt, dqt, dkt, dvt = tiles(r0, nr, s0, m, c)
+            w = ws.views(nr, m, c)
             _carry(ws, 0, last)
             fq, fk, fq_rows, fk_rows, fkT, fkT_rows, gn, gd = tile_inputs(w, qt, kt, dt, gt, rt, ot)
             M = torch.bmm(gn, vt.transpose(1, 2), out=w.scores).add_(gd).tril_()  # (t, c, c)
@@ -369,11 +370,11 @@ def backward(
             torch.bmm(M.transpose(1, 2), fq, out=dkt)
             P = torch.bmm(fq, fkT, out=w.scores).tril_()
             torch.bmm(P.transpose(1, 2), gn, out=dvt)
-            for j, v_j in enumerate(_rows(vt, R)):  # each chunk's phi(k)^T v and sum of phi(k), slots 1 .. m
+            for j, v_j in enumerate(_rows(vt, nr)):  # each chunk's phi(k)^T v and sum of phi(k), slots 1 .. m
                 torch.bmm(fkT_rows[j], v_j, out=w.hi[j])
                 torch.sum(fkT_rows[j], -1, out=w.zhi[j])
             _running_sum(ws, w, m, False)
-            for j, dq_j in enumerate(_rows(dqt, R)):  # + gn S^T + gd z^T, with each chunk's states
+            for j, dq_j in enumerate(_rows(dqt, nr)):  # + gn S^T + gd z^T, with each chunk's states
                 dq_j.baddbmm_(w.gn_rows[j], w.loT[j])
                 dq_j.addcmul_(w.den_rows[j], w.zlo_row[j])  # (an outer product: elementwise is quicker)
             if i < len(spans) - 1:  # the last span's features serve the pass back first
@@ -381,17 +382,17 @@ def backward(
             last = m
         last = None
         for i, (s0, m, c) in enumerate(reversed(spans)):  # backwards in time: the rest of dphi(k) and dv
-            qt, kt, vt, ot, rt, gt, dt, dqt, dkt, dvt = tiles(r0, R, s0, m, c)
-            w = ws.views(R, m, c)
+            qt, kt, vt, ot, rt, gt, dt, dqt, dkt, dvt = tiles(r0, nr, s0, m, c)
+            w = ws.views(nr, m, c)
             if i > 0:  # the last span's features, gn and gd are still in the buffers
                 fq, fk, fq_rows, fk_rows, fkT, fkT_rows, gn, gd = tile_inputs(w, qt, kt, dt, gt, rt, ot)
             _carry(ws, m, None if last is None else 0)
-            for j in range(R):  # each chunk's phi(q)^T gn and gd^T phi(q), into slots 0 .. m - 1
+            for j in range(nr):  # each chunk's phi(q)^T gn and gd^T phi(q), into slots 0 .. m - 1
                 torch.bmm(fq_rows[j].transpose(1, 2), w.gn_rows[j], out=w.lo[j])
                 torch.bmm(w.denT_rows[j], fq_rows[j], out=w.zlo_row[j])  # a row: 6x quicker than a column
             _running_sum(ws, w, m, True)
-            v_rows, dk_rows, dv_rows = _rows(vt, R), _rows(dkt, R), _rows(dvt, R)
-            for j in range(R):  # + U v and + w for dphi(k), + U^T phi(k) for dv, with each chunk's states
+            v_rows, dk_rows, dv_rows = _rows(vt, nr), _rows(dkt, nr), _rows(dvt, nr)
+            for j in range(nr):  # + U v and + w for dphi(k), + U^T phi(k) for dv, with each chunk's states
                 dk_rows[j].baddbmm_(v_rows[j], w.hiT[j]).add_(w.zhi_row[j])
                 dv_rows[j].baddbmm_(fk_rows[j], w.hi[j])
             if dt is not None:
@@ -418,14 +419,14 @@ class _CausalLinear(torch.autograd.Function):
         v: torch.Tensor,
         kind: str,
         drop: torch.Tensor | None,
-        C: int,
+        ell: int,
         eps: float,
         plain: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor],
     ) -> torch.Tensor:
         out, recip = v.new_empty(v.shape), v.new_empty(*v.shape[:-1], 1)
-        forward(q, k, v, kind, drop, C, eps, out, recip)
+        forward(q, k, v, kind, drop, ell, eps, out, recip)
         ctx.save_for_backward(q, k, v, out, recip)
-        ctx.kind, ctx.drop, ctx.C, ctx.plain = kind, drop, C, plain
+        ctx.kind, ctx.drop, ctx.ell, ctx.plain = kind, drop, ell, plain
         return out
 
     @staticmethod
@@ -438,7 +439,7 @@ class _CausalLinear(torch.autograd.Function):
             wanted = [x for x, n in zip((q, k, v), need, strict=True) if n]
             given = iter(torch.autograd.grad(y, wanted, g, create_graph=True, allow_unused=True))
             return (*(next(given) if n else None for n in need), None, None, None, None, None)
-        grads = backward(q, k, v, out, recip, g.contiguous(), ctx.kind, ctx.drop, ctx.C)
+        grads = backward(q, k, v, out, recip, g.contiguous(), ctx.kind, ctx.drop, ctx.ell)
         return (*(x if n else None for x, n in zip(grads, need, strict=True)), None, None, None, None, None)
 
 
@@ -448,7 +449,7 @@ def causal_linear_attention(
     v: torch.Tensor,
     kind: str,
     keep: torch.Tensor | None,
-    C: int,
+    ell: int,
     eps: float,
     plain: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor],
 ) -> torch.Tensor:
@@ -461,11 +462,11 @@ def causal_linear_attention(
     drop = None if keep is None else keep.logical_not().expand(B, H, N, 1).reshape(rows, N, 1).contiguous()
     q3, k3, v3 = (x.reshape(rows, N, x.shape[-1]).contiguous() for x in (q, k, v))
     if not (torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v))):
-        return forward(q3, k3, v3, kind, drop, C, eps, torch.empty_like(v3)).view(B, H, N, -1)
+        return forward(q3, k3, v3, kind, drop, ell, eps, torch.empty_like(v3)).view(B, H, N, -1)
 
     def plain_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         return plain(*(x.view(B, H, N, x.shape[-1]) for x in (q, k, v))).reshape(rows, N, -1)
 
     # torch's Function.apply is untyped (no-untyped-call)
-    out: torch.Tensor = _CausalLinear.apply(q3, k3, v3, kind, drop, C, eps, plain_rows)  # type: ignore[no-untyped-call]
+    out: torch.Tensor = _CausalLinear.apply(q3, k3, v3, kind, drop, ell, eps, plain_rows)  # type: ignore[no-untyped-call]
     return out.view(B, H, N, -1)

@@ -704,7 +704,7 @@ def benchmark_recordings(start=None) -> dict[str, dict]:
     """Every recording of :func:`attnbook.lab.bench.run_benchmark` in ``benchmarks/results/``, by file name.
 
     Read with :func:`attnbook.lab.recordings.load` (``start`` as there); empty after a pip install, where the
-    repository's recordings are absent. Other recordings in the folder (generation, decoding) are left out.
+    repository's recordings are absent. Other recordings in the folder (training, the annex) are left out.
     """
     folder = recordings.root(start)
     if folder is None:
@@ -796,15 +796,16 @@ def claim_numbers(recorded: dict[str, dict | None]) -> dict[str, float]:
     """The recorded numbers of the papers' claims that chapter 6 quotes, by a readable name.
 
     ``recorded`` maps ``"listops"``, ``"heads"``, ``"moh"``, ``"lookup"`` (the studies of
-    ``benchmarks/results/claims/``, :func:`attnbook.lab.recordings.load`) and ``"decoding"``
-    (``benchmarks/results/decoding_cpu.json``) to their recordings, or None where absent; the names of an
+    ``benchmarks/results/claims/``, :func:`attnbook.lab.recordings.load`) and ``"writing"``
+    (``benchmarks/results/ch07/generation_cpu_float32_recorded.json``) to their recordings, or None where absent;
+    the names of an
     absent recording are left out. Names: ``"listops <variant>"`` (mean held-out accuracy) with
     ``"listops <variant> low"`` / ``"high"``, ``"listops chance"``, ``"listops majority"``; ``"heads <variant>
     D=<D>"`` (accuracy) and ``"rank <variant> D=<D>"`` (a trained head's effective rank, mean over seeds);
     ``"moh <fraction>"`` (accuracy with that share of the heads active), ``"moh softmax"``; ``"lookup <kind>
     <mechanism> <n>x<D>"`` (the lookup share, ``kind`` ``rescaled low`` / ``rescaled high`` / ``trained``);
-    ``"writing ratio"`` (softmax's per-token step over linear attention's at the last position, static decoder)
-    and ``"writing t"`` (that position).
+    ``"writing ratio"`` (softmax's per-token step over linear attention's at the last position, the first decoder
+    recorded) and ``"writing t"`` (that position).
     """
     out: dict[str, float] = {}
     listops = recorded.get("listops")
@@ -836,10 +837,11 @@ def claim_numbers(recorded: dict[str, dict | None]) -> dict[str, float]:
                 out[f"lookup rescaled high {m} {shape}"] = max(values)
             for m, value in demo["trained"].items():
                 out[f"lookup trained {m} {shape}"] = value
-    decoding = recorded.get("decoding")
-    if decoding:
-        out["writing ratio"] = decoding["summary"]["ratio_at_t_max"]["static"]["linear"]
-        out["writing t"] = max(decoding["config"]["positions"])
+    writing = recorded.get("writing")
+    if writing:
+        first = writing["config"]["decoders"][0]
+        out["writing ratio"] = writing["summary"][first]["softmax_over"]["linear"]
+        out["writing t"] = max(writing["config"]["positions"])
     return out
 
 
