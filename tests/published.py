@@ -215,3 +215,40 @@ class ReferenceCodeMoH(nn.Module):
             gates = F.softmax(self.wg_1(flat), dim=1).reshape(B, N, -1) * self.shared_head
         h = torch.einsum("bne,bned->bned", gates, h).reshape(B, N, self.head_dim * self.num_heads)
         return self.proj_drop(self.proj(h))
+
+
+# --- flash-linear-attention's naive recurrences (fla-org/flash-linear-attention, fla/ops/*/naive.py) -----------
+# Re-typed from their definitions: the loops fla's kernels are tested against, in fla's layouts and in float32.
+
+
+def fla_naive_recurrent_gla(q, k, v, gk, initial_state=None):
+    """fla's ``naive_recurrent_gla``: inputs (B, T, H, K) and (B, T, H, V); h = h * exp(gk_t) + k_t v_t^T,
+    o_t = (scale q_t) h, scale = K^-0.5, all in float32. Returns (o (B, T, H, V) in q's dtype, h)."""
+    dtype = q.dtype
+    q, k, v, gk = (x.transpose(1, 2).float() for x in (q, k, v, gk))
+    B, H, T, K = q.shape
+    h = torch.zeros(B, H, K, v.shape[-1])
+    if initial_state is not None:
+        h = h + initial_state.float()
+    o = torch.zeros_like(v)
+    for i in range(T):
+        h = h * gk[:, :, i].exp()[..., None] + k[:, :, i][..., None] * v[:, :, i][..., None, :]
+        o[:, :, i] = (q[:, :, i][..., None] * K**-0.5 * h).sum(-2)
+    return o.transpose(1, 2).to(dtype), h
+
+
+def fla_delta_rule_recurrence(q, k, v, beta, initial_state=None):
+    """fla's ``delta_rule_recurrence``: inputs (B, H, L, D), beta (B, H, L); the value minus S's prediction for
+    k, times beta, is added as k u^T; o = (scale q) S, scale = D^-0.5, in float32. Returns (o, S)."""
+    dtype = q.dtype
+    q, k, v, beta = (x.float() for x in (q, k, v, beta))
+    S = torch.zeros(*q.shape[:2], q.shape[-1], v.shape[-1])
+    if initial_state is not None:
+        S = S + initial_state
+    q = q * q.shape[-1] ** -0.5
+    o = torch.zeros_like(v)
+    for i in range(q.shape[2]):
+        u = (v[:, :, i] - (S * k[:, :, i][..., None]).sum(-2)) * beta[:, :, i][..., None]
+        S = S + k[:, :, i].unsqueeze(-1) * u.unsqueeze(-2)
+        o[:, :, i] = torch.einsum("bhd,bhdm->bhm", q[:, :, i], S)
+    return o.to(dtype), S

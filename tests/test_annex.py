@@ -212,8 +212,10 @@ q, k, v = (torch.randn(2, 2, 70, 8, requires_grad=True) for _ in range(3))
 for name, m in MECHANISMS.items():
     layer = m.module(16, 2)
     layer(torch.randn(2, 70, 16)).sum().backward()
-    if m.function is not None:
-        for causal in (False, True) if m.causal else (False,):
+    if m.inputs == "qkvg":  # causal only, with a gate
+        m(*(x.requires_grad_() for x in m.example_inputs(2, 2, 70, 8))).sum().backward()
+    elif m.function is not None:
+        for causal in m.forms:
             m(q, k, v, is_causal=causal).sum().backward()
             with torch.no_grad():
                 m(q, k, v, is_causal=causal)

@@ -22,7 +22,8 @@ def test_tolerance_table_covers_every_dtype_with_both_tolerances():
 
 
 def test_every_mechanism_of_the_registry_has_an_accuracy_case_and_one_per_causal_form():
-    expected = set(mechanisms.MECHANISMS) | {f"{n}_causal" for n in mechanisms.names(causal=True)}
+    both = mechanisms.names(causal=True, bidirectional=True)  # a case per form; a causal-only one is its name
+    expected = set(mechanisms.MECHANISMS) | {f"{n}_causal" for n in both}
     assert set(check_gpu.CASES) == expected
     assert {"softmax", "linear_causal", "flow_causal", "mobile", "moh", "moh_causal"} <= expected
 
@@ -33,7 +34,8 @@ def test_every_mechanism_passes_in_every_dtype(dtype):
     assert len(records) == len(check_gpu.CASES)
     for r in records:
         assert r["passed"], r
-        assert len(r["grads"]) == (1 if r["mechanism"].startswith("moh") else 3)  # every input's gradient checked
+        inputs = mechanisms.get(r["mechanism"].removesuffix("_causal")).inputs  # every input's gradient checked
+        assert len(r["grads"]) == {"x": 1, "qkv": 3, "qkvg": 4}[inputs]
         assert r["output"]["finite"] and 0 <= r["worst"] <= 1
 
 

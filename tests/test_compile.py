@@ -22,18 +22,18 @@ from attnbook.mechanisms import MECHANISMS
 DEVICE = os.environ.get("ATTNBOOK_COMPILE_DEVICE", "cpu")
 H, D, CHUNK = 2, 8, 16
 SHAPES = [(2, 64), (3, 70), (1, 5)]  # (B, N): whole chunks, a partial chunk, less than a chunk
+# Chapter 8's mechanisms ("qkvg") carry their state from chunk to chunk in a Python loop, so a graph holds one
+# number of chunks: they have their own tests at the end of this file.
+ONE_GRAPH = [n for n, m in MECHANISMS.items() if m.inputs != "qkvg"]
 FUNCTIONS = [
     pytest.param(n, c, id=f"{n}-causal" if c else n)
     for n, m in MECHANISMS.items()
-    if m.function is not None
-    for c in ((False, True) if m.causal else (False,))
+    if m.inputs == "qkv"
+    for c in m.forms
 ]
-LAYERS = [
-    pytest.param(n, c, id=f"{n}-causal" if c else n)
-    for n, m in MECHANISMS.items()
-    for c in ((False, True) if m.causal else (False,))
-]
-STEPS = [pytest.param(n, id=n) for n, m in MECHANISMS.items() if m.step is not None]
+LAYERS = [pytest.param(n, c, id=f"{n}-causal" if c else n) for n in ONE_GRAPH for c in MECHANISMS[n].forms]
+STEPS = [pytest.param(n, id=n) for n, m in MECHANISMS.items() if m.step is not None and m.inputs == "qkv"]
+GATED = [n for n, m in MECHANISMS.items() if m.inputs == "qkvg"]
 GRAD = [pytest.param(False, id="no_grad"), pytest.param(True, id="grad")]
 # (grad, dynamic): inference compiled with dynamic=True, training with torch's default (automatic dynamic shapes:
 # the second shape recompiles with symbolic sizes); together they cover both tracers' paths at a test's cost.
@@ -163,7 +163,7 @@ def test_every_layer_trains_under_inductor_at_four_lengths_with_one_graph(name, 
     assert frame_count() == first, f"{frame_count() - first} recompilations after the first dynamic graph"
 
 
-@pytest.mark.parametrize("name", [n for n, m in MECHANISMS.items() if m.causal])
+@pytest.mark.parametrize("name", [n for n in ONE_GRAPH if MECHANISMS[n].causal])
 def test_every_prefill_and_step_compile_once_for_every_length_and_token(name):
     """A causal layer's prefill (forward with output_final_state: a KV cache, a LinearState or a FlowState) and
     its one-token step, compiled by inductor with dynamic shapes: eager's outputs, and two graphs in all for three
@@ -187,7 +187,7 @@ def test_every_prefill_and_step_compile_once_for_every_length_and_token(name):
     assert frame_count() - start == 2, f"{frame_count() - start} graphs for a prefill and a step"
 
 
-@pytest.mark.parametrize("name", [n for n, m in MECHANISMS.items() if m.causal])
+@pytest.mark.parametrize("name", [n for n in ONE_GRAPH if MECHANISMS[n].causal])
 def test_the_language_model_trains_under_inductor_at_every_length(name):
     """DecoderLM's forward (token ids, no host read of their range while traced) and its gradients, one graph."""
     torch.manual_seed(0)
@@ -230,3 +230,46 @@ def test_compiling_is_not_exporting_where_torch_folds_is_exporting_to_true(monke
     moh = MECHANISMS["moh"].module(16, 4).train()
     compiled(moh)(torch.randn(2, 9, 16))
     assert moh.load_balancing_loss is not None
+
+
+# -- chapter 8: a graph per number of chunks ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", GATED)
+def test_chapter_8_layers_train_under_inductor_at_four_lengths(name):
+    """Outputs, input and parameter gradients equal eager's at four lengths; the chunk loop holds one number of
+    chunks per graph, so there is at most one graph per number of chunks (and never a graph break)."""
+    torch.manual_seed(0)
+    layer = MECHANISMS[name].module(16, 2)
+    clayer = compiled(layer, dynamic=True, backend="inductor")
+    start = frame_count()
+    lengths = [(2, 17), (3, 33), (2, 40), (3, 5)]  # 17 and 33 use one number of chunks of 16 or 32 each
+    for B, N in lengths:
+        x = torch.randn(B, N, 16)
+        grads = []
+        for fn in (clayer, layer):
+            layer.zero_grad()
+            xi = x.clone().requires_grad_()
+            y = fn(xi)
+            y.backward(torch.ones_like(y))
+            grads.append([y, xi.grad, *(p.grad.clone() for p in layer.parameters())])
+        for a, b in zip(*grads, strict=True):
+            torch.testing.assert_close(a, b, **tol(torch.float32))
+    assert frame_count() - start <= len(lengths), "more graphs than lengths"
+
+
+@pytest.mark.parametrize("name", GATED)
+def test_chapter_8_steps_compile_once_for_every_token(name):
+    """The one-token step has no loop: one graph, from no state and from every state after it."""
+    layer = MECHANISMS[name].module(16, 2).eval()
+    step = compiled(layer.step, dynamic=True, backend="inductor")
+    x = torch.randn(2, 6, 16)
+    with torch.no_grad():
+        _, state = layer(x[:, :3], output_final_state=True)
+        eager_state = state
+        start = frame_count()
+        for t in range(3, 6):
+            y_t, state = step(x[:, t], state)
+            expected, eager_state = layer.step(x[:, t], eager_state)
+            torch.testing.assert_close(y_t, expected, **tol(torch.float32))
+    assert frame_count() - start == 1

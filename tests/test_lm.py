@@ -31,9 +31,9 @@ def stepwise(model, tokens):
     return torch.stack(rows, dim=1), state
 
 
-def test_the_causal_mechanisms_are_softmax_linear_flow_moh_and_both_decoding_forms_occur():
-    assert CAUSAL == ["softmax", "linear", "flow", "moh"]
-    assert RECURRENT == ["linear", "flow"] and CACHED == ["softmax", "moh"]
+def test_the_causal_mechanisms_and_both_decoding_forms_occur():
+    assert CAUSAL == ["softmax", "linear", "flow", "moh", "decay", "gated", "delta"]
+    assert RECURRENT == ["linear", "flow", "decay", "gated", "delta"] and CACHED == ["softmax", "moh"]
 
 
 @pytest.mark.parametrize("mechanism", CAUSAL)

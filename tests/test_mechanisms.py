@@ -11,9 +11,9 @@ from attnbook import mechanisms
 from attnbook.mechanisms import MECHANISMS
 
 QKV = mechanisms.names(inputs="qkv")
-CAUSAL_FORMS = [(n, c) for n, m in MECHANISMS.items() for c in ((False, True) if m.causal else (False,))]
+CAUSAL_FORMS = [(n, c) for n, m in MECHANISMS.items() for c in (False, True) if (m.causal if c else m.bidirectional)]
 QKV_FORMS = [c for c in CAUSAL_FORMS if c[0] in QKV]
-STEPS = [n for n, m in MECHANISMS.items() if m.step is not None]
+STEPS = [n for n, m in MECHANISMS.items() if m.step is not None and m.inputs == "qkv"]  # chapter 8's: test_recurrent
 AUTOCAST = [pytest.param(torch.bfloat16, id="bfloat16"), pytest.param(torch.float16, id="float16")]
 
 
@@ -31,7 +31,9 @@ def test_registry_names_are_keys_and_chapters_are_in_order():
     assert list(MECHANISMS) == [m.name for m in MECHANISMS.values()]
     chapters = [m.chapter for m in MECHANISMS.values()]
     assert chapters == sorted(chapters)
-    assert {m.inputs for m in MECHANISMS.values()} <= {"qkv", "x"}
+    assert {m.inputs for m in MECHANISMS.values()} <= {"qkv", "qkvg", "x"}
+    assert all((m.gate is None) == (m.inputs != "qkvg") for m in MECHANISMS.values())
+    assert all(m.causal or m.bidirectional for m in MECHANISMS.values())
 
 
 def test_get_names_the_known_mechanisms_when_asked_for_an_unknown_one():
@@ -80,7 +82,7 @@ def test_every_layer_rejects_bad_inputs_naming_them(name, case):
         layer(make())
 
 
-@pytest.mark.parametrize("name", [n for n in MECHANISMS if n != "moh"])
+@pytest.mark.parametrize("name", mechanisms.names(inputs="qkv"))
 def test_every_family_layer_rejects_keys_that_do_not_fit(name):
     layer = MECHANISMS[name].module(8, 2)
     x = torch.randn(2, 5, 8)

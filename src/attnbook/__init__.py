@@ -46,8 +46,10 @@ Example:
 from importlib import metadata as _metadata
 
 from . import config, feature_maps, mechanisms, reference
-from ._module import ProjectedAttention
+from ._module import ProjectedAttention, RecurrentAttention
+from .delta import DeltaRuleAttention, delta_rule_attention, delta_rule_step
 from .flow import FlowAttention, FlowState, FlowStats, flow_attention, flow_attention_step
+from .gated import GatedLinearAttention, gated_linear_attention, gated_linear_attention_step
 from .linear import LinearAttention, LinearState, linear_attention, linear_attention_step
 from .mobile import MobileAttention, mobile_attention
 from .moh import HeadRouting, MoHAttention, moh_load_balancing_loss
@@ -81,4 +83,11 @@ __all__ = [
     "FlowAttention",
     "mobile_attention",
     "MobileAttention",
+    "RecurrentAttention",
+    "gated_linear_attention",
+    "gated_linear_attention_step",
+    "GatedLinearAttention",
+    "delta_rule_attention",
+    "delta_rule_step",
+    "DeltaRuleAttention",
 ]

@@ -73,6 +73,10 @@ __all__ = [
     "check_qkv",
     "check_step_inputs",
     "check_state",
+    "check_gate",
+    "check_gated_call",
+    "check_gated_step",
+    "check_matrix_state",
     "check_bool_mask",
     "check_attn_mask",
     "check_key_padding_mask",
@@ -604,6 +608,87 @@ def check_state(
             )
         if x.device != device:
             raise ValueError(f"{name}: {arg}.{field} must be on the inputs' device {device}, got {describe(x)}")
+    return state
+
+
+def check_gate(g: object, q: torch.Tensor, *, name: str, arg: str, vector: bool) -> torch.Tensor:
+    """A gate beside queries q (B, H, N, D) or one token's q_t (B, H, D): one value per head and token, shaped like q
+    without its last dimension, or (``vector``) one per key dimension, shaped like q. Any floating dtype, q's
+    device. Its values are not read (that would cost a host synchronisation on a GPU)."""
+    g = check_tensor(g, arg, name=name)
+    lead = tuple(q.shape[:-1])
+    shapes = [lead, tuple(q.shape)] if vector else [lead]
+    if tuple(g.shape) not in shapes:
+        wanted = " or ".join(str(x) for x in shapes)
+        raise ValueError(f"{name}: {arg} must have shape {wanted} for q {shape_str(q)}, got {describe(g)}")
+    if g.device != q.device:
+        raise ValueError(f"{name}: {arg} must be on q's device {q.device}, got {describe(g)}")
+    return g
+
+
+def check_gated_call(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    gate: object,
+    *,
+    name: str,
+    arg: str,
+    vector: bool,
+    scale: object,
+    initial_state: object,
+    output_final_state: object,
+    chunk_size: object,
+) -> tuple[torch.Tensor, float, torch.Tensor, bool, int, torch.dtype]:
+    """The call of a causal function with a gate and a matrix state (chapter 8): q, k (B, H, N, D), v (B, H, N, Dv),
+    the gate (:func:`check_gate`), ``scale`` (default D^-1/2), the state (zeros for None) in the accumulation dtype.
+    Returns (gate, scale, state, output_final_state, chunk_size, the result dtype)."""
+    B, H, _, _, D, Dv = check_qkv(q, k, v, name=name, same_length=True, why=" (it is causal only)")
+    gate = check_gate(gate, q, name=name, arg=arg, vector=vector)
+    given = check_scale(scale, name=name)
+    acc = accumulation_dtype(q.dtype)
+    state = check_matrix_state(initial_state, (B, H, D, Dv), name=name, dtype=acc, device=q.device)
+    final = check_bool(output_final_state, "output_final_state", name=name)
+    ell = check_chunk_size(chunk_size, name=name)
+    return gate, D**-0.5 if given is None else given, state, final, ell, result_dtype(q)
+
+
+def check_gated_step(
+    q_t: torch.Tensor, k_t: torch.Tensor, v_t: torch.Tensor, gate: object, state: object, *, name: str, arg: str,
+    vector: bool, scale: object,
+) -> tuple[torch.Tensor, float, torch.Tensor, torch.dtype]:  # fmt: skip
+    """One token of a chapter 8 function: q_t, k_t (B, H, D), v_t (B, H, Dv), its gate and the state before it.
+    Returns (gate, scale, state (zeros for None), the result dtype)."""
+    B, H, D, Dv = check_step_inputs(q_t, k_t, v_t, name=name)
+    gate = check_gate(gate, q_t, name=name, arg=arg, vector=vector)
+    given = check_scale(scale, name=name)
+    acc = accumulation_dtype(q_t.dtype)
+    S = check_matrix_state(state, (B, H, D, Dv), name=name, dtype=acc, device=q_t.device, arg="state")
+    return gate, D**-0.5 if given is None else given, S, result_dtype(q_t)
+
+
+def check_matrix_state(
+    state: object,
+    shape: tuple[int, ...],
+    *,
+    name: str,
+    dtype: torch.dtype,
+    device: torch.device,
+    arg: str = "initial_state",
+) -> torch.Tensor:
+    """A matrix state S (B, H, D, Dv) in ``dtype`` on ``device``, or zeros of that shape for None."""
+    if state is None:
+        return torch.zeros(shape, dtype=dtype, device=device)
+    check_tensor(state, arg, name=name)
+    assert isinstance(state, torch.Tensor)
+    if tuple(state.shape) != tuple(shape):
+        raise ValueError(f"{name}: {arg} must have shape (B, H, D, Dv) = {tuple(shape)}, got {describe(state)}")
+    if state.dtype != dtype:
+        raise ValueError(
+            f"{name}: {arg} must be in the accumulation dtype {dtype} of these inputs, got {describe(state)}"
+        )
+    if state.device != device:
+        raise ValueError(f"{name}: {arg} must be on the inputs' device {device}, got {describe(state)}")
     return state
 
 

@@ -46,8 +46,10 @@ from ._checks import (
     check_divisible,
     check_int,
     check_is_causal,
+    check_key_padding_mask,
     check_layer_inputs,
     check_norm_layer,
+    check_number,
     check_probability,
     check_same_value,
     check_state_call,
@@ -55,7 +57,7 @@ from ._checks import (
 )
 from ._runtime import linear_in_range
 
-__all__ = ["ProjectedAttention"]
+__all__ = ["ProjectedAttention", "RecurrentAttention"]
 
 #: The recurrent state of a layer's causal self-attention: :class:`attnbook.KVCache` (softmax),
 #: :class:`attnbook.LinearState`, :class:`attnbook.FlowState`.
@@ -360,3 +362,139 @@ class ProjectedAttention(nn.Module, Generic[StateT]):
     ) -> tuple[torch.Tensor, StateT]:
         """One token: q_t, k_t (B, H, D), v_t (B, H, Dv) and the state before it -> (out (B, H, Dv), new state)."""
         raise NotImplementedError
+
+
+class RecurrentAttention(nn.Module):
+    """Causal self-attention whose heads carry a matrix state S (B, H, D, D): the layers of chapter 8.
+
+    The family of flash-linear-attention's layers: ``Layer(dim, num_heads)`` projects x (B, N, C) to queries, keys
+    and values of H heads of D = C / H, computes a gate from x (:meth:`gates`), lets the mechanism mix them
+    (:meth:`mix`), merges the heads and projects out. Causal only; ``forward(x, initial_state=S,
+    output_final_state=True)`` returns ``(y, S)`` and ``step(x_t, S)`` continues one token at a time, as for the
+    other causal layers. ``key_padding_mask`` (B, N), True = padding: a padded token writes nothing and leaves the
+    state as it was (:meth:`neutral`). A subclass gives :meth:`gates`, :meth:`mix`, :meth:`mix_step` and
+    :meth:`neutral`, and may normalise queries and keys (:meth:`qk`).
+
+    Example:
+        >>> import torch, attnbook
+        >>> layer = attnbook.DeltaRuleAttention(16, num_heads=2)  # a RecurrentAttention
+        >>> y, S = layer(torch.randn(3, 7, 16), output_final_state=True)
+        >>> y.shape, S.shape  # the state: (B, H, D, D)
+        (torch.Size([3, 7, 16]), torch.Size([3, 2, 8, 8]))
+    """
+
+    causal = True
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int | None = None,
+        *,
+        n_heads: int | None = None,
+        qkv_bias: bool = False,
+        proj_bias: bool = True,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ):
+        super().__init__()
+        name = type(self).__name__
+        dim = check_int(dim, "dim", name=name, minimum=1)
+        check_same_value(n_heads, num_heads, "n_heads", "num_heads", name=name, why=" (num_heads is timm's name)")
+        heads = num_heads if num_heads is not None else n_heads
+        self.n_heads = check_int(8 if heads is None else heads, "num_heads", name=name, minimum=1)
+        check_divisible(dim, self.n_heads, name=name, total_arg="dim", parts_arg="num_heads")
+        self.dim, self.head_dim = dim, dim // self.n_heads
+        factory: dict[str, Any] = {"device": device, "dtype": dtype}
+        bias = check_bool(qkv_bias, "qkv_bias", name=name)
+        self.query_projection = nn.Linear(dim, dim, bias=bias, **factory)
+        self.key_projection = nn.Linear(dim, dim, bias=bias, **factory)
+        self.value_projection = nn.Linear(dim, dim, bias=bias, **factory)
+        self.out_projection = nn.Linear(dim, dim, bias=check_bool(proj_bias, "proj_bias", name=name), **factory)
+
+    def reset_parameters(self) -> None:
+        """Draw every projection's weights and biases again (torch's initialisation of ``nn.Linear``)."""
+        for layer in self.modules():
+            if isinstance(layer, nn.Linear):
+                layer.reset_parameters()
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}, num_heads={self.n_heads}"
+
+    def _choice(self, value: Any, arg: str, choices: tuple[Any, ...]) -> Any:
+        return check_choice(value, arg, choices, name=type(self).__name__)
+
+    def _positive(self, value: Any, arg: str) -> float:
+        return check_number(value, arg, name=type(self).__name__, minimum=0.0, strict_minimum=True)
+
+    def heads(self, x: torch.Tensor) -> torch.Tensor:
+        """Split the last dimension into heads: (B, N, C) -> (B, H, N, D), one token's (B, C) -> (B, H, D)."""
+        if x.dim() == 2:
+            return x.view(x.shape[0], self.n_heads, -1)
+        return x.view(x.shape[0], x.shape[1], self.n_heads, -1).transpose(1, 2)
+
+    def qk(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The queries and keys the mechanism reads (default: the projections as they are)."""
+        return q, k
+
+    def gates(self, x: torch.Tensor) -> torch.Tensor:
+        """The gate of every head and token of x (B, N, C), or of one token x_t (B, C)."""
+        raise NotImplementedError
+
+    def mix(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gate: torch.Tensor, state: Any, final: bool
+    ) -> Any:
+        """The mechanism on (B, H, N, D) heads from the state S (None: zeros): output (B, H, N, D) [, S with
+        ``final``]."""
+        raise NotImplementedError
+
+    def mix_step(
+        self, q_t: torch.Tensor, k_t: torch.Tensor, v_t: torch.Tensor, gate_t: torch.Tensor, state: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The mechanism's recurrent step on (B, H, D) heads: (out (B, H, D), S)."""
+        raise NotImplementedError
+
+    def neutral(self, gate: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+        """The gate with padded tokens (``keep`` (B, 1, N) False) set to leave the state as it was."""
+        raise NotImplementedError
+
+    def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        q, k = self.qk(self.heads(self.query_projection(x)), self.heads(self.key_projection(x)))
+        return q, k, self.heads(self.value_projection(x)), self.gates(x)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        *,
+        key_padding_mask: torch.Tensor | None = None,
+        is_causal: bool = True,
+        initial_state: torch.Tensor | None = None,
+        output_final_state: bool = False,
+    ) -> Any:
+        """x (B, N, C) -> (B, N, C), causal; ``(y, S)`` with ``output_final_state`` (S (B, H, D, D))."""
+        name = type(self).__name__
+        check_layer_inputs(x, x, x, name=name, d_input=self.dim, like=self.query_projection.weight)
+        why = " (this mechanism is causal only: its state is written token by token)"
+        check_choice(check_is_causal(is_causal, name=name), "is_causal", (True,), name=name, why=why)
+        output_final_state = check_bool(output_final_state, "output_final_state", name=name)
+        q, k, v, gate = self._project(x)
+        if key_padding_mask is not None:
+            pad = check_key_padding_mask(key_padding_mask, x.shape[0], x.shape[1], name=name).to(x.device)
+            keep = ~pad[:, None, :]  # (B, 1, N): True = a real token
+            k, v = k * keep[..., None], v * keep[..., None]
+            gate = self.neutral(gate, keep)
+        result = self.mix(q, k, v, gate, initial_state, output_final_state)
+        out, state = result if output_final_state else (result, None)
+        B, H, N, D = out.shape
+        y = linear_in_range(self.out_projection, out.transpose(1, 2).reshape(B, N, H * D), q.dtype)  # (B, N, C)
+        return (y, state) if output_final_state else y
+
+    if TYPE_CHECKING:
+        __call__ = forward
+
+    def step(self, x_t: torch.Tensor, state: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """One token x_t (B, C) after the tokens summed up in S (None before the first): ((B, C), S)."""
+        name = f"{type(self).__name__}.step"
+        check_step_token(x_t, "x_t", name=name, width=self.dim, like=self.query_projection.weight)
+        q, k, v, gate = self._project(x_t)  # (B, H, D) each, the gate (B, H[, D])
+        out, state = self.mix_step(q, k, v, gate, state)  # (B, H, D)
+        return linear_in_range(self.out_projection, out.reshape(out.shape[0], -1), q.dtype), state

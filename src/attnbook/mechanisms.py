@@ -4,10 +4,13 @@ Every consumer reads :data:`MECHANISMS` -- the benchmarks (:mod:`attnbook.lab.be
 training race (:mod:`attnbook.lab.headtohead`), the language model (:mod:`attnbook.lm`), the chapters and the
 tests -- so adding a mechanism means adding one entry here.
 
-Two kinds of input exist:
+Three kinds of input exist:
 
 * ``"qkv"``: a function on per-head queries, keys and values, ``function(q, k, v, is_causal=...)`` with
   q (B, H, N, D), k (B, H, M, D), v (B, H, M, Dv), and a float64 ``reference`` with the same call;
+* ``"qkvg"``: a causal function on queries, keys, values and a gate that the layer computes from its input,
+  ``function(q, k, v, gate)`` (chapter 8: log-decays or the delta rule's beta; :attr:`Mechanism.gate` says
+  which), and a float64 ``reference`` with the same call;
 * ``"x"``: a whole layer on tokens x (B, N, C) only (MoH routes tokens to heads, so it has no q, k, v
   interface); ``reference(layer, x, is_causal=...)`` evaluates the layer's weights literally in float64.
 
@@ -16,11 +19,13 @@ Every entry's ``module(dim, n_heads, causal=...)`` builds a self-attention layer
 
 Example:
     >>> import torch
-    >>> from attnbook.mechanisms import MECHANISMS
-    >>> [(m.name, m.chapter, m.inputs) for m in MECHANISMS.values()]
+    >>> from attnbook.mechanisms import MECHANISMS, names
+    >>> [(m.name, m.chapter, m.inputs) for m in MECHANISMS.values() if m.chapter < 8]
     [('softmax', 1, 'qkv'), ('linear', 2, 'qkv'), ('flow', 3, 'qkv'), ('mobile', 4, 'qkv'), ('moh', 5, 'x')]
+    >>> [(m.name, m.inputs, m.gate) for m in MECHANISMS.values() if m.chapter == 8]
+    [('decay', 'qkvg', 'decay'), ('gated', 'qkvg', 'key decay'), ('delta', 'qkvg', 'beta')]
     >>> x = torch.randn(2, 10, 32)
-    >>> {name: tuple(m.module(32, 4)(x).shape) for name, m in MECHANISMS.items()}  # swapped by name
+    >>> {name: tuple(MECHANISMS[name].module(32, 4)(x).shape) for name in names(bidirectional=True)}
     {'softmax': (2, 10, 32), 'linear': (2, 10, 32), 'flow': (2, 10, 32), 'mobile': (2, 10, 32), 'moh': (2, 10, 32)}
 """
 
@@ -34,8 +39,10 @@ import torch
 
 from . import reference
 from ._checks import check_bool, check_choice, check_int
-from ._module import ProjectedAttention
+from ._module import ProjectedAttention, RecurrentAttention
+from .delta import DeltaRuleAttention, delta_rule_attention, delta_rule_step
 from .flow import FlowAttention, FlowState, flow_attention, flow_attention_step
+from .gated import GatedLinearAttention, gated_linear_attention, gated_linear_attention_step
 from .linear import LinearAttention, LinearState, linear_attention, linear_attention_step
 from .mobile import MobileAttention, mobile_attention
 from .moh import MoHAttention, default_heads
@@ -45,9 +52,9 @@ __all__ = ["Mechanism", "MECHANISMS", "get", "names"]
 
 #: What an entry's ``module`` builds: a layer of the module family or an MoH layer. Its recurrent state is the
 #: layer's own (a KVCache, a LinearState or a FlowState), so the family's state parameter is Any here.
-Layer: TypeAlias = "ProjectedAttention[Any] | MoHAttention"
+Layer: TypeAlias = "ProjectedAttention[Any] | MoHAttention | RecurrentAttention"
 #: The state an entry's ``step`` carries.
-RecurrentState: TypeAlias = "LinearState | FlowState"
+RecurrentState: TypeAlias = "LinearState | FlowState | torch.Tensor"
 
 
 @dataclass(frozen=True)
@@ -58,15 +65,22 @@ class Mechanism:
         name: short key, e.g. ``"flow"``.
         title: what the book calls it, e.g. ``"Flow-Attention"``.
         chapter: the chapter that derives it.
-        inputs: ``"qkv"`` (a function on q, k, v) or ``"x"`` (a layer on tokens only).
+        inputs: ``"qkv"`` (a function on q, k, v), ``"qkvg"`` (q, k, v and a gate) or ``"x"`` (a layer on
+            tokens only).
         causal: whether a causal form exists.
+        bidirectional: whether a non-causal form exists (every query sees every key); chapter 8's mechanisms
+            are causal only.
+        gate: for ``"qkvg"`` mechanisms what the gate is: ``"decay"`` (log-decays <= 0, one per head, (B, H, N)),
+            ``"key decay"`` (one per key dimension, (B, H, N, D)) or ``"beta"`` (the delta rule's, (B, H, N));
+            else None.
         same_length: the mechanism needs as many queries as keys (N == M) even when not causal.
         function: the fast function (``"qkv"`` mechanisms), else None.
         reference: the float64 oracle: ``reference(q, k, v, is_causal=...)``, or ``reference(layer, x, is_causal=...)``
             for ``"x"`` mechanisms.
         module: ``module(dim, n_heads, causal=False, **kwargs)`` -> a self-attention layer, ``layer(x)``.
         step: the recurrent one-token form ``step(q_t, k_t, v_t, state) -> (out_t, state)`` of the causal
-            mechanism, or None when generation needs a cache of past keys and values.
+            mechanism (``step(q_t, k_t, v_t, gate_t, state)`` for ``"qkvg"``), or None when generation needs a
+            cache of past keys and values.
 
     The callables are typed by the calls above: ``function`` and ``reference`` return the output tensor (the
     options that return more, such as ``return_flows``, are for the functions themselves), ``module`` a
@@ -88,13 +102,34 @@ class Mechanism:
     name: str
     title: str
     chapter: int
-    inputs: Literal["qkv", "x"]
+    inputs: Literal["qkv", "qkvg", "x"]
     causal: bool
     same_length: bool
     function: Callable[..., torch.Tensor] | None
     reference: Callable[..., torch.Tensor]
     module: Callable[..., Layer]
     step: Callable[..., tuple[torch.Tensor, RecurrentState]] | None = None
+    bidirectional: bool = True
+    gate: Literal["decay", "key decay", "beta"] | None = None
+
+    @property
+    def forms(self) -> tuple[bool, ...]:
+        """The values of ``causal`` the mechanism has a form for: (False, True), (False,) or (True,)."""
+        return tuple(c for c in (False, True) if (self.causal if c else self.bidirectional))
+
+    def example_inputs(
+        self, B: int, H: int, N: int, D: int, *, generator: torch.Generator | None = None, dtype: Any = None
+    ) -> list[torch.Tensor]:
+        """Standard normal q, k, v (B, H, N, D) for the function, and for ``"qkvg"`` a gate as its layer makes one:
+        log-decays logsigmoid(z) (per head or per key dimension), or beta = sigmoid(z) with unit keys (the delta
+        rule's layer normalises them; with raw keys of norm sqrt(D) its state would grow without bound)."""
+        q, k, v = (torch.randn(B, H, N, D, generator=generator, dtype=dtype) for _ in range(3))
+        if self.gate is None:
+            return [q, k, v]
+        z = torch.randn((B, H, N, D) if self.gate == "key decay" else (B, H, N), generator=generator, dtype=dtype)
+        if self.gate == "beta":
+            return [q, torch.nn.functional.normalize(k, dim=-1), v, torch.sigmoid(z)]
+        return [q, k, v, torch.nn.functional.logsigmoid(z)]
 
     def __call__(self, *args: Any, **kwargs: Any) -> torch.Tensor:
         """Call the fast function (``"qkv"`` mechanisms only)."""
@@ -116,6 +151,19 @@ def _family(cls: type[ProjectedAttention[Any]], key: str, **fixed: Any) -> Calla
         return cls(dim, dim, dim, n_heads, **options)
 
     make.__doc__ = f"{cls.__name__}(dim, dim, dim, n_heads, drop_out=0.0, causal=causal, **kwargs)"
+    return make
+
+
+def _recurrent(cls: type[RecurrentAttention], key: str, **fixed: Any) -> Callable[..., RecurrentAttention]:
+    """Factory for chapter 8's layers: (dim, n_heads, causal=True) -> layer; they have no non-causal form."""
+
+    def make(dim: int, n_heads: int, causal: bool = True, **kwargs: Any) -> RecurrentAttention:
+        why = " (this mechanism is causal only: its state is written token by token)"
+        check_choice(check_bool(causal, "causal", name=f"MECHANISMS[{key!r}].module"), "causal", (True,),
+                     name=f"MECHANISMS[{key!r}].module", why=why)  # fmt: skip
+        return cls(dim, n_heads, **{**fixed, **kwargs})
+
+    make.__doc__ = f"{cls.__name__}(dim, n_heads, {', '.join(f'{k}={v!r}' for k, v in fixed.items())})"
     return make
 
 
@@ -218,24 +266,74 @@ MECHANISMS: dict[str, Mechanism] = {
             reference=_moh_reference,
             module=_moh_module,
         ),
+        Mechanism(
+            "decay",
+            "linear attention with decay",
+            8,
+            "qkvg",
+            causal=True,
+            same_length=True,
+            function=gated_linear_attention,
+            reference=reference.gated_linear_attention,
+            module=_recurrent(GatedLinearAttention, "decay", decay="fixed"),
+            step=gated_linear_attention_step,
+            bidirectional=False,
+            gate="decay",
+        ),
+        Mechanism(
+            "gated",
+            "gated linear attention",
+            8,
+            "qkvg",
+            causal=True,
+            same_length=True,
+            function=gated_linear_attention,
+            reference=reference.gated_linear_attention,
+            module=_recurrent(GatedLinearAttention, "gated", decay="data"),
+            step=gated_linear_attention_step,
+            bidirectional=False,
+            gate="key decay",
+        ),
+        Mechanism(
+            "delta",
+            "delta-rule attention",
+            8,
+            "qkvg",
+            causal=True,
+            same_length=True,
+            function=delta_rule_attention,
+            reference=reference.delta_rule_attention,
+            module=_recurrent(DeltaRuleAttention, "delta"),
+            step=delta_rule_step,
+            bidirectional=False,
+            gate="beta",
+        ),
     )
 }
 
 
-def names(*, causal: bool = False, inputs: str | None = None) -> list[str]:
-    """Names in registry order; ``causal=True`` keeps those with a causal form, ``inputs`` one input kind.
+def names(*, causal: bool = False, bidirectional: bool = False, inputs: str | None = None) -> list[str]:
+    """Names in registry order; ``causal=True`` keeps those with a causal form, ``bidirectional=True`` those with a
+    non-causal one, ``inputs`` one input kind.
 
     Example:
         >>> from attnbook import mechanisms
         >>> mechanisms.names(causal=True)
-        ['softmax', 'linear', 'flow', 'moh']
+        ['softmax', 'linear', 'flow', 'moh', 'decay', 'gated', 'delta']
+        >>> mechanisms.names(bidirectional=True)
+        ['softmax', 'linear', 'flow', 'mobile', 'moh']
         >>> mechanisms.names(inputs="x")
         ['moh']
     """
     check_bool(causal, "causal", name="names")
+    check_bool(bidirectional, "bidirectional", name="names")
     if inputs is not None:
-        check_choice(inputs, "inputs", ("qkv", "x"), name="names")
-    return [n for n, m in MECHANISMS.items() if (m.causal or not causal) and (inputs is None or m.inputs == inputs)]
+        check_choice(inputs, "inputs", ("qkv", "qkvg", "x"), name="names")
+    return [
+        n
+        for n, m in MECHANISMS.items()
+        if (m.causal or not causal) and (m.bidirectional or not bidirectional) and inputs in (None, m.inputs)
+    ]
 
 
 def get(name: str) -> Mechanism:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import copy
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Literal, TypedDict, cast, overload
+from typing import TYPE_CHECKING, Any, Literal, TypedDict, cast, overload
 
 import torch
 from torch import Tensor
@@ -35,6 +35,7 @@ from ._checks import (
 if TYPE_CHECKING:  # result and argument types only: the oracles compute everything themselves
     from typing_extensions import Unpack
 
+    from ._module import RecurrentAttention
     from .feature_maps import FeatureMap
     from .flow import FlowStats
     from .moh import MoHAttention
@@ -49,6 +50,9 @@ __all__ = [
     "moh_attention",
     "flow_attention",
     "mobile_attention",
+    "gated_linear_attention",
+    "delta_rule_attention",
+    "recurrent_layer",
 ]
 
 
@@ -640,3 +644,115 @@ def mobile_attention(
         return out
     stats = FlowStats(incoming, outgoing, conserved_incoming, conserved_outgoing, competition, allocation, raw)
     return out, stats
+
+
+def gated_linear_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    *,
+    scale: float | None = None,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+) -> Any:
+    """Gated linear attention one token after the other, in float64 (as fla's ``naive_recurrent_gla``):
+
+        S_t = diag(exp(g_t)) S_{t-1} + k_t v_t^T,    o_t = S_t^T (scale q_t)
+
+    q, k (B, H, N, D), v (B, H, N, Dv), g (B, H, N, D) or (B, H, N); S (B, H, D, Dv), zeros or ``initial_state``.
+    Returns o (B, H, N, Dv) [, the last S].
+
+    Example:
+        >>> import torch, attnbook
+        >>> from attnbook import reference
+        >>> q, k, v = (torch.randn(1, 2, 9, 4) for _ in range(3))
+        >>> g = -torch.rand(1, 2, 9)  # one log-decay per head and token
+        >>> torch.allclose(attnbook.gated_linear_attention(q, k, v, g).double(),
+        ...                reference.gated_linear_attention(q, k, v, g), atol=1e-5)
+        True
+    """
+    check_qkv(q, k, v, name="reference.gated_linear_attention", same_length=True)
+    q, k, v, g = _f64(q, k, v, g)
+    g = g if g.dim() == 4 else g.unsqueeze(-1)  # (B, H, N, D or 1)
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    S = q.new_zeros(*q.shape[:2], q.shape[-1], v.shape[-1]) if initial_state is None else initial_state.double()
+    outs = []
+    for t in range(q.shape[2]):
+        S = torch.exp(g[:, :, t]).unsqueeze(-1) * S + torch.einsum("bhd,bhv->bhdv", k[:, :, t], v[:, :, t])
+        outs.append(torch.einsum("bhd,bhdv->bhv", scale * q[:, :, t], S))
+    out = torch.stack(outs, dim=2)  # (B, H, N, Dv)
+    return (out, S) if output_final_state else out
+
+
+def delta_rule_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    beta: torch.Tensor,
+    *,
+    scale: float | None = None,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+) -> Any:
+    """The delta rule one token after the other, in float64 (as fla's ``delta_rule_recurrence``):
+
+        u_t = beta_t (v_t - S_{t-1}^T k_t),    S_t = S_{t-1} + k_t u_t^T,    o_t = S_t^T (scale q_t)
+
+    q, k (B, H, N, D), v (B, H, N, Dv), beta (B, H, N); S (B, H, D, Dv), zeros or ``initial_state``.
+    Returns o (B, H, N, Dv) [, the last S].
+
+    Example:
+        >>> import torch, torch.nn.functional as F, attnbook
+        >>> from attnbook import reference
+        >>> q, v = torch.randn(1, 2, 9, 4), torch.randn(1, 2, 9, 4)
+        >>> k = F.normalize(torch.randn(1, 2, 9, 4), dim=-1)
+        >>> beta = torch.rand(1, 2, 9)
+        >>> torch.allclose(attnbook.delta_rule_attention(q, k, v, beta).double(),
+        ...                reference.delta_rule_attention(q, k, v, beta), atol=1e-5)
+        True
+    """
+    check_qkv(q, k, v, name="reference.delta_rule_attention", same_length=True)
+    q, k, v, beta = _f64(q, k, v, beta)
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    S = q.new_zeros(*q.shape[:2], q.shape[-1], v.shape[-1]) if initial_state is None else initial_state.double()
+    outs = []
+    for t in range(q.shape[2]):
+        predicted = torch.einsum("bhd,bhdv->bhv", k[:, :, t], S)  # S^T k_t
+        u = beta[:, :, t, None] * (v[:, :, t] - predicted)
+        S = S + torch.einsum("bhd,bhv->bhdv", k[:, :, t], u)
+        outs.append(torch.einsum("bhd,bhdv->bhv", scale * q[:, :, t], S))
+    out = torch.stack(outs, dim=2)  # (B, H, N, Dv)
+    return (out, S) if output_final_state else out
+
+
+def recurrent_layer(layer: RecurrentAttention, x: torch.Tensor, *, key_padding_mask: Tensor | None = None) -> Tensor:
+    """A :class:`attnbook.GatedLinearAttention` or :class:`attnbook.DeltaRuleAttention` layer evaluated literally in
+    float64 on x (B, N, C): its projections, gates and norms in float64 (on a float64 copy, unless the layer is
+    float64 already: then its own parameters receive the gradients), then the loop above.
+
+    A padded token (``key_padding_mask`` (B, N) True) writes nothing and keeps the state: its key and value are
+    zero, its decay 1 (g = 0) or its beta 0.
+
+    Example:
+        >>> import torch, attnbook
+        >>> from attnbook import reference
+        >>> layer = attnbook.GatedLinearAttention(16, num_heads=2)
+        >>> x = torch.randn(2, 7, 16)
+        >>> torch.allclose(layer(x).double(), reference.recurrent_layer(layer, x), atol=1e-5)
+        True
+    """
+    if any(p.dtype != torch.float64 for p in layer.parameters()):
+        layer = copy.deepcopy(layer).double()
+    x = x.double()
+    q, k = layer.qk(layer.heads(layer.query_projection(x)), layer.heads(layer.key_projection(x)))
+    v, gate = layer.heads(layer.value_projection(x)), layer.gates(x).double()
+    if key_padding_mask is not None:
+        keep = (~key_padding_mask)[:, None, :].double()  # (B, 1, N)
+        k, v = k * keep[..., None], v * keep[..., None]
+        gate = gate * (keep if gate.dim() == 3 else keep[..., None])  # g = 0 or beta = 0 at padding
+    loop = delta_rule_attention if type(layer).__name__ == "DeltaRuleAttention" else gated_linear_attention
+    out: Tensor = loop(q, k, v, gate)  # (B, H, N, D)
+    B, H, N, D = out.shape
+    y: Tensor = layer.out_projection(out.transpose(1, 2).reshape(B, N, H * D))  # (B, N, C)
+    return y

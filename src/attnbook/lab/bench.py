@@ -75,6 +75,15 @@ def _function(fn: Callable, **kwargs) -> Setup:
     return setup
 
 
+def _gated(mechanism: Mechanism) -> Setup:
+    def setup(B, H, N, D, device, dtype):
+        g = torch.Generator(device="cpu").manual_seed(N)
+        inputs = [x.to(device=device, dtype=dtype) for x in mechanism.example_inputs(B, H, N, D, generator=g)]
+        return inputs, mechanism.function
+
+    return setup
+
+
 def _layer(mechanism: Mechanism, causal: bool) -> Setup:
     def setup(B, H, N, D, device, dtype):
         layer = mechanism.module(H * D, H, causal=causal).to(device=device, dtype=dtype).eval()
@@ -95,8 +104,8 @@ def _cases() -> dict[str, Case]:
     """Every mechanism of the registry, and its causal form where it has one, plus the literal baseline."""
     cases = []
     for m in MECHANISMS.values():
-        for causal in (False, True) if m.causal else (False,):
-            name = f"{m.name}_causal" if causal else m.name
+        for causal in m.forms:
+            name = f"{m.name}_causal" if causal and m.bidirectional else m.name
             kind = "causal " if causal else ""
             if m.inputs == "qkv":
                 cases.append(
@@ -107,6 +116,8 @@ def _cases() -> dict[str, Case]:
                         _function(m.function, **({"is_causal": True} if causal else {})),
                     )
                 )
+            elif m.inputs == "qkvg":
+                cases.append(Case(name, f"{kind}{m.title}: attnbook.{m.function.__name__}", causal, _gated(m)))
             else:
                 cases.append(
                     Case(

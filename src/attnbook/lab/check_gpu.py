@@ -90,14 +90,14 @@ TINY = Sizes(accuracy=(1, 2, 37, 16), target_shape=(1, 2, 16), n_long=256, n_cau
 def _qkv_case(name: str, causal: bool):
     def make(B, H, N, D, device, dtype, g):
         mech = mechanisms.get(name)
-        kwargs = {"is_causal": True} if causal else {}
-        inputs = [torch.randn(B, H, N, D, generator=g) for _ in range(3)]
+        kwargs = {"is_causal": True} if causal and mech.inputs == "qkv" else {}  # "qkvg": causal only
+        inputs = mech.example_inputs(B, H, N, D, generator=g)
 
-        def fast(q, k, v):
-            return mech.function(q, k, v, **kwargs)
+        def fast(*qkv):
+            return mech.function(*qkv, **kwargs)
 
-        def ref(q, k, v):
-            return mech.reference(q, k, v, **kwargs)
+        def ref(*qkv):
+            return mech.reference(*qkv, **kwargs)
 
         return fast, ref, inputs
 
@@ -125,9 +125,9 @@ def _layer_case(name: str, causal: bool):
 def _cases() -> dict[str, Callable]:
     cases = {}
     for m in mechanisms.MECHANISMS.values():
-        for causal in (False, True) if m.causal else (False,):
-            make = _qkv_case if m.inputs == "qkv" else _layer_case
-            cases[f"{m.name}_causal" if causal else m.name] = make(m.name, causal)
+        for causal in m.forms:
+            make = _layer_case if m.inputs == "x" else _qkv_case
+            cases[f"{m.name}_causal" if causal and m.bidirectional else m.name] = make(m.name, causal)
     return cases
 
 
