@@ -7,11 +7,14 @@
 Studies (the same functions the chapters call live at ``ATTNBOOK_FAST=1`` size):
 
 * ``listops``: :func:`attnbook.lab.claims.compare` on ListOps (depth <= 3, <= 4 arguments, 16-48 tokens):
-  softmax, linear, flow, flow without competition, flow without allocation, mobile and MoH, 3 seeds;
-* ``heads``: :func:`~attnbook.lab.claims.head_width_study`, linear against mobile at head widths D = 2, 4, 8
-  of one total width C = 32, on chapter 6's associative recall, 3 seeds;
-* ``moh``: :func:`~attnbook.lab.claims.moh_study`, MoH with 2, 4, 6 and 8 of 8 heads active per token and
-  plain softmax on three-key recall, 3 seeds;
+  softmax, linear, flow, flow without competition, flow without allocation, mobile, MoH and the same model
+  without attention, 3 seeds;
+* ``heads``: :func:`~attnbook.lab.claims.head_width_study`, Mobile-Attention against linear attention (elu + 1
+  and sigmoid features) and Flow-Attention at head widths D = 2, 4, 8 of one total width C = 32, on chapter 6's
+  associative recall, 3 seeds;
+* ``moh``: :func:`~attnbook.lab.claims.moh_study`, MoH with 2, 4, 6 and 8 of 8 heads active per token, plain
+  softmax with all 8 heads and with only 2, 4 and 6, on recall of 3 keys at once, and the same at 2 and 5 keys
+  (``lookups``); and the quarter of the heads trained four times longer (``quarter_longer``), 3 seeds;
 * ``lookup``: :func:`~attnbook.lab.claims.lookup_share_demo` on chapter 2's toy (24 keys, D = 16) and at
   chapter 6's shape (6 tokens, D = 8).
 
@@ -19,11 +22,7 @@ Each writes ``benchmarks/results/claims/<study>_<device>_<size>.json``: the conf
 (held-out accuracy and loss against steps, training seconds), the mean, lowest, highest and standard deviation
 over seeds, the environment and the load average before and after. The machine is shared: the script refuses
 to record while the 1-minute load average is above half the cores, unless ``--force`` (the recording then says
-so). Estimated cost at the recorded size on one thread of this 2-core machine, from 100-step timing runs of
-every configuration at a load average of about 2.7 (other users' tests; a quiet machine is quicker): listops
-about 18 minutes (21 runs of 1,200 steps, 30-45 ms a step, 2-3 ms of it making the batch), heads about
-6.5 minutes (18 runs of 1,000 steps, 11-30 ms a step), moh about 4.5 minutes (15 runs of 800 steps, 14-20 ms),
-lookup under a minute; about 30 minutes in all.
+so). Each recording stores its wall time (``wall_seconds``).
 """
 
 from __future__ import annotations
@@ -32,6 +31,7 @@ import argparse
 import json
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -64,11 +64,23 @@ def run_study(study: str, size: str, seeds: list[int], device: str) -> dict:
         result = claims.compare(*spec, seeds=seeds, device=device)
         return {"kind": "attnbook.lab.claims.compare", **result.to_dict()}
     if study == "heads":
-        result = claims.head_width_study(*spec, widths=(2, 4, 8), seeds=seeds, device=device)
+        result = claims.head_width_study(*spec, widths=(2, 4, 8), variants=claims.HEADS_VARIANTS, seeds=seeds,
+                                         device=device)  # fmt: skip
         return {"kind": "attnbook.lab.claims.head_width_study", **result.to_dict()}
     if study == "moh":
-        result = claims.moh_study(*spec, seeds=seeds, device=device)
-        return {"kind": "attnbook.lab.claims.moh_study", **result.to_dict()}
+        task, setup = spec
+        result = claims.moh_study(task, setup, fewer_heads=(2, 4, 6), seeds=seeds, device=device).to_dict()
+        # the same at 2 and 5 look-ups, so that "half the heads" is not just "one head per look-up"
+        result["lookups"] = {
+            str(q): claims.moh_study(replace(task, n_queried=q), setup, fewer_heads=(2, 4, 6), seeds=seeds,
+                                     device=device).to_dict()
+            for q in (2, 5)
+        }  # fmt: skip
+        # the quarter of the heads (1 shared + 1 routed) trained four times longer, to where it stops rising
+        longer = replace(setup, steps=4 * setup.steps, eval_every=4 * setup.eval_every)
+        result["quarter_longer"] = claims.moh_study(task, longer, splits=[(1, 1)], include_softmax=False,
+                                                    seeds=seeds, device=device).to_dict()  # fmt: skip
+        return {"kind": "attnbook.lab.claims.moh_study", **result}
     demos = [claims.lookup_share_demo(n, d, steps=spec["steps"]).to_dict() for n, d in LOOKUP_SHAPES]
     return {"kind": "attnbook.lab.claims.lookup_share_demo", "demos": demos}
 
@@ -88,12 +100,18 @@ def report(study: str, record: dict) -> None:
                 f"{row['spread_trained'][0]:.3f}, rank {row['rank_initial'][0]:.2f} -> {row['rank_trained'][0]:.2f}"
             )
     elif study == "moh":
-        for row in [*record["curve"], *([record["softmax"]] if record["softmax"] else [])]:
-            a = row["accuracy"]
-            print(
-                f"  {row['variant']:10s} {row['fraction']:.2f} of the heads: accuracy {a['mean']:.3f} "
-                f"({a['low']:.3f}-{a['high']:.3f}), steps to 0.9 {row['steps_to_0.9']}"
-            )
+        for q, sub in [("3", record), *record.get("lookups", {}).items()]:
+            print(f"  {q} look-ups:")
+            rows = [*sub["curve"], *([sub["softmax"]] if sub["softmax"] else []), *sub.get("fewer_heads", [])]
+            for row in rows:
+                a = row["accuracy"]
+                print(
+                    f"    {row['variant']:10s} {row['fraction']:.2f} of the heads: accuracy {a['mean']:.3f} "
+                    f"({a['low']:.3f}-{a['high']:.3f}), steps to 0.9 {row['steps_to_0.9']}"
+                )
+        if "quarter_longer" in record:
+            row = record["quarter_longer"]["curve"][0]
+            print(f"  a quarter, 4x longer: accuracy {row['accuracy']['mean']:.3f}")
     else:
         for d in record["demos"]:
             rescaled = {m: f"{min(v):.2f}-{max(v):.2f}" for m, v in d["rescaled"].items()}

@@ -8,6 +8,7 @@ import pytest
 import torch
 from torch import nn
 
+import attnbook
 from attnbook.lab import claims, listops
 from attnbook.lab.claims import Setup, Variant
 
@@ -194,7 +195,8 @@ def test_the_head_width_study_keeps_the_total_width_and_measures_every_head():
     task = claims.HEADS_TASK.__class__(n_pairs=3, n_keys=4, n_values=3)
     setup = dataclasses.replace(TINY, d_model=8)
     study = claims.head_width_study(task, setup, widths=(2, 4), seeds=1, probe_size=8)
-    assert study.variants == ["linear", "mobile"] and study.widths == [2, 4]
+    assert study.variants == list(claims.HEADS_VARIANTS) and study.widths == [2, 4]
+    assert study.variants == ["linear", "linear_sigmoid", "flow", "mobile"]  # the controls beside Mobile
     for v in study.variants:
         for d in (2, 4):
             (initial,), (trained,) = study.initial[v][d], study.trained[v][d]
@@ -205,6 +207,23 @@ def test_the_head_width_study_keeps_the_total_width_and_measures_every_head():
     json.dumps(study.to_dict())
     with pytest.raises(ValueError, match="setup.d_model must be a multiple of every head width, got setup.d_model=8"):
         claims.head_width_study(task, setup, widths=(3,), seeds=1)
+
+
+def test_fewer_heads_is_plain_attention_with_that_many_heads_of_the_studys_width():
+    layer = claims.mha_variant(2).build(16, 4)  # 2 of 4 heads of width 4
+    assert isinstance(layer, attnbook.SoftmaxAttention) and layer.n_heads == 2 and layer.d_model == 8
+    model = claims.Classifier(claims.mha_variant(3), vocab=16, length=8, n_classes=4, d_model=12, n_heads=4)
+    assert all(b.attn.n_heads == 3 for b in model.blocks)
+    assert model(torch.randint(16, (2, 8))).shape == (2, 4)
+
+
+def test_the_no_attention_baseline_sees_each_token_alone():
+    model = claims.Classifier("none", vocab=16, length=8, n_classes=4, d_model=8, n_heads=2, pool="last").eval()
+    tokens = torch.randint(16, (2, 8))
+    changed = tokens.clone()
+    changed[:, :7] = (tokens[:, :7] + 1) % 16  # every token but the last one read out
+    torch.testing.assert_close(model(changed), model(tokens))  # the last position sees only itself
+    assert "none" in claims.LISTOPS_VARIANTS
 
 
 def test_the_moh_study_activates_the_fraction_of_heads_it_reports():
@@ -237,7 +256,7 @@ def test_bad_arguments_are_named():
         Setup(d_model=30, n_heads=4)
     with pytest.raises(ValueError, match=r"^train: variant must be one of 'softmax', 'linear'"):
         claims.train("rnn", LISTOPS, TINY)
-    with pytest.raises(ValueError, match=r"^Classifier: pool must be one of 'mean', 'last', got 'max'$"):
+    with pytest.raises(ValueError, match=r"^Classifier: pool must be one of 'mean', 'last', 'all', got 'max'$"):
         claims.Classifier("flow", vocab=4, length=4, n_classes=2, pool="max")
     with pytest.raises(ValueError, match=r"^MultiKeyRecallTask: n_pairs must be an int >= 3 \(n_queried: the query"):
         claims.MultiKeyRecallTask(n_pairs=2, n_queried=3)

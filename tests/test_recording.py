@@ -18,6 +18,7 @@ SCRIPTS = [
     "bench_lm_training.py",
     "bench_compile.py",
     "bench_annex.py",
+    "bench_recall.py",
 ]
 
 

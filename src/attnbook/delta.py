@@ -65,10 +65,10 @@ def chunked_delta_product(
     W, Wv = TBKV.split([k.shape[-1], v.shape[-1]], dim=-1)  # (B, H, n, ell, D), (B, H, n, ell, Dv)
     scores = (qc @ kc.transpose(-2, -1)).tril()  # (B, H, n, ell, ell): q_r . k_s, s <= r
     outs = []
-    for c in range(n):  # U, the outputs and the state, from chunk to chunk
-        U = Wv[:, :, c] - W[:, :, c] @ state  # (B, H, ell, Dv): the corrected writes
-        outs.append(qc[:, :, c] @ state + scores[:, :, c] @ U)  # (B, H, ell, Dv)
-        state = state + kc[:, :, c].transpose(-2, -1) @ U  # (B, H, D, Dv)
+    for q_c, k_c, W_c, Wv_c, scores_c in zip(*(x.unbind(2) for x in (qc, kc, W, Wv, scores))):
+        U = Wv_c - W_c @ state  # (B, H, ell, Dv): the chunk's writes, corrected by what the state predicts
+        outs.append(q_c @ state + scores_c @ U)  # (B, H, ell, Dv)
+        state = state + k_c.transpose(-2, -1) @ U  # (B, H, D, Dv): carried to the next chunk
     return torch.cat(outs, dim=-2)[:, :, :N], state  # (B, H, N, Dv), (B, H, D, Dv)
 
 

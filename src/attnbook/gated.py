@@ -27,7 +27,8 @@ with the log-decay between positions seg[i, j] = g_{j+1} + ... + g_i (j <= i),
 Every exponent is a sum of log-decays, formed by cumulative sums without a subtraction, so it is <= 0: nothing
 overflows, and g = -inf (forget everything) gives exact zeros. Cost: O(N ell (D + Dv) + N D Dv) time, and
 O(N ell D) memory for the decays of vector gates (O(N ell) for one per head). The state passes from chunk to
-chunk in a loop.
+chunk in a loop. The pairs inside a chunk are weighed one decay per key dimension, not by a matrix product, so
+vector gates take short chunks (``chunk_size`` 8): the chunk's pairs cost N ell D, the loop N / ell steps.
 """
 
 from __future__ import annotations
@@ -52,14 +53,15 @@ __all__ = [
 
 
 def _segment_sums(g: torch.Tensor) -> torch.Tensor:
-    """seg[..., i, j, :] = g_{j+1} + ... + g_i for j <= i (0 on the diagonal) and -inf above it, from g (..., L, X).
+    """seg[..., x, j, i] = g_{j+1} + ... + g_i (the x-th entries) for j <= i, 0 on the diagonal and -inf for j > i,
+    from g (..., L, X). Returns (..., X, L, L), key j before query i.
 
     Each entry is a cumulative sum of the g_s that lie between j and i, not a difference of two prefix sums: no
-    cancellation, and -inf stays -inf. Returns (..., L, L, X)."""
+    cancellation, and -inf stays -inf."""
     L = g.shape[-2]
-    after = torch.ones(L, L, dtype=torch.bool, device=g.device).tril(-1)[..., None]  # (L, L, 1): i > j
-    steps = g.unsqueeze(-2).expand(*g.shape[:-1], L, g.shape[-1])  # (..., L, L, X): g_i in row i
-    seg = steps.masked_fill(~after, 0.0).cumsum(-3)  # (..., L, L, X): the sum of g_s over j < s <= i
+    after = torch.ones(L, L, dtype=torch.bool, device=g.device).triu(1)  # (L, L): [j, i] with i > j
+    steps = g.transpose(-2, -1).unsqueeze(-2).expand(*g.shape[:-2], g.shape[-1], L, L)  # (..., X, L, L): g_i
+    seg = steps.masked_fill(~after, 0.0).cumsum(-1)  # (..., X, L, L): the sum of g_s over j < s <= i
     return seg.masked_fill(after.transpose(0, 1), float("-inf"))  # j > i: no path from a later key
 
 
@@ -75,20 +77,21 @@ def chunked_gated_product(
     qc, kc, vc, gc = (
         F.pad(x, (0, 0, 0, n * ell - N)).reshape(*x.shape[:-2], n, ell, x.shape[-1]) for x in (q, k, v, g)
     )  # (B, H, n, ell, .)
-    seg = _segment_sums(gc)  # (B, H, n, ell, ell, X): log-decay from j to i inside each chunk
-    from_start = gc.cumsum(-2).exp()  # (B, H, n, ell, X): decay from the chunk's start to i
-    to_end = seg[..., -1, :, :].exp()  # (B, H, n, ell, X): decay from j to the chunk's end
+    decay = _segment_sums(gc).exp()  # (B, H, n, X, ell, ell): the decay from key j to query i in each chunk
+    from_start = gc.cumsum(-2).exp()  # (B, H, n, ell, X): the decay from the chunk's start to i
+    to_end = decay[..., -1].transpose(-2, -1)  # (B, H, n, ell, X): the decay from j to the chunk's end
     if g.shape[-1] == 1:  # one decay per head: the decays scale each score
-        scores = (qc @ kc.transpose(-2, -1)) * seg[..., 0].exp()  # (B, H, n, ell, ell)
+        scores = (qc @ kc.transpose(-2, -1)) * decay[..., 0, :, :].transpose(-2, -1)  # (B, H, n, ell, ell)
     else:  # one per key dimension: they weigh each term of the dot product
-        scores = torch.einsum("bhcid,bhcjd,bhcijd->bhcij", qc, kc, seg.exp())  # (B, H, n, ell, ell)
+        scores = torch.einsum("bhcid,bhcjd,bhcdji->bhcij", qc, kc, decay)  # (B, H, n, ell, ell)
     inside = scores @ vc  # (B, H, n, ell, Dv): the pairs j <= i of each chunk
     written = (kc * to_end).transpose(-2, -1) @ vc  # (B, H, n, D, Dv): what each chunk adds to the state
     kept = from_start[..., -1, :].unsqueeze(-1)  # (B, H, n, X, 1): the decay across each whole chunk
+    reads = qc * from_start  # (B, H, n, ell, D): each query, decayed back to its chunk's start
     outs = []
-    for c in range(n):  # the state, carried from chunk to chunk
-        outs.append(inside[:, :, c] + (qc[:, :, c] * from_start[:, :, c]) @ state)  # (B, H, ell, Dv)
-        state = kept[:, :, c] * state + written[:, :, c]  # (B, H, D, Dv)
+    for inside_c, reads_c, kept_c, written_c in zip(*(x.unbind(2) for x in (inside, reads, kept, written))):
+        outs.append(inside_c + reads_c @ state)  # (B, H, ell, Dv): the chunk's own pairs and the carried state
+        state = kept_c * state + written_c  # (B, H, D, Dv): carried to the next chunk
     return torch.cat(outs, dim=-2)[:, :, :N], state  # (B, H, N, Dv), (B, H, D, Dv)
 
 
@@ -101,7 +104,7 @@ def gated_linear_attention(
     scale: float | None = None,
     initial_state: torch.Tensor | None = None,
     output_final_state: bool = False,
-    chunk_size: int = 16,
+    chunk_size: int = 8,
 ) -> Any:
     """Causal gated linear attention: S_t = diag(exp(g_t)) S_{t-1} + k_t v_t^T, o_t = S_t^T (scale q_t).
 

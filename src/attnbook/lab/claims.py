@@ -57,6 +57,7 @@ from .._checks import (
 )
 from .._module import ProjectedAttention
 from ..moh import MoHAttention, moh_load_balancing_loss
+from ..softmax import SoftmaxAttention
 from . import training
 from .headtohead import RecallEmbedding, RecallTask, Summary
 from .listops import ListOps, label_distribution
@@ -65,7 +66,9 @@ __all__ = [
     "Variant",
     "VARIANTS",
     "LISTOPS_VARIANTS",
+    "HEADS_VARIANTS",
     "available",
+    "mha_variant",
     "moh_variant",
     "ListOpsTask",
     "MultiKeyRecallTask",
@@ -125,9 +128,18 @@ class Variant:
     mechanism: str
     options: tuple[tuple[str, object], ...] = ()
     title: str = ""
+    heads: int | None = None
 
     def build(self, dim: int, n_heads: int) -> nn.Module:
-        """The self-attention layer ``layer(x)``, x (B, N, dim) -> (B, N, dim)."""
+        """The self-attention layer ``layer(x)``, x (B, N, dim) -> (B, N, dim). With ``heads``: only that many heads
+        of the width dim / n_heads (a narrower attention, as many heads as a token of MoH activates). The
+        no-attention baseline (:data:`~attnbook.lab.training.NO_ATTENTION`) has no layer: it adds zeros."""
+        if self.mechanism == training.NO_ATTENTION:
+            return training.Classifier(training.NO_ATTENTION, vocab=1, length=1, n_classes=1, d_model=dim,
+                                       n_heads=n_heads, n_layers=1).blocks[0].attn  # fmt: skip
+        if self.heads is not None:
+            width = self.heads * (dim // n_heads)
+            return SoftmaxAttention(dim, width, dim, self.heads, drop_out=0.0, **dict(self.options))
         return mechanisms.get(self.mechanism).module(dim, n_heads, **dict(self.options))
 
 
@@ -144,9 +156,22 @@ VARIANTS: dict[str, Variant] = _variants(
     Variant("flow_no_allocation", "flow", (("allocation", False),), "Flow, no allocation (a_i = 1)"),
     Variant("mobile", "mobile", title="Mobile-Attention"),
     Variant("moh", "moh", title="MoH (registry split)"),
+    Variant(training.NO_ATTENTION, training.NO_ATTENTION, title="no attention"),
+    Variant("linear_sigmoid", "linear", (("feature_map", torch.sigmoid),), "linear (sigmoid features)"),
 )
-#: The mechanisms of the ListOps comparison, in the order they alternate.
-LISTOPS_VARIANTS = tuple(VARIANTS)
+#: The mechanisms of the ListOps comparison, in the order they alternate (the no-attention baseline last).
+LISTOPS_VARIANTS = ("softmax", "linear", "flow", "flow_no_competition", "flow_no_allocation", "mobile", "moh",
+                    training.NO_ATTENTION)  # fmt: skip
+#: The head-width study's mechanisms: Mobile-Attention's competition against linear attention with its own
+#: (elu + 1) and with Mobile's (sigmoid) features, and against Flow-Attention's sequence-wise flows.
+HEADS_VARIANTS = ("linear", "linear_sigmoid", "flow", "mobile")
+
+
+def mha_variant(heads: int) -> Variant:
+    """Plain multi-head softmax attention with only ``heads`` heads (of the study's head width): the control that
+    tells MoH's routing apart from simply having fewer heads."""
+    h = check_int(heads, "heads", name="mha_variant", minimum=1)
+    return Variant(f"mha_{h}", "softmax", title=f"softmax, {h} heads", heads=h)
 
 
 def moh_variant(shared_head: int, routed_head: int) -> Variant:
@@ -431,6 +456,9 @@ class Classifier(training.Classifier):
         sizes = {"d_model": d_model, "n_heads": n_heads, "n_layers": n_layers, "pool": pool, "embedding": embedding}
         super().__init__(v.mechanism, vocab=vocab, length=length, n_classes=n_classes, attn_options=dict(v.options),
                          **sizes)  # fmt: skip
+        if v.heads is not None:  # plain attention with fewer heads than n_heads
+            for block in self.blocks:
+                block.attn = v.build(d_model, n_heads)
         self.variant = v
 
 
@@ -860,7 +888,7 @@ def head_width_study(
     setup: Setup | None = None,
     *,
     widths: Sequence[int] = (2, 4, 8),
-    variants: Sequence[str] = ("linear", "mobile"),
+    variants: Sequence[str] = HEADS_VARIANTS,
     seeds: int | Sequence[int] = 3,
     probe_size: int = 256,
     device: torch.device | str = "cpu",
@@ -962,7 +990,10 @@ class MoHStudy:
         curve = [{"shared_head": sp[0], "routed_head": sp[1], **row(moh_variant(*sp).name, self.fraction(sp))}
                  for sp in self.splits]  # fmt: skip
         softmax = row("softmax", 1.0) if "softmax" in self.comparison.runs else None
+        fewer = [row(v, int(v.removeprefix("mha_")) / self.setup.n_heads) for v in self.comparison.runs
+                 if v.startswith("mha_")]  # fmt: skip
         return {
+            "fewer_heads": fewer,
             "task": self.task,
             "setup": asdict(self.setup),
             "splits": [list(sp) for sp in self.splits],
@@ -978,13 +1009,16 @@ def moh_study(
     *,
     splits: Sequence[tuple[int, int]] = MOH_SPLITS,
     include_softmax: bool = True,
+    fewer_heads: Sequence[int] = (),
     seeds: int | Sequence[int] = 3,
     device: torch.device | str = "cpu",
 ) -> MoHStudy:
     """MoH's claim: accuracy against the fraction of heads each token activates (default :func:`moh_sizes`).
 
     Each split (shared_head, routed_head) is one MoH layer of ``setup.n_heads`` heads; ``include_softmax``
-    adds plain multi-head softmax attention with the same heads (the quality MoH is compared with).
+    adds plain multi-head softmax attention with the same heads (the quality MoH is compared with), and
+    ``fewer_heads`` plain softmax attention with only that many heads (:func:`mha_variant`): MoH's routing
+    against simply having fewer heads.
     """
     name = "moh_study"
     if task is None:
@@ -998,6 +1032,7 @@ def moh_study(
         check_count(sp, "every split", name=name, minimum=2, maximum=2, item="count")
     include_softmax = check_bool(include_softmax, "include_softmax", name=name)
     chosen = [moh_variant(*sp) for sp in splits] + ([VARIANTS["softmax"]] if include_softmax else [])
+    chosen += [mha_variant(h) for h in fewer_heads]
     for v in chosen[: len(splits)]:
         v.build(setup.d_model, setup.n_heads)  # raises now, with MoH's message, on an impossible split
     comparison = compare(task, setup, variants=chosen, seeds=seeds, skip_unavailable=False, device=device)

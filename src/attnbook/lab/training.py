@@ -10,7 +10,8 @@ other two through :class:`Classifier`.
 * :func:`fit` -- the loop: a batch, the loss, a step, and an evaluation every few steps, with the training time
   (batches and evaluations excluded) measured on the way;
 * :class:`Classifier` -- token and learned position embeddings, blocks, a final norm and a linear head at the
-  last position or pooled over the real tokens.
+  last position, at every position, or pooled over the real tokens; :data:`NO_ATTENTION` builds it without
+  attention (the baseline that tells what attention adds).
 """
 
 from __future__ import annotations
@@ -35,7 +36,18 @@ from .._checks import (
 )
 from ..lm import Block
 
-__all__ = ["Optim", "fit", "Classifier"]
+__all__ = ["Optim", "fit", "Classifier", "NO_ATTENTION"]
+
+#: The mechanism name of the baseline without attention: the same blocks, their attention left out, so that each
+#: token sees only itself (and the model only what the MLPs make of single tokens).
+NO_ATTENTION = "none"
+
+
+class _NoAttention(nn.Module):
+    """The attention of a :data:`NO_ATTENTION` block: adds nothing to the residual stream."""
+
+    def forward(self, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        return torch.zeros_like(x)
 
 
 @dataclass(frozen=True)
@@ -135,22 +147,24 @@ def fit(
 
 
 class Classifier(nn.Module):
-    """A non-causal encoder: token and learned position embeddings, ``n_layers`` blocks
-    (:class:`attnbook.lm.Block`, MLP twice the width), a final norm and a linear head, read at the last position
-    or pooled over the real tokens.
+    """An encoder: token and learned position embeddings, ``n_layers`` blocks (:class:`attnbook.lm.Block`, MLP twice
+    the width), a final norm and a linear head, read at the last position, at every position, or pooled over the
+    real tokens.
 
     Args:
-        mechanism: a name of :data:`attnbook.mechanisms.MECHANISMS`.
+        mechanism: a name of :data:`attnbook.mechanisms.MECHANISMS`, or :data:`NO_ATTENTION`.
         vocab, length, n_classes: token ids, the longest sequence, the classes.
         d_model, n_heads, n_layers: widths and depth.
-        pool: ``"mean"`` over the real tokens (padding excluded) or ``"last"`` (the last position).
+        pool: ``"mean"`` over the real tokens (padding excluded), ``"last"`` (the last position) or ``"all"``
+            (logits at every position).
+        causal: the blocks are causal (each position sees itself and those before it).
         embedding: replaces the token embedding (``(B, N) long -> (B, N, d_model)``).
         attn_options: keyword arguments of the mechanism's module (an ablation such as ``competition=False``).
         name: how messages name the model.
 
     Shape:
         ``forward(tokens, padding=None)``: tokens (B, N) long, padding (B, N) bool (True = padding) ->
-        logits (B, n_classes).
+        logits (B, n_classes), or (B, N, n_classes) with ``pool="all"``.
     """
 
     def __init__(
@@ -164,6 +178,7 @@ class Classifier(nn.Module):
         n_heads: int = 4,
         n_layers: int = 2,
         pool: str = "mean",
+        causal: bool = False,
         embedding: nn.Module | None = None,
         attn_options: Mapping[str, Any] | None = None,
         name: str = "Classifier",
@@ -177,15 +192,19 @@ class Classifier(nn.Module):
         n_heads = check_int(n_heads, "n_heads", name=name, minimum=1)
         n_layers = check_int(n_layers, "n_layers", name=name, minimum=1)
         check_divisible(d_model, n_heads, name=name, total_arg="d_model", parts_arg="n_heads")
-        self.pool = check_choice(pool, "pool", ("mean", "last"), name=name)
+        self.pool = check_choice(pool, "pool", ("mean", "last", "all"), name=name)
         if embedding is not None:
             check_module(embedding, "embedding", name=name)
         self.embed = nn.Embedding(vocab, d_model) if embedding is None else embedding
         self.position = nn.Parameter(torch.randn(length, d_model) * 0.02)
         options = dict(attn_options or {})
+        built = "softmax" if mechanism == NO_ATTENTION else mechanism  # its attention is then left out
         self.blocks = nn.ModuleList(
-            Block(mechanism, d_model, n_heads, mlp_ratio=2, causal=False, **options) for _ in range(n_layers)
+            Block(built, d_model, n_heads, mlp_ratio=2, causal=causal, **options) for _ in range(n_layers)
         )
+        if mechanism == NO_ATTENTION:
+            for block in self.blocks:
+                block.attn = _NoAttention()
         self.norm = nn.LayerNorm(d_model)
         self.head = nn.Linear(d_model, n_classes)
 
@@ -201,6 +220,9 @@ class Classifier(nn.Module):
         for block in self.blocks:
             x = block(x, key_padding_mask=padding)
         x = self.norm(x)
+        if self.pool == "all":
+            every: torch.Tensor = self.head(x)  # (B, N, n_classes)
+            return every
         if self.pool == "last":
             out: torch.Tensor = self.head(x[:, -1])  # (B, n_classes)
             return out

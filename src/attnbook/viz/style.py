@@ -57,6 +57,10 @@ COLOURS: dict[str, str] = {
     "flow": "#009E73",  # bluish green
     "mobile": "#CC79A7",  # reddish purple
     "moh": "#D55E00",  # vermillion
+    "decay": "#56B4E9",  # sky blue
+    "gated": "#000000",  # black
+    "delta": "#882255",  # wine
+    "none": "#999999",  # no attention: grey
     "softmax_literal": "#555555",  # the definition written out: grey
     "reference": "#999999",
 }
