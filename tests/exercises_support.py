@@ -25,11 +25,24 @@ def rejected(r: Result, *says: str) -> None:
         assert s in r.message, f"{s!r} not in: {r.message}"
 
 
+def diagnosis(r: Result) -> str:
+    """The diagnosis of a rejection: what follows "It looks like" on its second line ("" if none)."""
+    second = r.message.split("\n", 1)[1] if "\n" in r.message else ""
+    return second.split("It looks like ", 1)[1] if "It looks like " in second else ""
+
+
+def observation(r: Result) -> str:
+    """What the numbers show, said on the second line before "It looks like" ("" if nothing)."""
+    second = r.message.split("\n", 1)[1] if "\n" in r.message else ""
+    return second.split("It looks like ", 1)[0].strip()
+
+
 def diagnosed(r: Result, says: str) -> None:
-    """Rejected with the diagnosis ``says`` on the "It looks like" line."""
+    """Rejected with the diagnosis ``says`` on the second line, after "It looks like" (what the numbers show may
+    come first: "Row 1 sums to 0.43 where it should sum to 1. It looks like ...")."""
     rejected(r)
-    assert "\nIt looks like " in r.message, r.message
-    assert says in r.message.split("\nIt looks like ")[1], r.message
+    assert diagnosis(r), r.message
+    assert says in diagnosis(r), r.message
 
 
 def undiagnosed(r: Result) -> None:

@@ -124,16 +124,16 @@ def test_masked_softmax_right_answers_pass(answer):
     [
         (nan_on_empty_rows, "softmax over nothing but -inf, which is 0 / 0 = NaN"),
         (large_negative, "uniform weights 1/M instead of zeros"),
-        (zero_after_softmax, "set to zero after a softmax over all keys"),
-        (inverted_mask, "the mask is read the wrong way round"),
+        (zero_after_softmax, "a softmax over all keys with the hidden ones set to 0 afterwards"),
+        (inverted_mask, "the mask read the wrong way round"),
         (zero_scores, "set to 0 instead of -inf"),
         (no_shift, "exp overflows: subtract each row's largest allowed score"),
         (no_shift_minus_inf, "exp overflows: subtract each row's largest allowed score"),
-        (shift_by_all_keys, "shifted by its largest score over all keys, hidden ones included"),
-        (shift_by_all_keys_unguarded, "shifted by its largest score over all keys, hidden ones included"),
+        (shift_by_all_keys, "shift by each row's largest score over all keys, hidden ones included"),
+        (shift_by_all_keys_unguarded, "shift by each row's largest score over all keys, hidden ones included"),
         (chapter_solution, "inf * 0 = NaN"),
         (over_queries, "along dim -2"),
-        (lambda s, a: torch.softmax(s, dim=-1), "the mask is ignored"),
+        (lambda s, a: torch.softmax(s, dim=-1), "as if there were no mask"),
     ],
     ids=[
         "nan-rows",
@@ -473,3 +473,144 @@ def test_causal_attention_catches_a_large_score_on_a_future_or_a_visible_key(ans
     leaves 0 / 0) or on a visible one (exp overflows) makes rows NaN, and the mistake is named."""
     r = check("1.2", answer)
     assert not r.passed and "a large score on" in r.message and says in r.message, r.message
+
+
+# --- the student's 615 answers: float32, random sizes, diagnoses worded by the numbers -------------------------
+
+
+def masked_softmax_in_float64(scores, allowed):
+    """Right weights, always returned in float64: the chapter asks for the inputs' dtype."""
+    return masked_softmax_solution(scores.double(), allowed)
+
+
+def test_masked_softmax_tries_float32_and_names_a_float64_answer():
+    s = spy(masked_softmax_solution)
+    accepted(check("1.1", s))
+    assert any(sc.dtype == torch.float32 for (sc, a), _ in s.calls)
+    rejected(check("1.1", masked_softmax_in_float64), "float32", "has dtype float64, expected float32")
+
+
+@pytest.mark.parametrize(
+    "answer, shows",
+    [
+        (zero_after_softmax, "sums to"),
+        (nan_on_empty_rows, "allows no key and its weights are NaN"),
+        (large_negative, "allows no key and its weights are"),
+        (inverted_mask, "has weight"),
+        (shift_by_all_keys, "it has a hidden score of 1000"),
+        (chapter_solution, "is NaN; it has a hidden score of 1000"),
+        (no_shift, "whose largest allowed score is 1000, is NaN"),
+    ],
+    ids=["zero-after", "nan-rows", "minus-1e9", "inverted", "shift-by-all", "exp-before-mask", "no-shift"],
+)
+def test_masked_softmax_diagnoses_say_first_what_the_numbers_show(answer, shows):
+    """The diagnosis starts from the student's numbers (row 0 sums to 0.34 where it should sum to 1), not from
+    code the student may not have written."""
+    from exercises_support import observation
+
+    r = check("1.1", answer)
+    assert shows in observation(r), r.message
+    fits_the_box(r)
+
+
+def test_masked_softmax_row_sum_is_the_students():
+    from exercises_support import observation
+
+    r = check("1.1", zero_after_softmax)
+    scores, allowed = _softmax_first_case()
+    row0 = float(zero_after_softmax(scores, allowed)[0].sum())
+    assert f"Row 0 sums to {row0:.3g} where it should sum to 1" in observation(r), r.message
+
+
+def _softmax_first_case():
+    (scores, allowed) = ch01._softmax_cases(ch01.Draw(0))[0].args
+    return scores, allowed
+
+
+BUFFER_128 = torch.ones(128, 128, dtype=torch.bool).tril()  # a buffer larger than every N the old checker tried
+
+
+def causal_from_a_128_buffer(q, k, v):
+    N = q.shape[-2]
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    return torch.softmax(scores.masked_fill(~BUFFER_128[:N, :N], -math.inf), dim=-1) @ v
+
+
+def test_causal_attention_draws_sizes_past_a_128_buffer_with_a_seed_it_prints():
+    s = spy(causal_attention_solution)
+    accepted(check("1.2", s))
+    assert longest(s.calls) > 128 and {q.shape[-1] for (q, k, v), _ in s.calls} - {2, 3, 4, 8, 16}
+    r = check("1.2", causal_from_a_128_buffer)
+    rejected(r, "raised RuntimeError", "random, seed ", "depend on a fixed size")
+    seed = int(r.message.split("random, seed ")[1].split(")")[0])
+    assert check("1.2", causal_from_a_128_buffer, seed=seed).message == r.message  # the seed draws it again
+
+
+def bandwidth_table(D):
+    """Right on the six widths the old checker always tried, sqrt(D) elsewhere."""
+    return {16: 2.0, 2: 2**0.25, 64: 64**0.25, 100: 100**0.25, 3: 3**0.25, 1: 1.0}.get(D, math.sqrt(D))
+
+
+def test_bandwidth_draws_widths_a_table_of_the_fixed_ones_cannot_know():
+    r = check("1.3", bandwidth_table)
+    rejected(r, "random, seed ")
+    diagnosed(r, "λ = sqrt(D)")
+    widths = set()
+    for seed in range(5):
+        s = spy(lambda d: d**0.25)
+        accepted(check("1.3", s, seed=seed))
+        widths |= {args[0] for args, _ in s.calls}
+    assert len(widths - set(ch01.BANDWIDTH_D)) >= 10
+
+
+def test_gap_draws_other_weights_and_lengths():
+    table = {(0.9, 64): ch01._gap(0.9, 64), (0.5, 2): 0.0, (0.99, 1000): ch01._gap(0.99, 1000),
+             (0.3, 5): ch01._gap(0.3, 5), (0.75, 9): ch01._gap(0.75, 9)}  # fmt: skip
+    rejected(check("1.4", lambda p, m: table.get((p, m), 6.0)), "random, seed ")
+
+
+# 1.5 -----------------------------------------------------------------------------------------------------------
+
+
+def test_best_scale_is_registered_and_its_fast_gradients_are_the_chapters():
+    from attnbook.exercises import registered
+
+    assert [i for i in registered() if i.startswith("1.")] == ["1.1", "1.2", "1.3", "1.4", "1.5"]
+    grads = ch01._gradients()
+    for seed in (0, 3):
+        for c in (0.25, 2.0, 16.0):
+            assert grads[c][seed] == pytest.approx(ch01.softmax_stats(c / 16, seed)[1], rel=1e-9)
+
+
+def chapter_softmax_stats(scale, qs, ks):
+    """The chapter's softmax_stats, on its own (global) random draws."""
+    logits = (qs @ ks.T * scale).requires_grad_()
+    weights = torch.softmax(logits, dim=-1)
+    (weights * torch.randn_like(weights)).sum().backward()
+    return weights.max(dim=-1).values.mean().item(), logits.grad.norm(dim=-1).median().item()
+
+
+def test_best_scale_accepts_what_the_chapters_experiment_finds():
+    torch.manual_seed(0)
+    qs, ks = torch.randn(512, 256, dtype=torch.float64), torch.randn(64, 256, dtype=torch.float64)
+    cs = [2.0**e for e in range(-4, 5)]
+    stats = {c: chapter_softmax_stats(c / 16, qs, ks) for c in cs}
+    answer = max(cs, key=lambda c: stats[c][1])
+    for form in (answer, int(answer), np.float64(answer), torch.tensor(answer)):
+        accepted(check("1.5", form))
+    accepted(check("1.5", 2.0))
+    accepted(check("1.5", 4))
+
+
+@pytest.mark.parametrize(
+    "answer, says",
+    [(1.0, "of the largest"), (16, "of the largest"), (0.125, "the scale c / sqrt(D)"), (3, "not one of the c tried"),
+     (0.0021, "gradient norm"), (None, "no answer yet")],
+)  # fmt: skip
+def test_best_scale_wrong_answers(answer, says):
+    rejected(check("1.5", answer), says)
+
+
+@pytest.mark.parametrize("answer", ODD_ANSWERS, ids=ODD_IDS)
+def test_best_scale_answers_of_the_wrong_type_get_feedback(answer):
+    rejected(check("1.5", answer))

@@ -405,3 +405,104 @@ def test_relative_variance_tries_64_dimensions():
     s = spy(relative_variance_solution)
     accepted(check("2.4", s))
     assert longest(s.calls, dim=-1) >= 64
+
+
+# --- the student's 615 answers: tables of the fixed inputs, random sizes, exercise 2.5 -------------------------
+
+
+def _best(R, Dv):
+    return math.sqrt(2 * R * Dv / (R + Dv))
+
+
+FIXED_CHUNKS = {(16, 64): _best(16, 64), (64, 64): 8.0, (256, 32): _best(256, 32), (1, 1): 1.0, (8, 24): _best(8, 24)}
+
+
+def best_chunk_table(R, Dv):
+    """Right on the five shapes the old checker always tried, sqrt(R Dv / (R + Dv)) elsewhere."""
+    return FIXED_CHUNKS.get((R, Dv), math.sqrt(R * Dv / (R + Dv)))
+
+
+def test_best_chunk_draws_widths_a_table_of_the_fixed_ones_cannot_know():
+    r = check("2.3", best_chunk_table)
+    rejected(r, "random, seed ")
+    diagnosed(r, "only the ell (ell + 1) / 2 pairs j <= i are needed")
+
+
+def relative_variance_table(x, y):
+    """Right on the four inputs the old checker always tried (told apart by their size), |x|^2 + |y|^2 elsewhere."""
+    if x.numel() in (2, 3, 8, 64):
+        return relative_variance_solution(x, y)
+    return math.expm1(float(x @ x + y @ y))
+
+
+def test_relative_variance_draws_vectors_a_table_of_the_fixed_ones_cannot_know():
+    r = check("2.4", relative_variance_table)
+    rejected(r, "random, seed ")
+    diagnosed(r, "the cross term 2 x.y is missing")
+    s = spy(relative_variance_solution)
+    accepted(check("2.4", s, seed=3))
+    assert {x.numel() for (x, y), _ in s.calls} - {2, 3, 8, 64}
+
+
+def test_linear_step_and_taylor_features_draw_long_histories_and_other_widths():
+    s = spy(linear_step_solution)
+    accepted(check("2.1", s))
+    assert {q.shape[-1] for (q, k, v, state), _ in s.calls} - {3, 4, 8}
+    assert any(q.dtype == torch.float32 for (q, k, v, state), _ in s.calls)
+    t = spy(taylor_flat)
+    accepted(check("2.2", t))
+    assert longest(t.calls) > 64 and {x.shape[-1] for (x,), _ in t.calls} - {1, 3, 4, 5, 8}
+
+
+# 2.5 -----------------------------------------------------------------------------------------------------------
+
+
+def test_taylor_selectivity_is_registered_and_reruns_the_chapters_measurement():
+    from attnbook.exercises import ch02, registered
+    from attnbook.viz.linear import retrieval_toy, selectivity
+
+    assert "2.5" in registered()
+    q, k, v = retrieval_toy()
+    q, k = q * 8, k * 8  # sqrt(64)
+    _, w = reference.linear_attention(q, k, v, feature_map=lambda x: taylor_flat(x / 2), return_weights=True)
+    measured = selectivity(w)[1]  # D = 16: D^(1/4) = 2
+    assert measured == pytest.approx(ch02.taylor_right_key(64), rel=1e-9)
+    assert round(measured, 2) == 0.38  # the chapter's text
+    accepted(check("2.5", measured))
+
+
+@pytest.mark.parametrize("answer", [0.38, 0.376, np.float64(0.3759), torch.tensor(0.38), np.float32(0.38)])
+def test_taylor_selectivity_right_as_printed_and_in_every_number_type(answer):
+    accepted(check("2.5", answer))
+
+
+@pytest.mark.parametrize(
+    "answer, says",
+    [
+        ("softmax", "softmax's weight"),
+        ("elu", "elu + 1's weight"),
+        ("unscaled", "x / D^(1/4)"),
+        ("beta-1", "β = 1"),
+        ("entropy", "mean row entropy"),
+        (0.37, "Hint"),
+        (0.4, "Hint"),
+        (None, "no answer yet"),
+    ],
+)
+def test_taylor_selectivity_wrong_answers_are_named(answer, says):
+    from attnbook.exercises import ch02
+
+    measured = {
+        "softmax": lambda: ch02.taylor_right_key(64, kernel="softmax"),
+        "elu": lambda: ch02.taylor_right_key(64, kernel="elu"),
+        "unscaled": lambda: ch02.taylor_right_key(64, scaled=False),
+        "beta-1": lambda: ch02.taylor_right_key(1),
+        "entropy": lambda: ch02.taylor_right_key(64, measure=0),
+    }
+    value = measured[answer]() if isinstance(answer, str) else answer
+    rejected(check("2.5", value), says)
+
+
+@pytest.mark.parametrize("answer", ODD_ANSWERS, ids=ODD_IDS)
+def test_taylor_selectivity_answers_of_the_wrong_type_get_feedback(answer):
+    rejected(check("2.5", answer))

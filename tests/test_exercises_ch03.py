@@ -61,7 +61,7 @@ def causal_incoming(q, k, eps=1e-6):
 
 def test_causal_incoming_solution_is_accepted():
     r = check("3.2", causal_incoming)
-    assert r.passed and r.message.startswith("causal_incoming is right on 7 inputs"), r.message
+    assert r.passed and r.message.startswith("causal_incoming is right on 9 inputs"), r.message
 
 
 def no_t(q, k):
@@ -110,8 +110,8 @@ def no_sigmoid(q, k):
         (whole_sequence, "runs over all keys instead of the prefix j <= i"),
         (whole_sequence_flow, "and is not divided by t_i"),
         (strict_prefix, "stops before key i"),
-        (divides_by_i, "divides by i instead of t_i"),
-        (eps_once, "eps is added once to the dot product"),
+        (divides_by_i, "divided by i instead of t_i"),
+        (eps_once, "eps added once to the dot product"),
         (no_sigmoid, "sigmoid features are missing"),
     ],
     ids=lambda x: getattr(x, "__name__", "")[:20],
@@ -327,10 +327,10 @@ def test_causal_incoming_another_right_formulation():
 @pytest.mark.parametrize(
     "wrong, says",
     [
-        (incoming_eps_after, "eps is added after the division"),
-        (incoming_no_eps, "there is no eps"),
-        (incoming_eps_on_q_only, "eps is added to the queries' features only"),
-        (incoming_eps_on_every_key, "eps is added to every key before the prefix sum"),
+        (incoming_eps_after, "eps added after the division"),
+        (incoming_no_eps, "no eps at all"),
+        (incoming_eps_on_q_only, "eps added to the queries' features only"),
+        (incoming_eps_on_every_key, "eps added to every key before the prefix sum"),
         (incoming_over_n, "divided by the sequence length N"),
     ],
     ids=lambda x: getattr(x, "__name__", "")[9:30],
@@ -445,3 +445,47 @@ def test_largest_competition_rounded_as_a_cell_prints_it(answer, ok):
     rounded values are not."""
     r = check("3.4", answer)
     assert r.passed == ok, r.message
+
+
+# --- the student's 615 answers: diagnoses worded by the numbers, random sizes ----------------------------------
+
+
+@pytest.mark.parametrize(
+    "wrong, shows",
+    [
+        (no_t, "I at i = 0, 1, 2 (the first sequence and head) is 1, 2, 3 times the right value"),
+        (incoming_over_n, "times the right value"),
+        (divides_by_i, "is inf, 2, 1.5 times the right value"),
+        (eps_once, "I minus the right value at i = 0, 1, 2"),
+        (incoming_no_eps, "I minus the right value at i = 0, 1, 2"),
+        (whole_sequence, "where it should be"),
+        (strict_prefix, "where it should be"),
+    ],
+    ids=["no-t", "over-n", "by-i", "eps-once", "no-eps", "all-keys", "strict"],
+)
+def test_causal_incoming_diagnoses_say_first_what_the_numbers_show(wrong, shows):
+    """The student's I against the right one at the first sinks, before the variant those numbers equal: the
+    same numbers come from many programs (eps / t_i added at the end, or inside the sum), so the message does not
+    claim which one the student wrote."""
+    from exercises_support import observation
+
+    r = check("3.2", wrong)
+    assert shows in observation(r), r.message
+    assert "It looks like" in r.message
+
+
+def incoming_hard_coded_128(q, k):
+    """t from a buffer of 128 positions: right for every N the old checker tried (up to 70)."""
+    qs, ks = torch.sigmoid(q), torch.sigmoid(k)
+    t = torch.arange(1, 129, dtype=q.dtype)[: q.shape[-2]]
+    return ((qs + 1e-6) * (ks.cumsum(-2) + 1e-6)).sum(-1) / t
+
+
+def test_causal_incoming_and_competition_draw_sequences_past_128():
+    rejected(check("3.2", incoming_hard_coded_128), "raised RuntimeError", "random, seed ", "depend on a fixed size")
+    s = spy(causal_incoming)
+    accepted(check("3.2", s))
+    assert longest(s.calls) > 128 and {q.shape[-1] for (q, k), _ in s.calls} - {3, 4}
+    c = spy(ch03.causal_competition_reference)
+    accepted(check("3.3", c))
+    assert longest(c.calls, dim=-1) > 128

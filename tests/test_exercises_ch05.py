@@ -331,3 +331,12 @@ def test_load_balancing_loss_is_accepted_as_any_0_d_number(form):
     expected ()'."""
     result = exercises.check("5.3", lambda probs, k: form(load_balancing_loss(probs, k)))
     assert result.passed, result.message
+
+
+def test_routing_checkers_draw_sizes_the_statement_does_not_mention():
+    """(the student's 615 answers) The inputs stopped at 70 tokens and 16 heads, the same on every call."""
+    from attnbook.exercises import ch05
+
+    cases = ch05._gate_cases(ch05.Draw(5)) + ch05._loss_cases(ch05.Draw(5))
+    drawn = [c for c in cases if "random, seed 5" in c.label]
+    assert len(drawn) == 4 and max(c.args[0].shape[1] for c in drawn) > 70

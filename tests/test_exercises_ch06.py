@@ -304,3 +304,62 @@ def test_step_time_fit_rounded_as_a_cell_prints_it():
     off = float(f"{exact:.4g}") + 10 ** (math.floor(math.log10(abs(exact))) - 3)  # the 4th digit one too high
     rejected(exercises.check("6.3", off, ops=OPS, ms=MS), "Hint")
     rejected(exercises.check("6.3", float(f"{exact:.2g}"), ops=OPS, ms=MS))  # two digits are too few
+
+
+# --- the student's 615 answers: a measurement is not a model, random shapes, fits of the printed times --------
+
+
+def flops_measured(mechanism, B, H, N, D, Dv):
+    """Counts by running the package under FlopCounterMode: right numbers, but a measurement, not a model."""
+    from attnbook import linear_attention, reference
+    from attnbook.lab.profiling import matmul_flops as measure
+
+    q, v = torch.zeros(B, H, N, D, dtype=torch.float64), torch.zeros(B, H, N, Dv, dtype=torch.float64)
+    run = reference.softmax_attention if mechanism == "softmax" else linear_attention
+    return measure(lambda: run(q, q, v))
+
+
+def flops_einsum_count(mechanism, B, H, N, D, Dv):
+    """Right numbers from shapes, but found by running one product on tensors of ones (a measurement too)."""
+    a = torch.ones(B * H, N, D if mechanism == "softmax" else N, dtype=torch.float64)
+    if mechanism == "softmax":
+        return int((a @ a.transpose(1, 2)).sum()) * 2 + B * H * 2 * N * N * Dv
+    return matmul_flops(mechanism, B, H, N, D, Dv)
+
+
+@pytest.mark.parametrize("answer", [flops_measured, flops_einsum_count], ids=["flop-counter", "runs-a-product"])
+def test_matmul_flops_rejects_a_function_that_measures(answer):
+    r = exercises.check("6.2", answer)
+    rejected(r, "matrix products", "not a cost model", "by hand")
+
+
+def flops_table(mechanism, B, H, N, D, Dv):
+    """Right on the eight shapes the old checker always tried (all with N <= 100), D for D_v elsewhere."""
+    return matmul_flops(mechanism, B, H, N, D, Dv if N <= 100 else D)
+
+
+def test_matmul_flops_draws_shapes_past_n_100_with_other_widths():
+    s = spy(matmul_flops)
+    accepted(exercises.check("6.2", s))
+    assert max(args[3] for args, _ in s.calls) > 100
+    r = exercises.check("6.2", flops_table)
+    rejected(r, "random, seed ")
+    diagnosed(r, "D is used where the value width D_v belongs")
+
+
+MS_MEASURED = {"softmax": 10.0341, "linear": 11.2678, "flow": 14.5512, "moh": 11.1949, "mobile": 30.02}
+
+
+def test_step_time_fit_of_the_times_as_the_cell_prints_them_is_right():
+    """(the student's 615 answers) 40.6254, a fit of the printed times, was rejected while 40.6 passed: the fit
+    of the times rounded to 0.1 ms, as the cell prints them, is as right as the fit of the unrounded ones."""
+    printed = {m: float(f"{t:5.1f}") for m, t in MS_MEASURED.items()}
+    exact, from_printed = float(fit(OPS, MS_MEASURED)[0]), float(fit(OPS, printed)[0])
+    assert abs(from_printed - exact) > 0.1  # far more than a one-digit change: no tolerance would cover both
+    for answer in (from_printed, float(f"{from_printed:.6g}"), fit(OPS, printed, dtype=torch.float32)[0]):
+        r = exercises.check("6.3", answer, ops=OPS, ms=MS_MEASURED)
+        accepted(r)
+        assert "as the cell prints them" in r.message, r.message
+    accepted(exercises.check("6.3", exact, ops=OPS, ms=MS_MEASURED))
+    rejected(exercises.check("6.3", exact + 0.01, ops=OPS, ms=MS_MEASURED), "Hint")
+    rejected(exercises.check("6.3", from_printed + 0.01, ops=OPS, ms=MS_MEASURED), "Hint")

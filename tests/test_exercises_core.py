@@ -345,8 +345,8 @@ DIAGNOSED = _diagnosed_checkers()
 )
 def test_every_named_mistake_is_recognised_when_it_is_the_answer(exercise_id, d):
     r = check(exercise_id, d.wrong)
-    assert not r.passed and "\nIt looks like " in r.message, r.message
-    assert r.message.split("\nIt looks like ")[1].rstrip(".") == d.message.rstrip("."), r.message
+    assert not r.passed and "It looks like " in r.message.split("\n", 1)[1], r.message
+    assert r.message.split("It looks like ")[1].rstrip(".") == d.message.rstrip("."), r.message
 
 
 def test_every_chapter_has_its_diagnosed_checkers_listed():

@@ -17,6 +17,12 @@ The policies below hold for every checker, because they are implemented here onc
   degenerate case (a zero state, D = 2, B = 2) cannot name the wrong cause.
 * **An undefined expected value never passes:** if the right answer itself is NaN or infinite on a case (or a
   number to compare with is), the checker says that the data are degenerate instead of accepting anything.
+* **Differences are shown:** two numbers that differ are printed with as many digits as it takes to see that
+  they differ (0.11841702, expected 0.11841699), with the difference itself for tensors ("off by 3e-08").
+* **Sizes are drawn at random on every call:** besides its fixed cases, a checker draws a few inputs of sizes
+  the statement does not mention (odd N up to a few hundred, other widths) from a fresh seed, which its label
+  prints (``random ..., seed 52311``); ``check("1.2", fn, seed=52311)`` draws the same inputs again. A table
+  of the fixed cases' answers cannot pass.
 * **A checker never raises:** the student's exceptions become the message, and so do the checker's own (an
   answer of a type the checker did not foresee): :func:`exercise` wraps every registered checker.
 """
@@ -31,6 +37,7 @@ import inspect
 import math
 import numbers
 import pkgutil
+import secrets
 import textwrap
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -38,6 +45,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from .._checks import check_int
 from ..testing import tol
 
 __all__ = [
@@ -45,6 +53,9 @@ __all__ = [
     "Case",
     "Diagnosis",
     "as_number",
+    "Draw",
+    "draw_seed",
+    "generator",
     "first_difference",
     "compare",
     "check_function",
@@ -108,6 +119,69 @@ class Diagnosis:
 
     message: str
     wrong: Callable
+    shows: Callable | None = None
+    """Optional ``shows(got, want, *args, **kwargs)`` -> what the numbers of the failing case show ("row 3 sums to
+    0.5 where it should sum to 1"), said before the message; None (or an exception) says nothing."""
+
+
+# --- random draws -----------------------------------------------------------------------------------------------
+
+
+def draw_seed(seed: int | None = None) -> int:
+    """``seed``, or a fresh one from the operating system's entropy when None: each call of a checker draws
+    other random inputs, and the seed in their labels draws the same ones again."""
+    if seed is None:
+        return secrets.randbelow(1_000_000)
+    return check_int(seed, "seed", name="exercises.check", minimum=0)
+
+
+def generator(seed: int) -> torch.Generator:
+    """A CPU generator seeded with ``seed`` (the global RNG is left alone)."""
+    return torch.Generator().manual_seed(int(seed))
+
+
+class Draw:
+    """The random part of one call of a checker: sizes and tensors drawn from one seed, printed in the labels.
+
+    ``Draw(seed)`` draws from ``seed``, ``Draw()`` from a fresh one (:func:`draw_seed`); the global RNG is left
+    alone.
+    """
+
+    def __init__(self, seed: int | None = None):
+        self.seed = draw_seed(seed)
+        self.g = generator(self.seed)
+
+    def int(self, low: int, high: int, *, avoid: Sequence[int] = ()) -> int:
+        """An integer in [low, high], uniformly, none of ``avoid`` (when the range has another)."""
+        for _ in range(100):
+            n = int(torch.randint(low, high + 1, (1,), generator=self.g))
+            if n not in avoid:
+                return n
+        return n
+
+    def log_int(self, low: int, high: int, *, avoid: Sequence[int] = ()) -> int:
+        """An integer in [low, high] whose logarithm is uniform: small and large sizes alike, none of ``avoid``."""
+        for _ in range(100):
+            n = int(round(math.exp(self.uniform(math.log(low), math.log(high)))))
+            if n not in avoid and low <= n <= high:
+                return n
+        return n
+
+    def uniform(self, low: float, high: float) -> float:
+        return low + (high - low) * float(torch.rand((), generator=self.g, dtype=torch.float64))
+
+    def choice(self, options: Sequence):
+        return options[int(torch.randint(len(options), (1,), generator=self.g))]
+
+    def randn(self, *shape: int, dtype: torch.dtype = torch.float64, scale: float = 1.0) -> torch.Tensor:
+        return (scale * torch.randn(*shape, generator=self.g, dtype=torch.float64)).to(dtype)
+
+    def rand(self, *shape: int) -> torch.Tensor:
+        return torch.rand(*shape, generator=self.g, dtype=torch.float64)
+
+    def label(self, text: str) -> str:
+        """``text`` marked as drawn, with the seed that draws it again."""
+        return f"{text} (random, seed {self.seed})"
 
 
 # --- numbers and containers -------------------------------------------------------------------------------------
@@ -149,6 +223,15 @@ def _resolution(x) -> float:
 
 def _number(x: float) -> str:
     return f"{x:.6g}"
+
+
+def _numbers(a: float, b: float) -> tuple[str, str]:
+    """``a`` and ``b`` with 6 significant digits, or as many more as it takes to see that they differ."""
+    for k in range(6, 18):
+        sa, sb = f"{a:.{k}g}", f"{b:.{k}g}"
+        if sa != sb or a == b or not (math.isfinite(a) and math.isfinite(b)):
+            return sa, sb
+    return sa, sb
 
 
 def _what(x) -> str:
@@ -200,10 +283,11 @@ def first_difference(
     at = f"at index {where}" if where else ""  # a scalar: "the result is 2.5, expected 3"
     n_wrong = int(wrong.sum())
     of = f" ({n_wrong} of {g.numel()} entries differ)" if g.numel() > 1 else ""
+    shown_g, shown_e = _numbers(float(g[i]), float(e[i]))
     if bad_value[i]:
-        return f"{at} is {_number(float(g[i]))} where {_number(float(e[i]))} was expected{of}".lstrip()
+        return f"{at} is {shown_g} where {shown_e} was expected{of}".lstrip()
     off = _number(float((g[i] - e[i]).abs()))
-    return f"{at} is {_number(float(g[i]))}, expected {_number(float(e[i]))} (off by {off}){of}".lstrip()
+    return f"{at} is {shown_g}, expected {shown_e} (off by {off}){of}".lstrip()
 
 
 def _table(dtype: torch.dtype) -> dict[str, float]:
@@ -291,7 +375,9 @@ def _compare(got, expected, rtol, atol, path: str = "", equal_nan: bool = False)
             return None
         r = max(rtol, 8 * _resolution(got))  # a float32 number is right to float32's precision
         if value != expected and not abs(value - expected) <= atol + r * abs(expected):
-            return f"{label}is {_number(value)}, expected {_number(expected)}"
+            shown_v, shown_e = _numbers(value, expected)
+            off = f" (off by {_number(abs(value - expected))})" if math.isfinite(value) else ""
+            return f"{label}is {shown_v}, expected {shown_e}{off}"
         return None
     return None if got == expected else f"{label}is {got!r}, expected {expected!r}"
 
@@ -485,6 +571,17 @@ def _diagnose(runs: list[_Run], failing: int, diagnoses: Sequence[Diagnosis], rt
     return best
 
 
+def _shows(d: Diagnosis, run: _Run) -> str | None:
+    """What the numbers of the failing case show, in ``d``'s words (None when it has none or cannot say)."""
+    if d.shows is None:
+        return None
+    try:
+        seen = d.shows(run.got, run.want, *_fresh(run.case.args), **_fresh(run.case.kwargs))
+    except Exception:  # an answer of a shape the description did not foresee: the diagnosis alone
+        return None
+    return seen.rstrip(".") if isinstance(seen, str) and seen else None
+
+
 def _checker_error(name: str, what: str, exc: Exception) -> Result:
     return Result(False, f"{name}: the checker could not {what} ({type(exc).__name__}: {exc})")
 
@@ -537,19 +634,23 @@ def check_function(
         return Result(False, run.fatal + note)
     found = _diagnose(runs, failing, diagnoses, rtol, atol)
     if found is not None:
-        return Result(False, f"{name}, on {run.case.label}: {run.problem}.\nIt looks like {found.message}.")
+        seen = _shows(found, run)
+        said = f"{seen[0].upper()}{seen[1:]}. It looks like" if seen else "It looks like"
+        return Result(False, f"{name}, on {run.case.label}: {run.problem}.\n{said} {found.message}.")
     return Result(False, f"{name}, on {run.case.label}: {run.problem}.{note}")
 
 
 ROUNDED_DIGITS = 3  # the fewest significant digits to which a value may be given rounded (check_value)
 
 
-def _rounded_to(value: float, want: float, resolution: float, others: Sequence[float]) -> int | None:
-    """The number of significant digits (at least :data:`ROUNDED_DIGITS`) to which ``value`` is ``want`` rounded,
-    or None; None too when a known wrong value in ``others`` rounds to the same number at that precision."""
+def _rounded_to(
+    value: float, want: float, resolution: float, others: Sequence[float], fewest: int = ROUNDED_DIGITS
+) -> int | None:
+    """The number of significant digits (at least ``fewest``) to which ``value`` is ``want`` rounded, or None;
+    None too when a known wrong value in ``others`` rounds to the same number at that precision."""
     if value == 0 or want == 0 or not math.isfinite(value):
         return None
-    for k in range(ROUNDED_DIGITS, 16):
+    for k in range(fewest, 16):
         rounded = float(f"{want:.{k}g}")
         if abs(value - rounded) <= resolution * abs(rounded):
             if any(math.isfinite(o) and float(f"{o:.{k}g}") == rounded for o in others):
@@ -567,12 +668,13 @@ def check_value(
     atol: float = 0.0,
     hint: str | None = None,
     mistakes: Sequence[tuple[float, str]] = (),
+    digits: int = ROUNDED_DIGITS,
 ) -> Result:
     """A numeric answer (a derive or explore exercise): ``answer`` against ``expected`` within ``rtol`` / ``atol``.
 
     ``answer`` may be any real number (numpy scalars and 0-d tensors included), and may be the expected value
-    rounded to at least :data:`ROUNDED_DIGITS` significant digits, as a cell prints it (unless a known mistake
-    rounds to the same number at that precision). ``mistakes`` are known wrong
+    rounded to at least ``digits`` significant digits (:data:`ROUNDED_DIGITS` unless the cell prints fewer), as a
+    cell prints it (unless a known mistake rounds to the same number at that precision). ``mistakes`` are known wrong
     values and what each one means, ``(7, "7 is M, the number of sources")``; a value is recognised only where
     it is not also within the tolerance of ``expected``. An ``expected`` that is NaN or infinite (degenerate
     data) fails whatever the answer.
@@ -596,9 +698,9 @@ def check_value(
     if math.isfinite(value) and near(value, want):
         return Result(True, f"{name}: {_number(value)} is right.")
     # the exact value rounded, as a printed cell shows it (20.5 or 20.4636 for 20.46364...)
-    digits = _rounded_to(value, want, max(8 * _resolution(answer), 1e-15), [w for w, _ in mistakes])
-    if digits is not None:
-        return Result(True, f"{name}: {value:.{digits}g} is right (the value, {_number(want)}, to {digits} digits).")
+    shown = _rounded_to(value, want, max(8 * _resolution(answer), 1e-15), [w for w, _ in mistakes], digits)
+    if shown is not None:
+        return Result(True, f"{name}: {value:.{shown}g} is right (the value, {_number(want)}, to {shown} digits).")
     for wrong, meaning in mistakes:
         if math.isfinite(value) and near(value, wrong) and not near(wrong, want):
             return Result(False, f"{name}: {_number(value)} is not right: {meaning}")
@@ -666,7 +768,11 @@ def registered() -> dict[str, Callable[..., Result]]:
 
 
 def check(exercise_id: str, *answer, **kwargs) -> Result:
-    """Check ``answer`` for exercise ``exercise_id``: ``check("2.3", my_function)``."""
+    """Check ``answer`` for exercise ``exercise_id``: ``check("2.3", my_function)``.
+
+    A checker of functions draws some of its inputs at random on every call; ``seed=`` (printed in those inputs'
+    labels) draws the same ones again: ``check("1.2", causal_attention, seed=52311)``.
+    """
     known = registered()
     if exercise_id not in known:
         return Result(False, f"there is no exercise {exercise_id!r}; the exercises are {', '.join(known)}")

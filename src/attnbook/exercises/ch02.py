@@ -4,10 +4,13 @@
 * 2.2 ``taylor_features(x)``: a feature map whose dot products are 1 + x.y + (x.y)^2 / 2.
 * 2.3 ``best_chunk(R, Dv)``: the chunk length ell that minimises the chunked algorithm's multiply-adds.
 * 2.4 ``relative_variance(x, y)``: Var / mean^2 of one positive random feature estimate of exp(x.y).
+* 2.5 (explore): the weight the second-order Taylor kernel puts on the right key of the retrieval toy at
+  β = 64, measured by rerunning the experiment on :func:`attnbook.viz.linear.retrieval_toy`.
 
 The step is compared with the recurrence of Katharopoulos et al. (ICML 2020, Eqs. 16-20), computed here in
 float64 exactly as :func:`attnbook.linear_attention_step` computes it; the feature map through the kernel it
-must produce (any ordering or packing of the features is fine); the formulas with their closed forms.
+must produce (any ordering or packing of the features is fine); the formulas with their closed forms. Besides
+the fixed inputs, every call draws a few of sizes the statement does not mention (see :class:`Draw`).
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import torch
 
 from .._checks import check_feature_widths, check_features
 from ..testing import tol
-from ._core import BadReturn, Case, Diagnosis, Result, check_function, exercise
+from ._core import BadReturn, Case, Diagnosis, Draw, Result, check_function, check_value, exercise
 
 __all__ = [
     "State",
@@ -32,6 +35,8 @@ __all__ = [
     "chunk_cost",
     "check_best_chunk",
     "check_relative_variance",
+    "check_taylor_selectivity",
+    "taylor_right_key",
 ]
 
 EPS = 1e-6  # the eps of attnbook.linear_attention_step
@@ -169,7 +174,25 @@ def _token(B: int, H: int, D: int, Dv: int, seed: int, dtype=torch.float64):
     return tuple(_randn(B, H, d, seed=seed + i).to(dtype) for i, d in enumerate((D, D, Dv)))  # q, k, v
 
 
-def _step_cases() -> list[Case]:
+def _random_step_cases(draw: Draw) -> list[Case]:
+    """A token after a long history (65 to 300 tokens) and a float32 one, with widths D, Dv of 1 to 20."""
+    cases = []
+    for n, dtype in ((draw.int(65, 300), torch.float64), (draw.int(1, 9), torch.float32)):  # never an empty state
+        B, H, D, Dv = draw.int(1, 2), draw.int(1, 3), draw.int(1, 20, avoid=(3, 4, 8)), draw.int(1, 20)
+        k, v = draw.randn(n, B, H, D), draw.randn(n, B, H, Dv)
+        S = (_phi(k)[..., :, None] * v[..., None, :]).sum(0)  # (B, H, D, Dv)
+        state = State(S.to(dtype), _phi(k).sum(0).to(dtype))
+        kind = "" if dtype == torch.float64 else "float32, "
+        cases.append(
+            Case(
+                (*(draw.randn(B, H, d, dtype=dtype) for d in (D, D, Dv)), state),
+                label=draw.label(f"{kind}a token after {n} others, B = {B}, H = {H}, D = {D}, Dv = {Dv}"),
+            )
+        )
+    return cases
+
+
+def _step_cases(draw: Draw) -> list[Case]:
     B, H, D = 2, 3, 4
     zero = State(torch.zeros(B, H, D, D, dtype=torch.float64), torch.zeros(B, H, D, dtype=torch.float64))
     f32 = torch.float32
@@ -181,15 +204,17 @@ def _step_cases() -> list[Case]:
         Case((*_token(1, 2, 3, 5, seed=28), after_3), label="a token after 3 others, D = 3, Dv = 5"),
         Case((*_token(1, 2, 8, 6, seed=33), after_64), label="a token after 64 others, D = 8, Dv = 6"),
         Case((*_token(1, 1, 4, 4, seed=38, dtype=f32), after_5), label="float32, a token after 5 others"),
+        *_random_step_cases(draw),
     ]
 
 
 @exercise("2.1")
-def check_linear_step(fn) -> Result:
-    """Exercise 2.1: ``fn(q, k, v, state)`` -> (out (B, H, Dv), (S (B, H, R, Dv), z (B, H, R)))."""
+def check_linear_step(fn, *, seed: int | None = None) -> Result:
+    """Exercise 2.1: ``fn(q, k, v, state)`` -> (out (B, H, Dv), (S (B, H, R, Dv), z (B, H, R))). ``seed`` draws the
+    random inputs of an earlier call again."""
     return check_function(
         fn,
-        _step_cases(),
+        _step_cases(Draw(seed)),
         expected=linear_step_solution,
         name="linear_step",
         diagnoses=_STEP_MISTAKES,
@@ -253,7 +278,21 @@ _TAYLOR_MISTAKES = [
 ]
 
 
-def _taylor_cases() -> list[Case]:
+def _random_taylor_cases(draw: Draw) -> list[Case]:
+    """x (N up to 300) and y of widths the statement does not mention, in float64 and in float32."""
+    cases = []
+    for n, dtype in ((draw.int(65, 300), torch.float64), (draw.int(1, 30), torch.float32)):
+        D, m = draw.int(2, 12, avoid=(3, 4, 5, 8)), draw.int(1, 300)
+        batch = [draw.int(1, 2) for _ in range(draw.int(0, 2))]
+        x, y = draw.randn(*batch, n, D, dtype=dtype), draw.randn(*batch, m, D, dtype=dtype)
+        kind = "" if dtype == torch.float64 else "float32 "
+        shape = ", ".join(str(b) for b in batch)
+        lead = f"{shape}, " if batch else ""
+        cases.append(Case((x, y), label=draw.label(f"{kind}x ({lead}{n}, {D}), y ({lead}{m}, {D})")))
+    return cases
+
+
+def _taylor_cases(draw: Draw) -> list[Case]:
     return [
         Case((_randn(5, 3, seed=40), _randn(4, 3, seed=41)), label="x (5, 3), y (4, 3)"),
         Case((_randn(2, 3, 6, 4, seed=42), _randn(2, 3, 5, 4, seed=43)), label="x (2, 3, 6, 4), y (2, 3, 5, 4)"),
@@ -261,17 +300,19 @@ def _taylor_cases() -> list[Case]:
         Case((_randn(64, 8, seed=46), _randn(70, 8, seed=47)), label="x (64, 8), y (70, 8)"),
         Case((_randn(2, 1, 64, 5, seed=48).float(), _randn(2, 1, 9, 5, seed=49).float()),
              label="float32 x (2, 1, 64, 5), y (2, 1, 9, 5)"),
+        *_random_taylor_cases(draw),
     ]  # fmt: skip
 
 
 @exercise("2.2")
-def check_taylor_features(fn) -> Result:
-    """Exercise 2.2: ``fn(x)`` (..., D) -> (..., R) with fn(x) . fn(y) = 1 + x.y + (x.y)^2 / 2."""
+def check_taylor_features(fn, *, seed: int | None = None) -> Result:
+    """Exercise 2.2: ``fn(x)`` (..., D) -> (..., R) with fn(x) . fn(y) = 1 + x.y + (x.y)^2 / 2. ``seed`` draws the
+    random inputs of an earlier call again."""
     if not callable(fn):
         return check_function(fn, [], expected=taylor_kernel, name="taylor_features")
     return check_function(
         _kernel_of(fn),
-        _taylor_cases(),
+        _taylor_cases(Draw(seed)),
         expected=taylor_kernel,
         name="taylor_features",
         diagnoses=_TAYLOR_MISTAKES,
@@ -298,10 +339,15 @@ def _best(R, Dv):
 
 
 @exercise("2.3")
-def check_best_chunk(fn) -> Result:
-    """Exercise 2.3: ``fn(R, Dv)`` -> the ell minimising :func:`chunk_cost`, sqrt(2 R Dv / (R + Dv))."""
+def check_best_chunk(fn, *, seed: int | None = None) -> Result:
+    """Exercise 2.3: ``fn(R, Dv)`` -> the ell minimising :func:`chunk_cost`, sqrt(2 R Dv / (R + Dv)). ``seed``
+    draws the random widths of an earlier call again."""
     shapes = ((16, 64), (64, 64), (256, 32), (1, 1), (8, 24))
     cases = [Case((r, dv), label=f"R = {r}, Dv = {dv}") for r, dv in shapes]
+    draw = Draw(seed)
+    for _ in range(3):
+        r, dv = draw.log_int(2, 4096, avoid=(16, 64, 256, 8)), draw.log_int(2, 4096, avoid=(64, 32, 24))
+        cases.append(Case((r, dv), label=draw.label(f"R = {r}, Dv = {dv}")))
     return check_function(
         fn,
         cases,
@@ -348,8 +394,9 @@ def _relative_variance(x: torch.Tensor, y: torch.Tensor) -> float:
 
 
 @exercise("2.4")
-def check_relative_variance(fn) -> Result:
-    """Exercise 2.4: ``fn(x, y)`` -> Var[Z] / E[Z]^2 for Z = exp(w.x - |x|^2/2) exp(w.y - |y|^2/2), w ~ N(0, I)."""
+def check_relative_variance(fn, *, seed: int | None = None) -> Result:
+    """Exercise 2.4: ``fn(x, y)`` -> Var[Z] / E[Z]^2 for Z = exp(w.x - |x|^2/2) exp(w.y - |y|^2/2), w ~ N(0, I).
+    ``seed`` draws the random vectors of an earlier call again."""
     cases = [
         Case((torch.tensor([0.3, -0.2, 0.5], dtype=torch.float64), torch.tensor([0.1, 0.4, 0.2], dtype=torch.float64)),
              label="x = (0.3, -0.2, 0.5), y = (0.1, 0.4, 0.2)"),
@@ -357,6 +404,11 @@ def check_relative_variance(fn) -> Result:
         Case((torch.zeros(2, dtype=torch.float64), torch.zeros(2, dtype=torch.float64)), label="x = y = 0"),
         Case((_randn(64, seed=52) * 0.1, _randn(64, seed=53) * 0.1), label="x, y in R^64"),
     ]  # fmt: skip
+    draw = Draw(seed)
+    for _ in range(2):
+        d, scale = draw.log_int(2, 400, avoid=(2, 3, 8, 64)), draw.uniform(0.2, 1.0)
+        x, y = (draw.randn(d, scale=scale / math.sqrt(d)) for _ in range(2))  # |x + y|^2 about 2 scale^2
+        cases.append(Case((x, y), label=draw.label(f"x, y in R^{d}")))
     return check_function(
         fn,
         cases,
@@ -393,3 +445,65 @@ def check_relative_variance(fn) -> Result:
         atol=1e-12,
         success="relative_variance is right: exp(|x + y|^2) - 1, which explodes for long, aligned x and y.",
     )
+
+
+# --- 2.5 the Taylor kernel on the retrieval toy --------------------------------------------------------------
+
+
+def _taylor_exact(x: torch.Tensor) -> torch.Tensor:
+    """(1, x, x (x) x / sqrt(2)): features whose dot products are 1 + x.y + (x.y)^2 / 2."""
+    outer = (x[..., :, None] * x[..., None, :]).flatten(-2)  # (..., D^2)
+    return torch.cat([torch.ones_like(x[..., :1]), x, outer / math.sqrt(2)], dim=-1)
+
+
+def taylor_right_key(beta: float, *, kernel: str = "taylor", scaled: bool = True, measure: int = 1) -> float:
+    """The exercise's measurement: the mean weight on the right key of the retrieval toy at inverse temperature
+    ``beta`` (``measure=0``: the mean row entropy instead), for the Taylor kernel applied to x / D^(1/4)
+    (``scaled=False``: to x as it is), elu + 1 (``kernel="elu"``) or softmax (``kernel="softmax"``)."""
+    from .. import reference
+    from ..viz.linear import retrieval_toy, selectivity  # deferred: viz imports the package
+
+    q, k, v = retrieval_toy()  # (1, 1, 24, 16), float64
+    q, k = q * math.sqrt(beta), k * math.sqrt(beta)
+    if kernel == "softmax":
+        _, w = reference.softmax_attention(q, k, v, return_weights=True)
+    elif kernel == "elu":
+        _, w = reference.linear_attention(q, k, v, return_weights=True)
+    else:
+        phi = (lambda x: _taylor_exact(x / x.shape[-1] ** 0.25)) if scaled else _taylor_exact
+        _, w = reference.linear_attention(q, k, v, feature_map=phi, return_weights=True)
+    return selectivity(w)[measure]
+
+
+TAYLOR_BETA = 64  # the β of exercise 2.5's answer
+TAYLOR_PRINTED_DIGITS = 2  # the solution prints the weights with 2 decimals (0.38), 2 significant digits
+
+
+@exercise("2.5")
+def check_taylor_selectivity(answer) -> Result:
+    """Exercise 2.5: the Taylor kernel's mean weight on the right key of the retrieval toy at β = 64.
+
+    The checker reruns the measurement (:func:`taylor_right_key`); the answer may be given as the cell prints it,
+    to 2 decimals (0.38), unless a known slip rounds to the same number."""
+    b = TAYLOR_BETA
+    return check_value(
+        "2.5 weight on the right key",
+        answer,
+        taylor_right_key(b),
+        digits=TAYLOR_PRINTED_DIGITS,
+        hint=f"apply taylor_features to x / D^(1/4) as the feature map of reference.linear_attention on q, k "
+        f"times sqrt({b}), and take selectivity(weights)[1]",
+        mistakes=[
+            (taylor_right_key(b, kernel="softmax"), f"that is softmax's weight at β = {b}; the question asks for "
+             "the Taylor kernel's."),
+            (taylor_right_key(b, kernel="elu"), f"that is elu + 1's weight at β = {b}; the question asks for the "
+             "Taylor kernel's."),
+            (taylor_right_key(b, scaled=False), "that is the Taylor kernel on x itself; apply it to x / D^(1/4), "
+             "so that it approximates exp(q.k / sqrt(D))."),
+            (taylor_right_key(1), f"that is the weight at β = 1; the question asks for β = {b}."),
+            (taylor_right_key(4), f"that is the weight at β = 4; the question asks for β = {b}."),
+            (taylor_right_key(b, measure=0), "that is the mean row entropy, selectivity(...)[0]; the weight on "
+             "the right key is selectivity(...)[1]."),
+            (1 / 24, "1/24 is the weight of a uniform map over the 24 keys."),
+        ],
+    )  # fmt: skip

@@ -19,7 +19,7 @@ import math
 
 import torch
 
-from ._core import Case, Diagnosis, Result, as_number, check_function, check_value, exercise
+from ._core import Case, Diagnosis, Draw, Result, as_number, check_function, check_value, exercise
 
 __all__ = [
     "check_total_outgoing",
@@ -107,50 +107,94 @@ def causal_incoming_reference(q, k):
     return _incoming(q, k)
 
 
+def _shows_incoming(kind: str):
+    """What the student's I shows at the first three sinks of the first sequence and head, against the right I:
+    their ratio (``"ratio"``), their difference (``"difference"``) or both values (``"values"``)."""
+
+    def shows(got, want, q, k):
+        g = torch.as_tensor(got).detach().to(torch.float64).reshape(-1, got.shape[-1])[0]
+        w = want.detach().to(torch.float64).reshape(-1, want.shape[-1])[0]
+        n = min(3, w.numel())
+        at = ", ".join(str(i) for i in range(n))
+        where = f"at i = {at} (the first sequence and head)"
+        if kind == "ratio":
+            ratios = ", ".join(f"{float(g[i] / w[i]):.3g}" for i in range(n))
+            return f"I {where} is {ratios} times the right value"
+        if kind == "difference":
+            return f"I minus the right value {where} is " + ", ".join(f"{float(g[i] - w[i]):.2g}" for i in range(n))
+        values = ", ".join(f"{float(g[i]):.4g}" for i in range(n))
+        return f"I {where} is {values} where it should be " + ", ".join(f"{float(w[i]):.4g}" for i in range(n))
+
+    return shows
+
+
+# Each diagnosis says first what the student's numbers show (ratio, difference or values at the first sinks),
+# then which known variant they equal.
 INCOMING_MISTAKES = [
     Diagnosis(
-        "the prefix sum is not divided by the prefix length t_i = i + 1", lambda q, k: _incoming(q, k, divide="none")
+        "the prefix sums not divided by the prefix length t_i = i + 1",
+        lambda q, k: _incoming(q, k, divide="none"),
+        _shows_incoming("ratio"),
     ),
     Diagnosis(
-        "the prefix sum is divided by the sequence length N instead of the prefix length t_i = i + 1",
+        "the prefix sums divided by the sequence length N instead of the prefix length t_i = i + 1",
         lambda q, k: _incoming(q, k, divide="N"),
+        _shows_incoming("ratio"),
     ),
-    Diagnosis("the sum runs over all keys instead of the prefix j <= i", lambda q, k: _incoming(q, k, prefix="all")),
     Diagnosis(
-        "the sum runs over all keys instead of the prefix j <= i, and is not divided by t_i",
+        "a sum that runs over all keys instead of the prefix j <= i",
+        lambda q, k: _incoming(q, k, prefix="all"),
+        _shows_incoming("values"),
+    ),
+    Diagnosis(
+        "a sum that runs over all keys instead of the prefix j <= i, and is not divided by t_i",
         lambda q, k: _incoming(q, k, prefix="all", divide="none"),
+        _shows_incoming("values"),
     ),
     Diagnosis(
-        "the prefix stops before key i (j < i): sink i must see its own source",
+        "a prefix that stops before key i (j < i): sink i must see its own source",
         lambda q, k: _incoming(q, k, prefix="strict"),
+        _shows_incoming("values"),
     ),
-    Diagnosis("it divides by i instead of t_i = i + 1", lambda q, k: _incoming(q, k, divide="i")),
     Diagnosis(
-        "eps is added once to the dot product instead of to every component of both vectors",
+        "the prefix sums divided by i instead of t_i = i + 1",
+        lambda q, k: _incoming(q, k, divide="i"),
+        _shows_incoming("ratio"),
+    ),
+    Diagnosis(
+        "eps added once to the dot product instead of to every component of both vectors",
         lambda q, k: _incoming(q, k, eps_q=0.0, eps_k=0.0, eps_after=0.0) + _eps_once_term(q),
+        _shows_incoming("difference"),
     ),
     Diagnosis(
-        "eps is added after the division by t_i; it belongs to every component of both vectors",
+        "eps added after the division by t_i; it belongs to every component of both vectors",
         lambda q, k: _incoming(q, k, eps_q=0.0, eps_k=0.0, eps_after=EPS),
+        _shows_incoming("difference"),
     ),
     Diagnosis(
-        "eps is added to the queries' features only; the prefix sum gets its own eps too",
+        "eps added to the queries' features only; the prefix sum gets its own eps too",
         lambda q, k: _incoming(q, k, eps_k=0.0),
+        _shows_incoming("difference"),
     ),
     Diagnosis(
-        "eps is added to the prefix sum only; the queries' features get their own eps too",
+        "eps added to the prefix sum only; the queries' features get their own eps too",
         lambda q, k: _incoming(q, k, eps_q=0.0),
+        _shows_incoming("difference"),
     ),
     Diagnosis(
-        "eps is added to every key before the prefix sum, so the prefix carries t_i eps; add eps once, to the sum",
+        "eps added to every key before the prefix sum, so that the prefix carries t_i eps; add eps once, to the sum",
         lambda q, k: _incoming(q, k, eps_keys=EPS, eps_k=0.0),
+        _shows_incoming("difference"),
     ),
     Diagnosis(
-        "there is no eps: the published code adds eps = 1e-6 to both vectors",
+        "no eps at all: the published code adds eps = 1e-6 to both vectors",
         lambda q, k: _incoming(q, k, eps_q=0.0, eps_k=0.0),
+        _shows_incoming("difference"),
     ),
     Diagnosis(
-        "the sigmoid features are missing: q and k are used as they are", lambda q, k: _incoming(q, k, sig=False)
+        "q and k used as they are: the sigmoid features are missing",
+        lambda q, k: _incoming(q, k, sig=False),
+        _shows_incoming("values"),
     ),
 ]
 
@@ -159,26 +203,40 @@ def _eps_once_term(q):
     return (EPS / _t(q.shape[-2])).to(q.dtype)  # (dot + eps) / t = dot / t + eps / t
 
 
-def incoming_cases() -> list[Case]:
+def _random_qk(draw: Draw, n: int, dtype=torch.float64) -> tuple[tuple, str]:
+    B, H, D = draw.int(1, 2), draw.int(1, 3), draw.int(1, 12, avoid=(3, 4))
+    scale = draw.uniform(0.5, 3.0)
+    q, k = (draw.randn(B, H, n, D, scale=scale, dtype=dtype) for _ in range(2))
+    kind = "" if dtype == torch.float64 else "float32 "
+    return (q, k), draw.label(f"{kind}q, k ({B}, {H}, {n}, {D})")
+
+
+def incoming_cases(draw: Draw | None = None) -> list[Case]:
+    draw = Draw(0) if draw is None else draw
     cases = [Case(_qk(seed), label=f"random q, k (seed {seed}, N = 7)") for seed in (0, 1)]
     cases.append(Case(_qk(2, B=2, H=1, N=5, D=4, scale=3.0), label="large q, k (B = 2, N = 5)"))
     cases.append(Case(_qk(3, N=1), label="a single token (N = 1)"))
     cases.append(Case(_qk(4, B=1, H=2, N=64, D=4), label="q, k (1, 2, 64, 4)", note=FIXED_SIZE))
     cases.append(Case(_qk(5, B=2, H=1, N=70, D=3, scale=2.0), label="q, k (2, 1, 70, 3)", note=FIXED_SIZE))
     cases.append(Case(_qk(6, N=6, dtype=torch.float32), label="float32 q, k (N = 6)"))
+    for n, dtype in ((draw.int(129, 300), torch.float64), (draw.int(2, 40), torch.float32)):  # sizes not in the text
+        args, label = _random_qk(draw, n, dtype)
+        cases.append(Case(args, label=label, note=FIXED_SIZE if n > 7 else None))
     return cases
 
 
 @exercise("3.2")
-def check_causal_incoming(fn) -> Result:
-    """Exercise 3.2: ``causal_incoming(q, k)`` -> I (B, H, N) of causal Flow-Attention, eps = 1e-6."""
+def check_causal_incoming(fn, *, seed: int | None = None) -> Result:
+    """Exercise 3.2: ``causal_incoming(q, k)`` -> I (B, H, N) of causal Flow-Attention, eps = 1e-6. ``seed`` draws
+    the random inputs of an earlier call again."""
+    cases = incoming_cases(Draw(seed))
     return check_function(
         fn,
-        incoming_cases(),
+        cases,
         expected=causal_incoming_reference,
         name="causal_incoming",
         diagnoses=INCOMING_MISTAKES,
-        success="causal_incoming is right on 7 inputs, N = 1 to 70, float32 included.",
+        success=f"causal_incoming is right on {len(cases)} inputs, N = 1 to 300, float32 included.",
     )
 
 
@@ -234,8 +292,15 @@ def _o_hat(seed: int, *shape: int, scale: float = 1.5, dtype=torch.float64) -> t
     return (scale * torch.randn(*shape, generator=g, dtype=torch.float64)).to(dtype)
 
 
-def competition_cases() -> list[Case]:
+def competition_cases(draw: Draw | None = None) -> list[Case]:
+    draw = Draw(0) if draw is None else draw
     wide = torch.tensor([[[0.2, 1.7, -0.4, 3.0, 0.9, -2.5]]], dtype=torch.float64)  # (1, 1, 6)
+    drawn = []
+    for n, dtype in ((draw.int(129, 300), torch.float64), (draw.int(2, 40), torch.float32)):  # sizes not in the text
+        B, H = draw.int(1, 2), draw.int(1, 3)
+        kind = "" if dtype == torch.float64 else "float32 "
+        o_hat = draw.randn(B, H, n, scale=draw.uniform(0.5, 3.0), dtype=dtype)
+        drawn.append(Case((o_hat,), label=draw.label(f"{kind}O^ ({B}, {H}, {n})"), note=FIXED_SIZE if n > 9 else None))
     return [
         Case((_o_hat(0, 1, 2, 9),), label="random O^ (1, 2, 9)"),
         Case((_o_hat(1, 2, 1, 9),), label="random O^ (2, 1, 9)"),
@@ -244,19 +309,22 @@ def competition_cases() -> list[Case]:
         Case((_o_hat(2, 1, 2, 64),), label="random O^ (1, 2, 64)", note=FIXED_SIZE),
         Case((_o_hat(3, 1, 1, 70),), label="random O^ (1, 1, 70)", note=FIXED_SIZE),
         Case((_o_hat(4, 1, 2, 6, dtype=torch.float32),), label="float32 O^ (1, 2, 6)"),
+        *drawn,
     ]
 
 
 @exercise("3.3")
-def check_causal_competition(fn) -> Result:
-    """Exercise 3.3: ``causal_competition(o_hat)`` -> c (B, H, N) from the raw O^ (B, H, N)."""
+def check_causal_competition(fn, *, seed: int | None = None) -> Result:
+    """Exercise 3.3: ``causal_competition(o_hat)`` -> c (B, H, N) from the raw O^ (B, H, N). ``seed`` draws the
+    random inputs of an earlier call again."""
+    cases = competition_cases(Draw(seed))
     return check_function(
         fn,
-        competition_cases(),
+        cases,
         expected=causal_competition_reference,
         name="causal_competition",
         diagnoses=COMPETITION_MISTAKES,
-        success="causal_competition is right on 7 inputs, beyond the clamp too, N = 1 to 70.",
+        success=f"causal_competition is right on {len(cases)} inputs, beyond the clamp too, N = 1 to 300.",
     )
 
 

@@ -19,7 +19,7 @@ import statistics
 
 import torch
 
-from ._core import Case, Diagnosis, Result, as_number, check_function, check_value, exercise
+from ._core import Case, Diagnosis, Draw, Result, _rounded_to, as_number, check_function, check_value, exercise
 
 __all__ = [
     "check_head_budget",
@@ -140,26 +140,38 @@ def _outgoing_only(q, k):
     return ((ks + EPS) * (qs.sum(1, keepdim=True) + EPS)).sum(-1).to(q.dtype)  # O, not O^
 
 
-def conserved_outgoing_cases() -> list[Case]:
+def conserved_outgoing_cases(draw: Draw | None = None) -> list[Case]:
+    draw = Draw(0) if draw is None else draw
     cases = [Case(_qk(seed, scale=2.0), label=f"random q, k (seed {seed}, H = 3, N = 5)") for seed in (0, 1)]
     cases.append(Case(_qk(2, B=2, H=4, N=3, D=3), label="B = 2, H = 4, N = 3, D = 3"))
     cases.append(Case(_qk(3, H=1, N=4), label="a single head (H = 1)"))
     cases.append(Case(_qk(4, B=1, H=4, N=64, D=3, scale=2.0), label="H = 4, N = 64", note=FIXED_SIZE))
     cases.append(Case(_qk(5, B=1, H=8, N=65, D=2), label="H = 8, N = 65", note=FIXED_SIZE))
     cases.append(Case(_qk(6, H=3, N=6, dtype=torch.float32), label="float32 q, k (H = 3, N = 6)"))
+    for H, n, dtype in (
+        (draw.int(2, 12, avoid=(3, 4, 8)), draw.int(129, 300), torch.float64),
+        (draw.int(1, 6), draw.int(2, 20), torch.float32),
+    ):  # sizes the statement does not mention
+        B, D, scale = draw.int(1, 2), draw.int(1, 12, avoid=(2, 3)), draw.uniform(0.5, 3.0)
+        q, k = (draw.randn(B, H, n, D, scale=scale, dtype=dtype) for _ in range(2))
+        kind = "" if dtype == torch.float64 else "float32 "
+        label = draw.label(f"{kind}q, k ({B}, {H}, {n}, {D})")
+        cases.append(Case((q, k), label=label, note=FIXED_SIZE if n > 6 or H > 4 else None))
     return cases
 
 
 @exercise("4.2")
-def check_head_conserved_outgoing(fn) -> Result:
-    """Exercise 4.2: ``head_conserved_outgoing(q, k)`` -> O^ (B, H, N) of Mobile-Attention, before the clamp."""
+def check_head_conserved_outgoing(fn, *, seed: int | None = None) -> Result:
+    """Exercise 4.2: ``head_conserved_outgoing(q, k)`` -> O^ (B, H, N) of Mobile-Attention, before the clamp.
+    ``seed`` draws the random inputs of an earlier call again."""
+    cases = conserved_outgoing_cases(Draw(seed))
     return check_function(
         fn,
-        conserved_outgoing_cases(),
+        cases,
         expected=head_conserved_outgoing_reference,
         name="head_conserved_outgoing",
         diagnoses=CONSERVED_OUTGOING_MISTAKES,
-        success="head_conserved_outgoing is right on 7 inputs, H = 1 to 8, N up to 65, float32 included.",
+        success=f"head_conserved_outgoing is right on {len(cases)} inputs, H = 1 to 12, N up to 300, float32 included.",
     )
 
 
@@ -237,30 +249,32 @@ def _spread_variants() -> list[tuple[dict, str, str]]:
     return out
 
 
-def _reproduces(value: float, samples: list[float]) -> bool:
-    return any(abs(value - s) <= 1e-6 * abs(s) for s in samples)
+def _reproduces(value: float, samples: list[float]) -> int | None:
+    """The index of the sample that ``value`` reproduces (to float64 rounding of a float64 experiment), or None."""
+    for i, x in enumerate(samples):
+        if abs(value - x) <= 1e-6 * abs(x):
+            return i
+    return None
 
 
-def _near(value: float, samples: list[float], n: int) -> bool:
-    """``value`` reproduces one sample (to float64 rounding), or is a mean of ``n`` draws of their distribution
-    (within 3 standard errors, from the samples' standard deviation, of the samples' mean)."""
-    if _reproduces(value, samples):
-        return True
-    mean, sd = statistics.fmean(samples), statistics.stdev(samples)
-    return abs(value - mean) <= 3 * sd * math.sqrt(1 / n + 1 / len(samples))
+def _is_mean(value: float, samples: list[float], others: list[float]) -> bool:
+    """``value`` is the mean of ``samples``, exactly or as printed (rounded to 3 significant digits or more),
+    unless one of ``others`` (the means of the slips) prints the same."""
+    mean = statistics.fmean(samples)
+    return abs(value - mean) <= 1e-6 * abs(mean) or _rounded_to(value, mean, 1e-12, others) is not None
 
 
 @exercise("4.4")
 def check_spread_growth(answer) -> Result:
     """Exercise 4.4: the factor by which the spread at D = 4 grows when q and k are scaled by 4.
 
-    ``answer`` is the growth measured on one seed of the cell's experiment (:data:`SPREAD_SETUP`), the mean
-    over the seeds 0 .. 7, or the list of the growths of several seeds. The tolerance is measured: the checker
-    reruns the experiment on 16 seeds; one seed's growth must reproduce one of them (to float64 rounding), a
-    mean of n seeds (n = 8 for a single number that reproduces none) must lie within 3 standard errors of
-    their mean, from the standard deviation across seeds that the checker measures itself. Slips of the
-    experiment (another width, only q scaled, v scaled too, another scale) are named the same way, from the
-    growths they give on the seeds 0 .. 7.
+    The statement asks for the mean growth over the seeds 0 .. 7 of the cell's experiment
+    (:data:`SPREAD_SETUP`), or the list of those growths. The checker reruns the experiment, which is exact in
+    float64, so nothing is judged by the spread across seeds: the mean must be the mean of the seeds 0 .. 7 (to
+    float rounding, or rounded to 3 significant digits or more as a cell prints it), each growth of a list must
+    reproduce one seed's growth (of the 16 seeds the checker reruns), and so must a single number that is not
+    the mean (one seed's growth, the chapter's cell as it stands). Slips of the experiment (another width, only
+    q scaled, v scaled too, another scale) are named from the growths and means they give.
     """
     name = "4.4 growth of the spread"
     if isinstance(answer, torch.Tensor) and answer.dim() == 1 and answer.numel() > 1:
@@ -269,42 +283,73 @@ def check_spread_growth(answer) -> Result:
         answer = answer.tolist()
     if isinstance(answer, (list, tuple)) and answer and all(as_number(a) is not None for a in answer):
         values = [float(as_number(a)) for a in answer]
-        value, n = statistics.fmean(values), len(values)
-        what = f"the mean of your {n} growths, {value:.3g},"
     else:
         number = as_number(answer)
         if number is None:
             return check_value(name, answer, 1.0)  # "no answer yet" / "expected a number"
-        value, n, what = float(number), 1, f"{float(number):.3g}"
-    if not math.isfinite(value) or value <= 0:
+        values = [float(number)]
+    if not all(math.isfinite(v) and v > 0 for v in values):
+        bad = next(v for v in values if not (math.isfinite(v) and v > 0))
         return Result(
-            False, f"{name}: {what} is not a growth factor; divide the spread at scale 4 by the one at scale 1."
+            False, f"{name}: {bad:.3g} is not a growth factor; divide the spread at scale 4 by the one at scale 1."
         )
-    n = n if n > 1 else MEAN_OF  # one number: one seed's growth (reproduced), or the mean the statement asks for
-    right = _measured()
-    if _near(value, right, n):
-        sd = statistics.stdev(right)
-        why = f"the standard deviation over the {len(right)} seeds the checker reran"
-        return Result(True, f"{name}: {what} is right; from seed to seed the growth varies by about {sd:.2g} ({why}).")
+    right = _measured()  # the 16 seeds
+    asked = right[:MEAN_OF]  # the seeds 0 .. 7 of the statement
+    variants = [(label, meaning, _measured(**v)) for v, label, meaning in _spread_variants()]
+    slip_means = [statistics.fmean(samples[:MEAN_OF]) for _, _, samples in variants]
+    sd = statistics.stdev(right)
+
+    if len(values) > 1:  # the list of growths: each must be one seed's
+        what = f"the mean of your {len(values)} growths, {statistics.fmean(values):.3g},"
+        wrong = [v for v in values if _reproduces(v, right) is None]
+        if not wrong:
+            return Result(
+                True, f"{name}: {what} is right: each growth is one seed's; from seed to seed it varies by about "
+                f"{sd:.2g}.",
+            )  # fmt: skip
+        for _, meaning, samples in variants:
+            if all(_reproduces(v, samples) is not None for v in wrong):
+                return Result(False, f"{name}: {what} is not right: {meaning}.")
+        return Result(
+            False, f"{name}: {what} is not right: {wrong[0]:.6g} is not the growth of any seed of the cell's "
+            "experiment. Hint: run it with q and k multiplied by 4 (before the sigmoid) and divide the two spreads."
+        )  # fmt: skip
+
+    value = values[0]
+    what = f"{value:.6g}" if abs(value - round(value, 3)) > 1e-12 else f"{value:g}"
+    if _is_mean(value, asked, slip_means):
+        return Result(
+            True, f"{name}: {what} is right: the mean growth over the seeds 0 to {MEAN_OF - 1} is "
+            f"{statistics.fmean(asked):.4g}; from seed to seed it varies by about {sd:.2g}.",
+        )  # fmt: skip
+    seed = _reproduces(value, right)
+    if seed is not None:
+        return Result(
+            True, f"{name}: {what} is right for seed {seed}; the exercise asks for the mean over the seeds 0 to "
+            f"{MEAN_OF - 1} (the growth varies by about {sd:.2g} from seed to seed).",
+        )  # fmt: skip
     if value < 1:
         return Result(
             False, f"{name}: {what} would mean the spread shrinks; divide the spread with scaled q, k by the "
             "spread without (not the spread itself, nor the other way round)."
         )  # fmt: skip
-    variants = [(label, meaning, _measured(MEAN_OF, **v)) for v, label, meaning in _spread_variants()]
     for _, meaning, samples in variants:
-        if _reproduces(value, samples):
+        if _reproduces(value, samples) is not None or _is_mean(value, samples[:MEAN_OF], [statistics.fmean(asked)]):
             return Result(False, f"{name}: {what} is not right: {meaning}.")
-    near = [(label, meaning) for label, meaning, samples in variants if _near(value, samples, n)]
-    if len(near) == 1:
-        return Result(False, f"{name}: {what} is not right: {near[0][1]}.")
-    if near:
+    for n in range(2, len(right) + 1):
+        if n != MEAN_OF and abs(value - statistics.fmean(right[:n])) <= 1e-6 * value:
+            return Result(
+                False, f"{name}: {what} is the mean over the seeds 0 to {n - 1}; the exercise asks for the seeds 0 "
+                f"to {MEAN_OF - 1}."
+            )  # fmt: skip
+    if value == round(value):
         return Result(
-            False, f"{name}: {what} is not right: it is what other settings give ({', '.join(l for l, _ in near)}); "
-            f"the exercise asks for D = {SPREAD_SETUP['D']}, q and k scaled by {SPREAD_SETUP['scale']:g}."
+            False, f"{name}: {what} is not what the experiment gives (a whole number such as 4^2 = 16 is a guess, "
+            "not a measurement). Hint: run the cell's experiment with q and k multiplied by 4 (before the "
+            "sigmoid), divide the two spreads, and average over the seeds."
         )  # fmt: skip
     return Result(
         False,
         f"{name}: {what} is not what the experiment gives. Hint: run the cell's experiment with q and k "
-        "multiplied by 4 (before the sigmoid) and divide the two spreads.",
+        "multiplied by 4 (before the sigmoid), divide the two spreads, and average over the seeds 0 to 7.",
     )

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from ..moh import MoHAttention
-from ._core import Case, Diagnosis, Result, check_function, check_value, exercise
+from ._core import Case, Diagnosis, Draw, Result, check_function, check_value, exercise
 
 __all__ = [
     "check_mean_gate",
@@ -143,7 +143,27 @@ LARGE_LOGITS = (
 )
 
 
-def _gate_cases() -> list[Case]:
+def _random_routing(draw: Draw, probabilities: bool) -> list[Case]:
+    """Router logits (or probabilities) of sizes the statement does not mention: N up to 300, E of 2 to 24 heads
+    with any h_r, in float64, and a small float32 one."""
+    cases = []
+    for n, dtype in ((draw.int(71, 300), torch.float64), (draw.int(1, 12), torch.float32)):
+        B, E = draw.int(1, 3), draw.int(2, 24, avoid=(4, 5, 6, 8, 16))
+        k = draw.int(1, E)
+        x = draw.randn(B, n, E, scale=draw.uniform(0.5, 3.0))
+        x = (F.softmax(x, dim=-1) if probabilities else x).to(dtype)
+        kind = "" if dtype == torch.float64 else "float32 "
+        what = "probabilities" if probabilities else "logits"
+        cases.append(
+            Case(
+                (x, k), label=draw.label(f"{kind}{what} ({B}, {n}, {E}), h_r = {k}"), note=FIXED_SIZE if n > 9 else None
+            )
+        )
+    return cases
+
+
+def _gate_cases(draw: Draw | None = None) -> list[Case]:
+    draw = Draw(0) if draw is None else draw
     g = torch.Generator().manual_seed(5)
 
     def logits(*shape, scale=1.0, dtype=torch.float64):
@@ -163,18 +183,20 @@ def _gate_cases() -> list[Case]:
             label="float32 logits shifted by 100, h_r = 2",
             note=LARGE_LOGITS,
         ),
+        *_random_routing(draw, probabilities=False),
     ]
 
 
 @exercise("5.2")
-def check_top_k_gates(fn) -> Result:
-    """Exercise 5.2: ``top_k_gates(logits, k)``: logits (B, N, E) -> gates (B, N, E)."""
+def check_top_k_gates(fn, *, seed: int | None = None) -> Result:
+    """Exercise 5.2: ``top_k_gates(logits, k)``: logits (B, N, E) -> gates (B, N, E). ``seed`` draws the random
+    inputs of an earlier call again."""
     return check_function(
         fn,
-        _gate_cases(),
+        _gate_cases(Draw(seed)),
         expected=_router_gates,
         name="top_k_gates",
-        success="top_k_gates matches the layer's router on all 9 inputs (up to 70 tokens, 16 heads, float32, "
+        success="top_k_gates matches the layer's router on all 11 inputs (up to 300 tokens, 24 heads, float32, "
         "logits shifted by a large constant).",
         diagnoses=[
             Diagnosis("the kept probabilities are not renormalised (divide by their sum)", _not_renormalised),
@@ -269,7 +291,8 @@ def _importance_of_gates(probs, k):
     return E * (chosen.flatten(0, -2).mean(0) * gates.flatten(0, -2).mean(0)).sum()
 
 
-def _loss_cases() -> list[Case]:
+def _loss_cases(draw: Draw | None = None) -> list[Case]:
+    draw = Draw(0) if draw is None else draw
     g = torch.Generator().manual_seed(7)
 
     def probs(*shape, scale=1.0, dtype=torch.float64):
@@ -282,18 +305,20 @@ def _loss_cases() -> list[Case]:
         Case((probs(2, 64, 8, scale=2.0), 2), label="probabilities (2, 64, 8), h_r = 2", note=FIXED_SIZE),
         Case((probs(3, 70, 6), 3), label="probabilities (3, 70, 6), h_r = 3", note=FIXED_SIZE),
         Case((probs(2, 5, 4, dtype=torch.float32), 2), label="float32 probabilities (2, 5, 4), h_r = 2"),
+        *_random_routing(draw, probabilities=True),
     ]
 
 
 @exercise("5.3")
-def check_load_balancing_loss(fn) -> Result:
-    """Exercise 5.3: ``load_balancing_loss(probs, k)``: probs (B, N, E) -> the scalar E sum_e f_e P_e."""
+def check_load_balancing_loss(fn, *, seed: int | None = None) -> Result:
+    """Exercise 5.3: ``load_balancing_loss(probs, k)``: probs (B, N, E) -> the scalar E sum_e f_e P_e. ``seed``
+    draws the random inputs of an earlier call again."""
     return check_function(
         fn,
-        _loss_cases(),
+        _loss_cases(Draw(seed)),
         expected=_package_loss,
         name="load_balancing_loss",
-        success="load_balancing_loss matches the layer's loss on all 6 inputs (up to 3 x 70 tokens, float32).",
+        success="load_balancing_loss matches the layer's loss on all 8 inputs (up to 3 x 300 tokens, float32).",
         diagnoses=[
             Diagnosis("the load f_e is divided by h_r: it is the fraction of tokens, which sums to h_r", _load_over_k),
             Diagnosis("only the first sequence is used: f_e and P_e average over all B N tokens", _first_sequence_only),

@@ -4,18 +4,23 @@
 * 7.2 (implement) -- bits per byte from a model's logits;
 * 7.3 (implement) -- one decoding step of softmax attention with a KV cache;
 * 7.4 (implement) -- the next-byte distribution with a temperature and top-k;
-* 7.5 (explore) -- temperature and repetition in generated text (no checker: the answer is an observation).
+* 7.5 (explore) -- the temperature whose generated text is least varied, checked by generating again with the
+  student's model.
+
+Besides the fixed inputs, the checkers of functions draw a few inputs of sizes the statement does not mention on
+every call (see :class:`Draw`); results come back in the inputs' dtype, float32 included.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 
-from ._core import Case, Diagnosis, Result, check_function, check_value, exercise
+from ._core import Case, Diagnosis, Draw, Result, as_number, check_function, check_value, exercise
 
 __all__ = [
     "cache_crossover",
@@ -27,6 +32,8 @@ __all__ = [
     "check_cached_step",
     "reference_next_byte_distribution",
     "check_next_byte_distribution",
+    "check_least_varied_temperature",
+    "WRITING",
 ]
 
 
@@ -58,13 +65,24 @@ def check_cache_crossover(answer, D: int = 16) -> Result:
 
 
 def reference_bits_per_byte(logits: torch.Tensor, tokens: torch.Tensor) -> float:
-    """Mean -log2 p(tokens[:, t + 1] | logits[:, t]) over t < N - 1 and the batch.
+    """Mean -log2 p(tokens[:, t + 1] | logits[:, t]) over t < N - 1 and the batch, computed in float64.
 
     logits (B, N, 256): the model's scores for the byte after each position; tokens (B, N): the bytes.
     """
     logp = F.log_softmax(logits[:, :-1].double(), dim=-1)  # (B, N - 1, 256)
     picked = logp.gather(-1, tokens[:, 1:].unsqueeze(-1))  # (B, N - 1, 1)
     return float(-picked.mean() / math.log(2))
+
+
+def _bits_in_dtype(f):
+    """``f(logits, tokens)`` as a 0-d tensor in the logits' dtype: what a checker compares an answer with (a
+    Python or numpy number is taken as that dtype; a 0-d tensor of another dtype is named as such)."""
+
+    @functools.wraps(f)
+    def in_dtype(logits, tokens):
+        return torch.tensor(f(logits, tokens), dtype=logits.dtype)
+
+    return in_dtype
 
 
 def _bpb_in_nats(logits, tokens):
@@ -94,6 +112,11 @@ def _bpb_shifted_back(logits, tokens):
     return float(-logp.gather(-1, tokens[:, :-1].unsqueeze(-1)).mean() / math.log(2))
 
 
+FIXED_SIZE = (
+    "these inputs are longer than the others: does something depend on a fixed size (a buffer made for the "
+    "chapter's N, a hard-coded arange)?"
+)
+
 LARGE_LOGITS = (
     "every logit on these inputs is shifted by several hundred, which changes no probability: subtract each "
     "row's largest value before exp (torch.softmax and torch.log_softmax do), or exp overflows to inf"
@@ -104,7 +127,44 @@ def _bpb_negative(logits, tokens):
     return -reference_bits_per_byte(logits, tokens)
 
 
-def _bpb_cases() -> list[Case]:
+def _bpb_log_of_softmax(logits, tokens):
+    """log2 of the softmax, computed in the logits' dtype: a probability below the dtype's smallest number is 0,
+    and -log2 0 is inf."""
+    p = F.softmax(logits[:, :-1], dim=-1).gather(-1, tokens[:, 1:].unsqueeze(-1))  # (B, N - 1, 1)
+    return float(-torch.log2(p).double().mean())
+
+
+CONFIDENTLY_WRONG = (
+    "on these inputs the model is confidently wrong: the logit of the byte that came next is 120 (or 800) below "
+    "the largest"
+)
+
+
+def _confidently_wrong(B: int, N: int, gap: float, seed: int, dtype=torch.float64) -> tuple:
+    """Logits (B, N, 256) that put ``gap`` more on a wrong byte than on the byte that really came next, at every
+    position: the next byte's probability exp(-gap) is below float32's smallest number for gap = 120 (and below
+    float64's for 800), while its log-probability, -gap, is an ordinary number."""
+    g = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(256, (B, N), generator=g)
+    logits = torch.randn(B, N, 256, generator=g, dtype=torch.float64)
+    wrong = (tokens.roll(-1, dims=1) + 1 + torch.randint(255, (B, N), generator=g)) % 256  # never the next byte
+    logits = logits.scatter(-1, wrong.unsqueeze(-1), gap)  # the model's confident, wrong guess
+    return logits.to(dtype), tokens
+
+
+def _random_bpb_cases(draw: Draw) -> list[Case]:
+    cases = []
+    for n, dtype in ((draw.int(65, 400), torch.float64), (draw.int(2, 40), torch.float32)):
+        B = draw.int(1, 3)
+        tokens = torch.randint(256, (B, n), generator=draw.g)
+        logits = draw.randn(B, n, 256, scale=draw.uniform(0.5, 4.0), dtype=dtype)
+        kind = "" if dtype == torch.float64 else "float32 "
+        cases.append(Case((logits, tokens), label=draw.label(f"{kind}logits for {B} sequences of {n} bytes")))
+    return cases
+
+
+def _bpb_cases(draw: Draw | None = None) -> list[Case]:
+    draw = Draw(0) if draw is None else draw
     g = torch.Generator().manual_seed(7)
     tokens = torch.randint(256, (2, 9), generator=g)
     logits = torch.randn(2, 9, 256, generator=g, dtype=torch.float64) * 2
@@ -123,39 +183,54 @@ def _bpb_cases() -> list[Case]:
         Case((wrong, text), label="an unsure model on 100 bytes of code"),
         Case((logits + 800, tokens), label="the random logits shifted by 800", note=LARGE_LOGITS),
         Case((long_logits + 900, long_tokens), label="64 bytes, logits shifted by 900", note=LARGE_LOGITS),
-    ]
+        Case((logits.float(), tokens), label="float32 random logits for 2 sequences of 9 bytes"),
+        Case(_confidently_wrong(2, 7, 120.0, 75, torch.float32), label="float32, a confidently wrong model (a logit "
+             "gap of 120)", note=CONFIDENTLY_WRONG),
+        Case(_confidently_wrong(1, 12, 800.0, 76), label="a confidently wrong model (a logit gap of 800)",
+             note=CONFIDENTLY_WRONG),
+        *_random_bpb_cases(draw),
+    ]  # fmt: skip
 
 
 @exercise("7.2")
-def check_bits_per_byte(fn) -> Result:
-    """7.2: ``fn(logits, tokens)`` -> the mean bits per byte of the next-byte predictions."""
+def check_bits_per_byte(fn, *, seed: int | None = None) -> Result:
+    """7.2: ``fn(logits, tokens)`` -> the mean bits per byte of the next-byte predictions, a number (or a 0-d
+    tensor in the logits' dtype). ``seed`` draws the random inputs of an earlier call again."""
     return check_function(
         fn,
-        _bpb_cases(),
-        expected=reference_bits_per_byte,
+        _bpb_cases(Draw(seed)),
+        expected=_bits_in_dtype(reference_bits_per_byte),
         name="bits_per_byte",
-        success="bits_per_byte is right on every input.",
-        rtol=1e-6,
-        atol=1e-9,
+        success="bits_per_byte is right on every input, float32 and a confidently wrong model included.",
         diagnoses=[
-            Diagnosis("the loss is in nats (natural log): divide by ln 2 for bits", _bpb_in_nats),
+            Diagnosis(
+                "a probability that is 0 in the logits' dtype: softmax gives exp(-120) = 0 in float32 (and "
+                "exp(-800) = 0 in float64), and -log2 0 = inf overflows the mean; take log_softmax, whose "
+                "log-probability -120 is an ordinary number",
+                _bits_in_dtype(_bpb_log_of_softmax),
+            ),
+            Diagnosis("the loss is in nats (natural log): divide by ln 2 for bits", _bits_in_dtype(_bpb_in_nats)),
             Diagnosis(
                 "each position's logits are scored against the byte at that position; they predict the next "
                 "one (compare logits[:, :-1] with tokens[:, 1:])",
-                _bpb_unshifted,
+                _bits_in_dtype(_bpb_unshifted),
             ),
-            Diagnosis("the logarithm is base 10: bits need log base 2", _bpb_log10),
+            Diagnosis("the logarithm is base 10: bits need log base 2", _bits_in_dtype(_bpb_log10)),
             Diagnosis(
                 "the probabilities are averaged before taking the log; average the log-probabilities instead",
-                _bpb_of_mean_probability,
+                _bits_in_dtype(_bpb_of_mean_probability),
             ),
-            Diagnosis("the bits are summed over the predicted bytes; the mean is asked for", _bpb_summed),
+            Diagnosis(
+                "the bits are summed over the predicted bytes; the mean is asked for", _bits_in_dtype(_bpb_summed)
+            ),
             Diagnosis(
                 "the shift goes the wrong way: logits[:, t] predicts tokens[:, t + 1], so compare logits[:, :-1] "
                 "with tokens[:, 1:]",
-                _bpb_shifted_back,
+                _bits_in_dtype(_bpb_shifted_back),
             ),
-            Diagnosis("the sign is missing: the cost of a byte is -log2 p, which is positive", _bpb_negative),
+            Diagnosis(
+                "the sign is missing: the cost of a byte is -log2 p, which is positive", _bits_in_dtype(_bpb_negative)
+            ),
         ],
     )
 
@@ -172,12 +247,15 @@ class CachedStep(NamedTuple):
 
 
 def reference_cached_step(q_t, k_t, v_t, keys, values) -> CachedStep:
-    """Append k_t, v_t (B, H, D) to the cache keys, values (B, H, t - 1, D), then attend with q_t over all t."""
+    """Append k_t, v_t (B, H, D) to the cache keys, values (B, H, t - 1, D), then attend with q_t over all t.
+
+    The attention is computed in float64 and returned in q_t's dtype; the cache keeps its own dtype.
+    """
     keys = torch.cat([keys, k_t.unsqueeze(2)], dim=2)  # (B, H, t, D)
     values = torch.cat([values, v_t.unsqueeze(2)], dim=2)  # (B, H, t, Dv)
-    scores = (keys @ q_t.unsqueeze(-1)).squeeze(-1) / math.sqrt(q_t.shape[-1])  # (B, H, t)
-    out = (scores.softmax(dim=-1).unsqueeze(-2) @ values).squeeze(-2)  # (B, H, Dv)
-    return CachedStep(out, keys, values)
+    scores = (keys.double() @ q_t.double().unsqueeze(-1)).squeeze(-1) / math.sqrt(q_t.shape[-1])  # (B, H, t)
+    out = (scores.softmax(dim=-1).unsqueeze(-2) @ values.double()).squeeze(-2)  # (B, H, Dv)
+    return CachedStep(out.to(q_t.dtype), keys, values)
 
 
 def _step_before_append(q_t, k_t, v_t, keys, values):
@@ -212,10 +290,11 @@ def _step_query_axis_softmax(q_t, k_t, v_t, keys, values):
     return CachedStep((scores.softmax(dim=-2) @ values).squeeze(-2), keys, values)
 
 
-def _cached_cases() -> list[Case]:
+def _cached_cases(draw: Draw | None = None) -> list[Case]:
+    draw = Draw(0) if draw is None else draw
     g = torch.Generator().manual_seed(73)
 
-    def case(B, H, past, D, label, shift=0.0):
+    def case(B, H, past, D, label, shift=0.0, dtype=torch.float64, g=g, note=None):
         q, k, v = (torch.randn(B, H, D, generator=g, dtype=torch.float64) for _ in range(3))
         keys = torch.randn(B, H, past, D, generator=g, dtype=torch.float64)
         values = torch.randn(B, H, past, D, generator=g, dtype=torch.float64)
@@ -223,8 +302,16 @@ def _cached_cases() -> list[Case]:
         # every score (the same for all keys, up to shift times a unit-size term): exp overflows, softmax does not
         u = torch.zeros(D, dtype=torch.float64)
         u[0] = shift
-        note = LARGE_LOGITS if shift else None
-        return Case((q * 2 + u, k * 2 + u, v, keys * 2 + u, values), label=label, note=note)
+        note = LARGE_LOGITS if shift else note
+        args = tuple(x.to(dtype) for x in (q * 2 + u, k * 2 + u, v, keys * 2 + u, values))
+        return Case(args, label=label, note=note)
+
+    drawn = []
+    for past, dtype in ((draw.int(64, 400), torch.float64), (draw.int(0, 40), torch.float32)):
+        B, H, D = draw.int(1, 2), draw.int(1, 3), draw.int(1, 40, avoid=(2, 3, 4, 8, 9))
+        kind = "" if dtype == torch.float64 else "float32, "
+        label = draw.label(f"{kind}a token after {past} cached ones (B={B}, H={H}, D={D})")
+        drawn.append(case(B, H, past, D, label, dtype=dtype, g=draw.g, note=FIXED_SIZE if past > 11 else None))
 
     return [
         case(2, 3, 5, 4, "a token after 5 cached ones (B=2, H=3, D=4)"),
@@ -234,18 +321,22 @@ def _cached_cases() -> list[Case]:
         case(2, 1, 70, 3, "a token after 70 cached ones (B=2, D=3)"),
         case(1, 2, 6, 4, "scores shifted by about 800 (6 cached, D=4)", shift=40.0),
         case(2, 1, 20, 9, "scores shifted by about 750 (20 cached, D=9)", shift=47.5),
+        case(2, 3, 5, 4, "float32, a token after 5 cached ones (B=2, H=3, D=4)", dtype=torch.float32),
+        case(1, 2, 9, 4, "float32, scores shifted by about 200 (9 cached, D=4)", shift=20.0, dtype=torch.float32),
+        *drawn,
     ]
 
 
 @exercise("7.3")
-def check_cached_step(fn) -> Result:
-    """7.3: ``fn(q_t, k_t, v_t, keys, values)`` -> (out_t, keys, values) with the new token appended."""
+def check_cached_step(fn, *, seed: int | None = None) -> Result:
+    """7.3: ``fn(q_t, k_t, v_t, keys, values)`` -> (out_t, keys, values) with the new token appended, in the inputs'
+    dtype. ``seed`` draws the random inputs of an earlier call again."""
     return check_function(
         fn,
-        _cached_cases(),
+        _cached_cases(Draw(seed)),
         expected=reference_cached_step,
         name="cached_step",
-        success="cached_step is right on every input.",
+        success="cached_step is right on every input, float32 and caches of up to 400 tokens included.",
         diagnoses=[
             Diagnosis(
                 "the query attends to the cache before the new key and value are added: the newest token "
@@ -328,7 +419,15 @@ def _k_plus_one(logits, temperature, top_k):
     return reference_next_byte_distribution(logits, temperature, None if top_k is None else min(top_k + 1, 256))
 
 
-def _distribution_cases() -> list[Case]:
+def _distribution_cases(draw: Draw | None = None) -> list[Case]:
+    draw = Draw(0) if draw is None else draw
+    drawn = []
+    for _ in range(2):  # other temperatures, top-k and batch sizes
+        B, T = draw.int(1, 80), round(draw.uniform(0.2, 2.5), 3)
+        k = draw.choice((None, draw.int(1, 256, avoid=(1, 5, 10, 40, 64, 256))))
+        top = "no top-k" if k is None else f"top-{k}"
+        label = draw.label(f"{B} rows, temperature {T:g}, {top}")
+        drawn.append(Case((draw.randn(B, 256, scale=draw.uniform(0.5, 4.0)), T, k), label=label))
     g = torch.Generator().manual_seed(74)
     logits = torch.randn(3, 256, generator=g, dtype=torch.float64) * 3
     more = torch.randn(64, 256, generator=g, dtype=torch.float64) * 2
@@ -346,15 +445,17 @@ def _distribution_cases() -> list[Case]:
         Case(
             (logits.float() + 10, 0.1, 10), label="float32, shifted by 10, temperature 0.1, top-10", note=LARGE_LOGITS
         ),
+        *drawn,
     ]
 
 
 @exercise("7.4")
-def check_next_byte_distribution(fn) -> Result:
-    """7.4: ``fn(logits, temperature, top_k)`` -> (B, 256) probabilities of the next byte."""
+def check_next_byte_distribution(fn, *, seed: int | None = None) -> Result:
+    """7.4: ``fn(logits, temperature, top_k)`` -> (B, 256) probabilities of the next byte. ``seed`` draws the
+    random inputs of an earlier call again."""
     return check_function(
         fn,
-        _distribution_cases(),
+        _distribution_cases(Draw(seed)),
         expected=reference_next_byte_distribution,
         name="next_byte_distribution",
         success="next_byte_distribution is right on every input.",
@@ -381,3 +482,60 @@ def check_next_byte_distribution(fn) -> Result:
             Diagnosis("k + 1 bytes are kept instead of k", _k_plus_one),
         ],
     )
+
+
+# --- 7.5 -------------------------------------------------------------------------------------------------
+
+WRITING = {"temperatures": (0, 0.5, 1.0, 1.5), "n_new": 200, "seed": 0}  # the experiment of exercise 7.5
+
+
+def _variety(model, prompt: torch.Tensor) -> dict[float, float]:
+    """The experiment of exercise 7.5: for each temperature, the fraction of distinct 4-byte windows of the text
+    ``model`` writes after ``prompt`` (the prompt left out), as the chapter's solution measures it."""
+    from ..lab.lm import distinct_fraction  # deferred: lab imports the package
+
+    out = {}
+    for temperature in WRITING["temperatures"]:
+        written = model.generate(prompt, WRITING["n_new"], temperature=temperature, seed=WRITING["seed"])
+        out[temperature] = distinct_fraction(bytes(written[0, prompt.shape[1] :].tolist()))
+    return out
+
+
+@exercise("7.5")
+def check_least_varied_temperature(answer, *, model, prompt) -> Result:
+    """7.5: the temperature (of 0, 0.5, 1, 1.5) at which ``model`` writes the least varied text after ``prompt``.
+
+    The checker writes the 200 bytes again at each temperature (seed 0, as the chapter does) and measures their
+    variety with ``distinct_fraction``; the answer must be a temperature of least variety (two with the same
+    fraction are both right). Generation with a fixed seed repeats itself exactly, so no tolerance is needed.
+    """
+    from ..lm import DecoderLM
+
+    name = "7.5 least varied temperature"
+    if not isinstance(model, DecoderLM):
+        return Result(
+            False, f"7.5: model= must be the trained DecoderLM (runs['softmax'][0].model), got {type(model).__name__}."
+        )
+    if not isinstance(prompt, torch.Tensor) or prompt.dim() != 2 or prompt.shape[0] != 1:
+        return Result(False, "7.5: prompt= must be the chapter's prompt, a (1, P) tensor of bytes.")
+    value = as_number(answer)
+    if answer is None or value is None:
+        return check_value(name, answer, 0.0)  # "no answer yet" / "expected a number, got ..."
+    variety = _variety(model, prompt)
+    shown = ", ".join(f"T={t:g}: {f:.2f}" for t, f in variety.items())
+    least = min(variety.values())
+    if value not in variety:
+        temperatures = ", ".join(f"{t:g}" for t in variety)
+        if 0 <= value <= 1 and any(abs(value - f) < 1e-9 for f in variety.values()):
+            return Result(False, f"{name}: {value:g} is a fraction of distinct windows; answer the temperature ("
+                          f"{temperatures}) whose text has the smallest one ({shown}).")  # fmt: skip
+        return Result(False, f"{name}: {value:g} is not one of the temperatures tried, {temperatures}.")
+    if variety[value] == least:
+        return Result(True, f"{name}: {value:g} is right ({shown}).")
+    if variety[value] == max(variety.values()):
+        return Result(False, f"{name}: {value:g} is not right: its text is the most varied ({shown}); the "
+                      "question asks for the least varied.")  # fmt: skip
+    return Result(
+        False, f"{name}: {value:g} is not right: its text has {variety[value]:.2f} of its 4-byte windows distinct, "
+        f"another has fewer ({shown})."
+    )  # fmt: skip
