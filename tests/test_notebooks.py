@@ -245,9 +245,13 @@ class TestChapterStandard:
 
     def test_every_cell_the_website_folds_or_trims_is_a_colab_form(self, path):
         """A code cell tagged hide-* or remove-* (a check, a live explorer whose output the website cannot keep,
-        the install cell) has a form title and "cellView": "form", so Colab shows its title, not its code."""
+        the install cell) has a form title and "cellView": "form", so Colab shows its title, not its code. An
+        exercise's own cell is the exception: the student writes in it, so it stays code, and the website leaves
+        out only its output (the checker's "not written yet")."""
         bad = []
-        for i, cell in enumerate(load(path)["cells"]):
+        for i, (cell, block) in enumerate(blocks(path)):
+            if block == "exercise" and tags(cell) == ["remove-output"]:
+                continue
             if cell["cell_type"] == "code" and any(t.startswith(("hide-", "remove-")) for t in tags(cell)):
                 if not (re.match(r"#\s?@title \S", source(cell)) and cell["metadata"].get("cellView") == "form"):
                     bad.append(f"cell {i}: {source(cell).splitlines()[0][:60]!r}")
@@ -298,6 +302,14 @@ class TestChapterStandard:
             )
         titled = [i for i, (c, block) in enumerate(blocks(path)) if c["cell_type"] == "code" and TITLE.match(source(c))]
         assert titled == [i for i, _ in solutions], "a '# @title Solution' cell outside a solution block"
+
+    def test_the_website_shows_no_checker_output_of_an_unsolved_exercise(self, path):
+        """An exercise's cell runs the checker on the stub ("not written yet"): on the website that would look
+        like a broken build, so its output is left out (remove-output) and the statement and folded solution
+        show."""
+        for i, (cell, block) in enumerate(blocks(path)):
+            if block == "exercise" and cell["cell_type"] == "code":
+                assert "remove-output" in tags(cell), f"cell {i}: tag the exercise's cell remove-output"
 
     def test_stub_cells_run(self, path):
         for i, (cell, block) in enumerate(blocks(path)):

@@ -42,7 +42,7 @@ from ..lm import state_bytes
 from . import training
 from .headtohead import Curve, RecallEmbedding, RecallTask
 
-__all__ = ["MultiQueryRecall", "MECHANISMS", "train", "study", "state_numbers", "table", "plot"]
+__all__ = ["MultiQueryRecall", "MECHANISMS", "train", "study", "state_numbers", "costs", "table", "plot"]
 
 #: The mechanisms of the study: every one of the registry (Mobile-Attention non-causally, it has no causal form)
 #: and the blocks without attention.
@@ -146,6 +146,37 @@ def state_numbers(mechanism: str, width: int, length: int, n_heads: int = 4) -> 
     with torch.no_grad():
         _, state = layer(torch.randn(1, length, width), output_final_state=True)
     return state_bytes(state) // 4  # float32 numbers
+
+
+def costs(names: Sequence[str], *, width: int = 64, n_heads: int = 4, tokens: int = 1024, repeats: int = 5) -> dict:
+    """What each causal mechanism's layer costs, at ``width`` with ``n_heads`` heads, one sequence of ``tokens``:
+    ``state`` the numbers it carries after the sequence (:func:`state_numbers`), ``step_s`` the median time of one
+    token's step after that prefix, ``train_s`` of one forward and backward over the sequence; timed alternating
+    between the mechanisms (:func:`attnbook.lab.profiling.compare`) on the CPU. Returns ``{name: {...}}``."""
+    from .profiling import compare
+
+    x = torch.randn(1, tokens, width, generator=torch.Generator().manual_seed(0))
+    layers, states, calls = {}, {}, {}
+    for name in names:
+        torch.manual_seed(0)
+        layers[name] = layer = mechanisms.get(name).module(width, n_heads, causal=True)
+        with torch.no_grad():
+            states[name] = layer(x, output_final_state=True)[1]
+
+        def step(layer=layer, state=states[name]) -> None:
+            with torch.no_grad():
+                layer.step(x[:, -1], state)
+
+        def train(layer=layer) -> None:
+            layer(x).sum().backward()
+
+        calls[f"{name} step"], calls[f"{name} train"] = step, train
+    timed = compare(calls, repeats=repeats, warmup=1)
+    return {
+        name: {"state": state_bytes(states[name]) // 4, "step_s": timed[f"{name} step"].median,
+               "train_s": timed[f"{name} train"].median}
+        for name in names
+    }  # fmt: skip
 
 
 @dataclass(frozen=True)
