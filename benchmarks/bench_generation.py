@@ -1,7 +1,8 @@
 """Generation cost against the position t: per-token time and memory of every causal mechanism (chapter 7).
 
-Measured by :func:`attnbook.lab.generation.measure`: one DecoderLM per mechanism, at the model sizes of
-chapter 7 (``attnbook.lab.lm.SMALL``, ``RECORDED`` and ``FULL``), is brought to each position t by a parallel
+Measured by :func:`attnbook.lab.generation.measure`: one DecoderLM per mechanism (chapter 7's four by default,
+``--mechanisms``), at chapter 7's model sizes (``attnbook.lab.lm.SMALL`` and ``RECORDED``) and a wider one
+(``wide``: width 192, 4 blocks), is brought to each position t by a parallel
 prefill and then timed token by token, on the teaching step (``DecoderLM.step``, what ``generate`` uses) and on
 that step compiled (``generate(decoder="compiled")``), all in one alternating run
 (:func:`attnbook.lab.profiling.compare`), in bursts of 64 consecutive tokens (``--burst``), fastest and
@@ -9,6 +10,8 @@ median kept; the decoding state's bytes and one step's peak extra memory are cou
 record on a busy machine (load average above half the cores) unless ``--force``.
 
     python benchmarks/bench_generation.py     # CPU, one thread, float32, all three sizes, t = 16 .. 8192
+    python benchmarks/bench_generation.py --sizes recorded --out-dir benchmarks/results/ch08 \
+        --mechanisms softmax linear decay gated delta   # chapter 8's mechanisms beside two of chapter 7's
 
 Writes benchmarks/results/ch07/generation_<device>_<dtype>_<size>.json with the device name, the machine's load
 average before and after the run, and a summary: log-log slopes of time and memory between t = 256 and 8192,
@@ -26,7 +29,8 @@ from recording import add_burst_argument, quiet_or_exit, stamp
 
 from attnbook.lab import generation, lm
 
-SIZES = {"small": lm.SMALL, "recorded": lm.RECORDED, "full": lm.FULL}
+SIZES = {"small": lm.SMALL, "recorded": lm.RECORDED, "wide": lm.Setup(dim=192, n_heads=6, n_layers=4)}
+CHAPTER_7 = ["softmax", "linear", "flow", "moh"]
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
 
 
@@ -47,6 +51,7 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32", choices=list(DTYPES))
     parser.add_argument("--sizes", nargs="+", default=list(SIZES), choices=list(SIZES))
+    parser.add_argument("--mechanisms", nargs="+", default=CHAPTER_7)
     parser.add_argument("--positions", type=int, nargs="+", default=list(generation.POSITIONS))
     parser.add_argument("--repeats", type=int, default=31)
     parser.add_argument("--warmup", type=int, default=2)
@@ -61,6 +66,7 @@ def main() -> None:
         load_before = quiet_or_exit("bench_generation", args.force)
         result = generation.measure(
             SIZES[size],
+            mechanism_names=args.mechanisms,
             positions=args.positions,
             repeats=args.repeats,
             warmup=args.warmup,

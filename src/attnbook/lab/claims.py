@@ -1181,6 +1181,11 @@ LISTOPS_TASK_RECORDED = ListOpsTask(ListOps(max_depth=3, max_args=4, min_length=
 LISTOPS_RECORDED = Setup(d_model=64, n_heads=4, n_layers=2, batch=32, steps=1200, lr=2e-3, warmup=100,
                          eval_every=150, eval_size=2000)  # fmt: skip
 
+#: The training setup of the live ListOps run at full size (a GPU): 2 seeds, within a minute of an H200 and ten
+#: of a T4 (benchmarks/estimate_chapters.py).
+LISTOPS_FULL = Setup(d_model=64, n_heads=4, n_layers=2, batch=32, steps=400, lr=2e-3, warmup=40, eval_every=50,
+                     eval_size=500)  # fmt: skip
+
 #: The associative-recall task of the head-width study (8 facts, 16 keys, 8 values).
 HEADS_TASK = RecallTask(n_pairs=8, n_keys=16, n_values=8)
 #: The training setup of a chapter's live head-width run.
@@ -1202,7 +1207,7 @@ MOH_RECORDED = Setup(d_model=64, n_heads=8, n_layers=1, batch=64, steps=800, lr=
 
 def listops_sizes() -> tuple[ListOpsTask, Setup]:
     """(task, setup) of the ListOps comparison: small on a CPU / in CI, the recorded size on a GPU."""
-    return config.pick(small=(LISTOPS_TASK_SMALL, LISTOPS_SMALL), full=(LISTOPS_TASK_RECORDED, LISTOPS_RECORDED))
+    return config.pick(small=(LISTOPS_TASK_SMALL, LISTOPS_SMALL), full=(LISTOPS_TASK_RECORDED, LISTOPS_FULL))
 
 
 def heads_sizes() -> tuple[RecallTask, Setup]:

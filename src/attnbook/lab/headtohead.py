@@ -885,7 +885,7 @@ def advice_rows(
     memory_slopes: dict[str, float],
     crossovers: dict[str, int | None],
     lengths: Sequence[int],
-    layer_ratio: float,
+    layer_ratios: Sequence[float],
     numbers: dict[str, float],
 ) -> list[list[str]]:
     """The rows of chapter 6's table "which mechanism when": mechanism, what this page measured, the paper's
@@ -896,12 +896,15 @@ def advice_rows(
         time_slopes: log-log slope of the recorded forward time per mechanism.
         memory_slopes: log-log slope of the live forward peak memory per mechanism.
         crossovers, lengths: :func:`crossovers` of the recording and the lengths it measured.
-        layer_ratio: the MoH layer's time over a softmax layer's (live).
+        layer_ratios: the MoH layer's time over a softmax layer's at every length measured (live).
         numbers: :func:`claim_numbers` of the recordings (names absent there are said to be absent).
     """
 
     def num(key: str, fmt: str = ".3f") -> str:
         return format(numbers[key], fmt) if key in numbers else "(not recorded here)"
+
+    lo, hi = min(layer_ratios), max(layer_ratios)
+    layer = f"{lo:.2f}x" if f"{lo:.2f}" == f"{hi:.2f}" else f"{lo:.2f}x to {hi:.2f}x"
 
     def measured(m: str) -> str:
         s = result.summary(m)
@@ -910,7 +913,7 @@ def advice_rows(
             f" lookup share {statistics.fmean(shares[m]):.2f}"
         )
         if m not in time_slopes:
-            return f"a layer {layer_ratio:.2f}x a softmax layer's time; {recall}"
+            return f"a layer {layer} a softmax layer's time over the lengths measured; {recall}"
         cost = f"time ~ N<sup>{time_slopes[m]:.1f}</sup>, memory ~ N<sup>{memory_slopes[m]:.1f}</sup>"
         if m != "softmax":
             cost += f", faster than SDPA {describe_crossover(crossovers.get(m), lengths)} (CPU)"
@@ -958,7 +961,7 @@ def advice_rows(
             f"{measured('moh')}; 3-key recall with 50 % of the heads {num('moh 0.5')}, 25 % {num('moh 0.25')},"
             f" all {num('moh 1')}",
             "Jin et al. (2024): the quality of all heads from 50-90 % of them: reproduced from 50 % (not at 25 %)",
-            f"a per-token choice of heads; no time saved here ({layer_ratio:.2f}x a softmax layer's): that"
+            f"a per-token choice of heads; no time saved here ({layer} a softmax layer's time): that"
             " needs a kernel that runs each head on its own tokens only (chapter 5)",
         ],
     }

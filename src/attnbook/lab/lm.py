@@ -82,8 +82,8 @@ class Setup:
 
 SMALL = Setup()  # CI: every mechanism x 3 seeds in about 25 s of one CPU core
 FULL = Setup(
-    dim=192, n_heads=6, n_layers=4, context=256, batch=32, steps=1000, lr=2e-3, warmup=100, eval_every=100,
-    eval_windows=128,
+    dim=128, n_heads=4, n_layers=2, context=128, batch=32, steps=300, lr=3e-3, warmup=30, eval_every=50,
+    eval_windows=64,
 )  # fmt: skip
 
 
