@@ -10,18 +10,29 @@ memory above the inputs (CUDA allocator peak, or tensors allocated by torch oper
         --lengths 1024 4096 16384 65536                               # the full-size GPU run
 
 Writes benchmarks/results/<device>_<dtype>.json (or --out) with the device name, dtype, torch / attnbook /
-python versions and the date.
+python versions and the date, the load average before and after and the commit. It refuses to record while the
+1-minute load average is above half the cores, unless ``--force`` (then the recording says so).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 import torch
 
-from attnbook.lab.bench import CASES, environment, run_benchmark, series
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from recording import quiet_or_exit, stamp  # noqa: E402
+
+from attnbook import mechanisms  # noqa: E402
+from attnbook.lab.bench import CASES, environment, run_benchmark, series  # noqa: E402
+
+#: Chapter 6's contestants (the mechanisms of chapters 1 to 5, their causal forms and the literal softmax); chapter
+#: 8's causal-only mechanisms with ``--mechanisms decay gated delta ...``.
+CHAPTERS_1_TO_5 = [n for n in CASES if n.removesuffix("_causal") in [*mechanisms.names(bidirectional=True),
+                                                                        "softmax_literal"]]  # fmt: skip
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
 
@@ -31,7 +42,7 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32", choices=list(DTYPES))
     parser.add_argument("--lengths", type=int, nargs="+", default=[256, 512, 1024, 2048, 4096])
-    parser.add_argument("--mechanisms", nargs="+", default=None, choices=list(CASES))
+    parser.add_argument("--mechanisms", nargs="+", default=CHAPTERS_1_TO_5, choices=list(CASES))
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--head-dim", type=int, default=64)
@@ -45,7 +56,9 @@ def main() -> None:
     parser.add_argument("--compile", action="store_true", help="torch.compile every mechanism")
     parser.add_argument("--threads", type=int, default=0, help="torch.set_num_threads; 0 keeps the default")
     parser.add_argument("--out", default=None)
+    parser.add_argument("--force", action="store_true", help="record even when the machine is busy")
     args = parser.parse_args()
+    load = quiet_or_exit("bench_all", args.force)
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
@@ -65,7 +78,8 @@ def main() -> None:
         max_matrix_bytes=args.max_matrix_gib * 2**30,
         compile=args.compile,
     )
-    report = {"benchmark": "attnbook.lab.bench.run_benchmark", "environment": environment(device), **result}
+    env = stamp(environment(device), load, args.force)
+    report = {"benchmark": "attnbook.lab.bench.run_benchmark", "environment": env, **result}
 
     c = result["config"]
     print(

@@ -30,6 +30,9 @@ from attnbook import mechanisms
 from attnbook.lab import corpus, lm
 from attnbook.lab.bench import environment
 
+#: Chapter 7's four causal mechanisms.
+CHAPTER_7 = mechanisms.names(causal=True, bidirectional=True)
+
 SIZES = {"small": lm.SMALL, "recorded": lm.RECORDED, "full": lm.FULL}
 PROMPT = b"def "
 
@@ -57,7 +60,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     setup = SIZES[args.size]
     data = corpus.load_stdlib()
-    names = mechanisms.names(causal=True)
+    names = CHAPTER_7  # chapter 7's mechanisms (chapter 8's train on the recall study)
     path = args.out_dir / f"lm_training_{torch.device(args.device).type}_{args.size}.json"
     if args.step_times:
         result = json.loads(path.read_text())

@@ -97,7 +97,7 @@ def main() -> None:
     data = torch.randint(256, (setup.batch, setup.context + 1), generator=g).to(device)
     tokens, target = data[:, :-1], data[:, 1:]
     models: dict[str, nn.Module] = {}
-    for name in mechanisms.names(causal=True):
+    for name in mechanisms.names(causal=True, bidirectional=True):  # chapter 7's four
         torch.manual_seed(0)
         models[name] = setup.model(name).to(device).train()
     torch.manual_seed(0)

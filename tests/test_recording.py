@@ -19,6 +19,7 @@ SCRIPTS = [
     "bench_compile.py",
     "bench_annex.py",
     "bench_recall.py",
+    "bench_all.py",
 ]
 
 
