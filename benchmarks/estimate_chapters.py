@@ -960,6 +960,25 @@ def ch07_cpu_cells(ctx: Context) -> None:
     ctx.on_cpu(lambda: ctx.exec_cells(ns, "model", "causal-check", "step-check", "memory"))  # CPU tensors
 
 
+# chapter 8 -------------------------------------------------------------------------------------------------------
+
+
+def ch08_recall(ctx: Context) -> None:
+    from attnbook.lab import recall
+
+    steps = ctx.full("live-recall", "live_steps")
+    for name in ("softmax", "linear", "delta", "none"):
+        for pairs in (8, 32):
+            task = recall.MultiQueryRecall(n_pairs=pairs)
+            ctx.run(lambda name=name, task=task: recall.train(name, task, width=32, steps=steps, lr=3e-3))
+
+
+def ch08_costs(ctx: Context) -> None:
+    from attnbook.lab import recall
+
+    ctx.run(lambda: recall.costs(("softmax", "linear", "decay", "gated", "delta"), width=64, tokens=1024))
+
+
 WORKLOADS: dict[str, list[Workload]] = {
     "01": [Workload("cost-code", "literal softmax and SDPA against N (time, memory)", ch01_cost)],
     "02": [
@@ -996,6 +1015,10 @@ WORKLOADS: dict[str, list[Workload]] = {
         Workload("race", "the language-model race: 7 mechanisms x seeds", ch07_race),
         Workload("write, ee054722, 2dd262f3", "generation, per-token cost, prefill against steps", ch07_generation),
         Workload("model .. memory", "checks whose tensors are made on the CPU", ch07_cpu_cells, cpu=True),
+    ],
+    "08": [
+        Workload("live recall", "the recall task live: 4 mechanisms x 2 numbers of pairs", ch08_recall),
+        Workload("costs", "one layer of 5 mechanisms at 1,024 tokens, timed", ch08_costs),
     ],
 }
 

@@ -103,17 +103,20 @@ def train(
     seed: int = 0,
     eval_every: int = 25,
     eval_size: int = 256,
+    device: torch.device | str = "cpu",
 ) -> Curve:
-    """Train :func:`model` on ``task`` (AdamW, warm-up then cosine); held-out accuracy over all queries."""
+    """Train :func:`model` on ``task`` (AdamW, warm-up then cosine) on ``device``; held-out accuracy over all
+    queries. The data are drawn on the CPU (the same sequences on every device)."""
     name = "recall.train"
     if mechanism not in MECHANISMS:
         mechanisms.get(mechanism)  # raises, naming the registry's mechanisms
     lr = check_number(lr, "lr", name=name, minimum=0.0, strict_minimum=True)
     steps = check_int(steps, "steps", name=name, minimum=1)
+    device = torch.device(device)
     torch.manual_seed(seed)
-    net = model(mechanism, task, width)
+    net = model(mechanism, task, width).to(device)
     data = torch.Generator().manual_seed(seed + 1)
-    held_tokens, held_targets = task.batch(eval_size, torch.Generator().manual_seed(10_000 + seed))
+    held_tokens, held_targets = task.batch(eval_size, torch.Generator().manual_seed(10_000 + seed), device)
     curve = Curve(mechanism, seed=seed)
     P = task.n_pairs
 
@@ -132,8 +135,8 @@ def train(
         return nn.functional.cross_entropy(net(b[0])[:, P:].flatten(0, 1), b[1].flatten())
 
     optim = training.Optim(lr, 0.01, warmup=steps // 10, clip=1.0)
-    training.fit(net, lambda _: task.batch(batch, data), loss, steps=steps, optim=optim, evaluate=evaluate,
-                 eval_every=eval_every, device=torch.device("cpu"))  # fmt: skip
+    training.fit(net, lambda _: task.batch(batch, data, device), loss, steps=steps, optim=optim, evaluate=evaluate,
+                 eval_every=eval_every, device=device)  # fmt: skip
     return curve
 
 
@@ -148,18 +151,22 @@ def state_numbers(mechanism: str, width: int, length: int, n_heads: int = 4) -> 
     return state_bytes(state) // 4  # float32 numbers
 
 
-def costs(names: Sequence[str], *, width: int = 64, n_heads: int = 4, tokens: int = 1024, repeats: int = 5) -> dict:
+def costs(
+    names: Sequence[str], *, width: int = 64, n_heads: int = 4, tokens: int = 1024, repeats: int = 5,
+    device: torch.device | str = "cpu",
+) -> dict:  # fmt: skip
     """What each causal mechanism's layer costs, at ``width`` with ``n_heads`` heads, one sequence of ``tokens``:
     ``state`` the numbers it carries after the sequence (:func:`state_numbers`), ``step_s`` the median time of one
     token's step after that prefix, ``train_s`` of one forward and backward over the sequence; timed alternating
-    between the mechanisms (:func:`attnbook.lab.profiling.compare`) on the CPU. Returns ``{name: {...}}``."""
+    between the mechanisms (:func:`attnbook.lab.profiling.compare`) on ``device``. Returns ``{name: {...}}``."""
     from .profiling import compare
 
-    x = torch.randn(1, tokens, width, generator=torch.Generator().manual_seed(0))
+    device = torch.device(device)
+    x = torch.randn(1, tokens, width, generator=torch.Generator().manual_seed(0)).to(device)
     layers, states, calls = {}, {}, {}
     for name in names:
         torch.manual_seed(0)
-        layers[name] = layer = mechanisms.get(name).module(width, n_heads, causal=True)
+        layers[name] = layer = mechanisms.get(name).module(width, n_heads, causal=True).to(device)
         with torch.no_grad():
             states[name] = layer(x, output_final_state=True)[1]
 
@@ -171,7 +178,7 @@ def costs(names: Sequence[str], *, width: int = 64, n_heads: int = 4, tokens: in
             layer(x).sum().backward()
 
         calls[f"{name} step"], calls[f"{name} train"] = step, train
-    timed = compare(calls, repeats=repeats, warmup=1)
+    timed = compare(calls, repeats=repeats, warmup=1, device=device)
     return {
         name: {"state": state_bytes(states[name]) // 4, "step_s": timed[f"{name} step"].median,
                "train_s": timed[f"{name} train"].median}
