@@ -895,9 +895,10 @@ def ch06_race(ctx: Context) -> None:
 
 
 def _ch07_names() -> list[str]:
+    """Chapter 7's mechanisms (its NAMES): the causal ones of chapters 1 to 5."""
     from attnbook import mechanisms
 
-    return mechanisms.names(causal=True)
+    return mechanisms.names(causal=True, bidirectional=True)
 
 
 def ch07_race(ctx: Context) -> None:
@@ -1012,7 +1013,7 @@ WORKLOADS: dict[str, list[Workload]] = {
         Workload("ch06-029", "the recall race: every mechanism x seeds (upper bound: no early stop)", ch06_race),
     ],
     "07": [
-        Workload("race", "the language-model race: 7 mechanisms x seeds", ch07_race),
+        Workload("race", "the language-model race: 4 mechanisms x seeds", ch07_race),
         Workload("write, ee054722, 2dd262f3", "generation, per-token cost, prefill against steps", ch07_generation),
         Workload("model .. memory", "checks whose tensors are made on the CPU", ch07_cpu_cells, cpu=True),
     ],
