@@ -12,6 +12,7 @@ script refuses to start on a busy machine unless ``--force``, and stores the com
 
     python benchmarks/bench_recall.py                   # benchmarks/results/recall/recall_cpu.json
     python benchmarks/bench_recall.py --quick --force   # two mechanisms, one setting: a smoke test
+    python benchmarks/bench_recall.py --pairs 8 32 64 --widths 64 --lrs 3e-3 1e-2 --seeds 2   # a smaller study
 """
 
 from __future__ import annotations
@@ -34,12 +35,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=600)
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--pairs", type=int, nargs="+", default=[8, 16, 32, 64], help="numbers of key-value pairs")
+    parser.add_argument("--widths", type=int, nargs="+", default=[32, 64], help="model widths")
+    parser.add_argument("--lrs", type=float, nargs="+", default=[1e-3, 3e-3, 1e-2], help="the sweep's rates")
+    parser.add_argument("--seeds", type=int, default=3, help="seeds at the best rate (seed 0 included)")
     parser.add_argument("--quick", action="store_true", help="softmax and linear, 8 pairs, width 32, 50 steps")
     parser.add_argument("--force", action="store_true", help="record even when the machine is busy")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "recall" / "recall_cpu.json")
     args = parser.parse_args()
     load = quiet_or_exit("bench_recall", args.force)
-    options = {"steps": args.steps}
+    options = {"steps": args.steps, "pairs": args.pairs, "widths": args.widths, "lrs": args.lrs, "seeds": args.seeds}
     if args.quick:
         options = {"mechanism_names": ("softmax", "linear"), "pairs": (8,), "widths": (32,), "steps": 50, "seeds": 2}
     start = time.time()
