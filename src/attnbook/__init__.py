@@ -14,23 +14,16 @@ what they mean in torch: ``attn_mask`` as in SDPA (bool True = may attend, or a 
 
 Rules every function, step and layer follows:
 
-* **Bad input** raises ``TypeError`` (wrong type) or ``ValueError`` (wrong value) from one validation
-  module, worded ``<where>: <argument> must be <expected>, got <received>``, before torch runs. Every size
-  must be at least 1 (an empty batch too).
-* **Precision.** Softmaxes, sums, normalisers and states accumulate in at least float32; results come back
-  in the inputs' dtype. Under ``torch.autocast`` a function returns the autocast dtype (float64 inputs stay
-  float64), exactly as torch's SDPA, and a layer behaves like a torch layer (autocast-dtype output, float32
-  parameters and gradients). Where an intermediate would leave float16's range but the result would not
-  (Mobile-Attention's output before its projection, MoH's gated heads), it stays in float32 until the
-  output projection.
-* **Masks.** A key no query may attend to (padding) contributes nothing whatever it holds, NaN included; a
-  query with nothing to attend to returns zeros. A NaN in a visible input is never hidden: the outputs that
-  depend on it are NaN (see :mod:`attnbook.softmax` for the exact rule).
-* **Derivatives.** Every function is differentiable twice (``gradgradcheck`` passes), except softmax
-  attention on torch's fused SDPA kernels, which raise on a second derivative (the math backend works).
+* **Bad input** raises ``TypeError`` (wrong type) or ``ValueError`` (wrong value), worded ``<where>: <argument>
+  must be <expected>, got <received>``, before torch runs. Every size must be at least 1.
+* **Precision.** Softmaxes, sums, normalisers and states accumulate in at least float32; results come back in the
+  inputs' dtype (under ``torch.autocast``: the autocast dtype, as torch's SDPA; float64 stays float64).
+  Intermediates that would leave float16's range stay in float32 until the output projection.
+* **Masks.** A key no query may attend to contributes nothing whatever it holds, NaN included; a query with
+  nothing to attend to returns zeros. A NaN in a visible input is never hidden (:mod:`attnbook.softmax`).
+* **Derivatives.** Every function is differentiable twice, except softmax attention on torch's fused SDPA kernels.
 * **Plain first.** Each mechanism's module is its chapter's mathematics in plain torch; the few paths that exist
-  only for speed live in ``attnbook._fast`` and are turned off by ``ATTNBOOK_PLAIN=1`` or
-  :func:`attnbook.config.set_plain` (:mod:`attnbook.config`).
+  only for speed live in ``attnbook._fast``, turned off by ``ATTNBOOK_PLAIN=1`` (:mod:`attnbook.config`).
 
 Example:
     >>> import torch, attnbook

@@ -1,7 +1,7 @@
 """The one place that validates input and words the errors.
 
-Every public function, module and widget helper of the package checks its arguments here, before any torch
-internals run, and every message has one shape::
+Every public entry point of the package checks its arguments here, before any torch internals run, and every
+message has one shape::
 
     <where>: <argument> must be <what was expected>, got <what was received>
 
@@ -12,16 +12,12 @@ as ``(B, H, N, D)`` tuples; values with ``repr``.
 
 Rules that hold for every entry point:
 
-* **Sizes.** Every size must be at least 1: B, H, N, M, D, Dv, and for layers B, L and S. An empty batch
-  raises ``ValueError`` naming the empty size, like every other empty size (one rule, no special case whose
-  statistics would be means over nothing).
+* **Sizes.** Every size must be at least 1 (B, H, N, M, D, Dv; for layers B, L, S), an empty batch too.
 * **Dtypes.** q, k, v (and a layer's inputs and parameters) share one floating dtype. Under ``torch.autocast``
   every floating dtype but float64 counts as the autocast dtype, as for torch's own operators.
 * **Numbers** are finite and, where they reach a float32 computation, representable in float32.
-* **Masks** follow torch: ``attn_mask`` as in ``scaled_dot_product_attention`` (bool True = may attend, or a
-  float added to the scores), ``key_padding_mask`` as in ``nn.MultiheadAttention`` ((B, M), True = padding).
-* **Tracing.** Every check lets ``torch.compile`` and ``torch.export`` trace through it at any shape: a message
-  is built only when its check fails (building a string from a symbolic size is what a tracer cannot do).
+* **Tracing.** A message is built only when its check fails, so ``torch.compile`` and ``torch.export`` trace
+  through every check at any shape (a tracer cannot build a string from a symbolic size).
 """
 
 from __future__ import annotations
@@ -30,82 +26,12 @@ import math
 import numbers
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence, Sized
-from typing import Any, Literal, NoReturn, Protocol, TypeVar, overload
+from typing import Any, Literal, NoReturn, TypeVar, overload
 
 import torch
 from torch import nn
 
 from ._runtime import accumulation_dtype, autocast_dtype, result_dtype, tracing
-
-__all__ = [
-    "shape_str",
-    "describe",
-    "check_int",
-    "check_number",
-    "check_bool",
-    "check_probability",
-    "check_eps",
-    "check_scale",
-    "check_chunk_size",
-    "check_choice",
-    "check_instance",
-    "check_callable",
-    "check_exclusive",
-    "check_count",
-    "check_sequence",
-    "check_subset",
-    "check_all_equal",
-    "check_seed",
-    "check_generator",
-    "check_device",
-    "check_dtype",
-    "check_tensor",
-    "check_last_dim",
-    "check_dims",
-    "check_square",
-    "check_non_negative",
-    "check_nonzero",
-    "check_same_shape",
-    "check_max_size",
-    "check_unbatched",
-    "check_not_both",
-    "check_sizes",
-    "check_qkv",
-    "check_step_inputs",
-    "check_state",
-    "check_gate",
-    "check_gated_call",
-    "check_gated_step",
-    "check_matrix_state",
-    "check_bool_mask",
-    "check_attn_mask",
-    "check_key_padding_mask",
-    "check_no_attn_mask",
-    "check_is_causal",
-    "check_renamed_mask",
-    "check_state_call",
-    "check_kv_cache",
-    "check_same_value",
-    "check_divisible",
-    "check_layer_inputs",
-    "check_tokens",
-    "check_step_token",
-    "check_features",
-    "check_feature_widths",
-    "check_drawn_width",
-    "check_feature_map",
-    "check_moh_heads",
-    "check_moh_routed",
-    "check_token_ids",
-    "check_head_dim",
-    "check_norm_layer",
-    "check_module",
-    "check_callables",
-    "check_found",
-    "check_supported",
-    "check_extra",
-    "accumulation_dtype",  # decided in attnbook._runtime; re-exported for the modules that import it from here
-]
 
 _FLOAT32 = torch.finfo(torch.float32)
 
@@ -120,8 +46,7 @@ def shape_str(x: torch.Tensor) -> str:
 
 
 def describe(value: object) -> str:
-    """How a received value is quoted: tensors by dtype and shape (and device when not the CPU), arrays and
-    containers by type and size, everything else by ``repr`` (shortened)."""
+    """How a received value is quoted: tensors by dtype, shape (and device), containers by size, else ``repr``."""
     if isinstance(value, torch.Tensor):
         where = "" if value.device.type == "cpu" else f" on {value.device}"
         return f"a {str(value.dtype).removeprefix('torch.')} tensor of shape {shape_str(value)}{where}"
@@ -142,10 +67,7 @@ def describe(value: object) -> str:
 def check_int(
     value: object, arg: str, *, name: str, minimum: int | None = None, maximum: int | None = None, why: str = ""
 ) -> int:
-    """``value`` as an int in [minimum, maximum]; bools, floats (even 3.0), strings and tensors are refused.
-
-    ``why`` follows the expectation in the message (say where a bound comes from: ``" (n_heads - 1)"``).
-    """
+    """``value`` as an int in [minimum, maximum] (``why`` follows the bound); bools, floats and strings are refused."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{name}: {arg} must be an int, got {describe(value)}")
     value = int(value)
@@ -171,10 +93,7 @@ def check_number(
     strict_maximum: bool = False,
     why: str = "",
 ) -> float:
-    """``value`` as a finite float within the bounds; bools, strings, tensors, NaN and infinities are refused.
-
-    ``why`` follows the expectation in the message (say where a bound comes from).
-    """
+    """``value`` as a finite float within the bounds (``why`` follows them); bools, strings, NaN, inf are refused."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name}: {arg} must be a number, got {describe(value)}")
     value = float(value)
@@ -210,8 +129,7 @@ EPS_MAX = 1.0
 
 
 def check_eps(eps: object, *, name: str) -> float:
-    """The eps of a normaliser: 0, or a number from float32's smallest normal number (about 1.2e-38: eps is
-    added in at least float32, where a smaller one would be 0 or a denormal) to :data:`EPS_MAX`."""
+    """The eps of a normaliser: 0, or from float32's smallest normal number (it is added in float32) to ``EPS_MAX``."""
     eps = check_number(eps, "eps", name=name, minimum=0.0)
     if eps > EPS_MAX:
         raise ValueError(
@@ -227,10 +145,7 @@ def check_eps(eps: object, *, name: str) -> float:
 
 
 def check_scale(scale: object, *, name: str) -> float | None:
-    """A softmax scale: None (1 / sqrt(D)) or a positive number that float32 holds as a normal number.
-
-    Smaller scales underflow to 0 in the kernels (0 * -inf = NaN rows), larger ones overflow to inf.
-    """
+    """A softmax scale: None (1 / sqrt(D)) or a positive normal float32 number (else NaN rows or inf)."""
     if scale is None:
         return None
     scale = check_number(scale, "scale", name=name, minimum=0.0, strict_minimum=True)
@@ -242,11 +157,6 @@ def check_scale(scale: object, *, name: str) -> float | None:
     return scale
 
 
-def check_chunk_size(chunk_size: object, *, name: str) -> int:
-    """The chunk (block) length of a causal algorithm: an int >= 1."""
-    return check_int(chunk_size, "chunk_size", name=name, minimum=1)
-
-
 def check_choice(value: T, arg: str, choices: Sequence[object], *, name: str, why: str = "") -> T:
     """``value`` if it is one of ``choices`` (compared with ==, of the same type); ``why`` explains the choices."""
     for choice in choices:
@@ -256,14 +166,6 @@ def check_choice(value: T, arg: str, choices: Sequence[object], *, name: str, wh
     kinds = {type(c) for c in choices}
     error = ValueError if type(value) in kinds else TypeError
     raise error(f"{name}: {arg} must be {'one of ' if len(choices) > 1 else ''}{listed}{why}, got {describe(value)}")
-
-
-@overload
-def check_instance(value: object, arg: str, cls: type[T], *, name: str, what: str) -> T: ...
-
-
-@overload
-def check_instance(value: object, arg: str, cls: tuple[type[T], ...], *, name: str, what: str) -> T: ...
 
 
 def check_instance(value: object, arg: str, cls: type[T] | tuple[type[T], ...], *, name: str, what: str) -> T:
@@ -278,11 +180,6 @@ def check_callable(value: T, arg: str, *, name: str, what: str = "a callable") -
     if not callable(value):
         raise TypeError(f"{name}: {arg} must be {what}, got {describe(value)}")
     return value
-
-
-def check_seed(seed: object, *, name: str, arg: str = "seed") -> int:
-    """A random seed: an int in 0..2**64 - 1 (what ``torch.Generator.manual_seed`` accepts)."""
-    return check_int(seed, arg, name=name, minimum=0, maximum=2**64 - 1)
 
 
 def check_generator(generator: object, *, name: str, arg: str = "generator") -> torch.Generator | None:
@@ -339,8 +236,7 @@ def check_count(
     item: str = "entry",
     why: str = "",
 ) -> SizedT:
-    """``items`` (anything with a length: a list, a dict, an array, a 1-D tensor) holds ``minimum`` to
-    ``maximum`` entries, each called an ``item`` in the message; returns ``items``."""
+    """``items`` (anything with a length) holds ``minimum`` to ``maximum`` entries, each called an ``item``."""
     n = len(items)
     if n < minimum or maximum is not None and n > maximum:
         if maximum is None:
@@ -366,8 +262,7 @@ def check_sequence(
     maximum: int | None = None,
     item: str = "entry",
 ) -> T:
-    """``value`` if it is a sequence (a list, a tuple, a range; not a string) or, with ``mapping``, a mapping
-    (``what`` words the expectation) of ``minimum`` to ``maximum`` entries (:func:`check_count`)."""
+    """``value``, a sequence (not a string) or with ``mapping`` a mapping, of ``minimum`` to ``maximum`` entries."""
     kind = Mapping if mapping else Sequence
     if isinstance(value, (str, bytes)) or not isinstance(value, kind):
         expected = what or ("a mapping" if mapping else "a sequence (a list or a tuple)")
@@ -501,15 +396,11 @@ def check_sizes(tensors: Mapping[str, torch.Tensor], labels: Mapping[str, tuple[
                 raise ValueError(f"{name}: {label} must be at least 1 (every size must be), got {shown}")
 
 
-def _same_dtype(xs: Iterable[torch.Tensor]) -> bool:
-    """One dtype, counting every autocast-eligible dtype as the autocast dtype under autocast."""
-    return len({result_dtype(x) for x in xs}) == 1
-
-
 def _dtypes_and_devices(tensors: Mapping[str, torch.Tensor], *, name: str) -> None:
+    """One dtype (under autocast every autocast-eligible dtype counts as the autocast dtype) and one device."""
     xs = list(tensors.values())
     labels = ", ".join(tensors)
-    if not _same_dtype(xs):
+    if len({result_dtype(x) for x in xs}) != 1:
         got = ", ".join(f"{a} {str(x.dtype).removeprefix('torch.')}" for a, x in tensors.items())
         raise ValueError(f"{name}: {labels} must share a dtype, got {got}")
     if len({x.device for x in xs}) != 1:
@@ -520,10 +411,7 @@ def _dtypes_and_devices(tensors: Mapping[str, torch.Tensor], *, name: str) -> No
 def check_qkv(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, name: str, same_length: bool = False, why: str = ""
 ) -> tuple[int, int, int, int, int, int]:
-    """Validate q (B,H,N,D), k (B,H,M,D), v (B,H,M,Dv); return (B, H, N, M, D, Dv).
-
-    ``same_length`` demands N == M (``why`` says why, in the message).
-    """
+    """Validate q (B,H,N,D), k (B,H,M,D), v (B,H,M,Dv), N == M with ``same_length``; return (B, H, N, M, D, Dv)."""
     tensors = {"q": q, "k": k, "v": v}
     for label, x in tensors.items():
         check_tensor(x, label, name=name, dims=4, layout="(B, H, N, D)" if label == "q" else "(B, H, M, D)")
@@ -565,6 +453,20 @@ def check_step_inputs(
     return B, H, D, v_t.shape[-1]
 
 
+def _check_state_tensor(
+    x: object, arg: str, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, name: str, layout: str = ""
+) -> torch.Tensor:
+    """A tensor of a recurrent state: of ``shape`` (``layout`` names it), in ``dtype`` on ``device``."""
+    x = check_tensor(x, arg, name=name)
+    if tuple(x.shape) != tuple(shape):
+        raise ValueError(f"{name}: {arg} must have shape {layout}{tuple(shape)} for these inputs, got {describe(x)}")
+    if x.dtype != dtype:
+        raise ValueError(f"{name}: {arg} must be in the accumulation dtype {dtype} of these inputs, got {describe(x)}")
+    if x.device != device:
+        raise ValueError(f"{name}: {arg} must be on the inputs' device {device}, got {describe(x)}")
+    return x
+
+
 def check_state(
     state: object,
     cls: type[T],
@@ -576,16 +478,14 @@ def check_state(
     counts: Mapping[str, tuple[int, ...]] | None = None,
     arg: str = "state",
 ) -> T:
-    """A recurrent state: an instance of the NamedTuple ``cls`` (a plain tuple is refused), each tensor field
-    of the shape ``fields[field]``, in ``dtype`` on ``device``; each field of ``counts`` (field -> shape) an int64
-    tensor of token counts, on ``device``. ``arg`` names the state in messages (``"initial_state"``)."""
+    """A recurrent state: an instance of the NamedTuple ``cls``, each field of ``fields`` a tensor of that shape in
+    ``dtype`` on ``device``, each field of ``counts`` an int64 tensor of token counts; ``arg`` names it."""
     if not isinstance(state, cls):
         raise TypeError(
             f"{name}: {arg} must be a {cls.__name__} (from a previous call or step) or None, got {describe(state)}"
         )
     for field, shape in (counts or {}).items():
-        x = getattr(state, field)
-        check_tensor(x, f"{arg}.{field}", name=name, floating=False)
+        x = check_tensor(getattr(state, field), f"{arg}.{field}", name=name, floating=False)
         if x.dtype != torch.int64 or tuple(x.shape) != tuple(shape):
             raise ValueError(
                 f"{name}: {arg}.{field} must be an int64 tensor of token counts of shape {tuple(shape)} for these "
@@ -596,131 +496,43 @@ def check_state(
         if not tracing() and bool((x < 0).any()):  # one host synchronisation, for the state of a whole call
             raise ValueError(f"{name}: {arg}.{field} must hold token counts >= 0, got {x.tolist()}")
     for field, shape in fields.items():
-        x = getattr(state, field)
-        check_tensor(x, f"{arg}.{field}", name=name)
-        if tuple(x.shape) != tuple(shape):
-            raise ValueError(
-                f"{name}: {arg}.{field} must have shape {tuple(shape)} for these inputs, got {describe(x)}"
-            )
-        if x.dtype != dtype:
-            raise ValueError(
-                f"{name}: {arg}.{field} must be in the accumulation dtype {dtype} of these inputs, got {describe(x)}"
-            )
-        if x.device != device:
-            raise ValueError(f"{name}: {arg}.{field} must be on the inputs' device {device}, got {describe(x)}")
+        _check_state_tensor(getattr(state, field), f"{arg}.{field}", shape, dtype, device, name=name)
     return state
 
 
-def check_gate(g: object, q: torch.Tensor, *, name: str, arg: str, vector: bool) -> torch.Tensor:
-    """A gate beside queries q (B, H, N, D) or one token's q_t (B, H, D): one value per head and token, shaped like q
-    without its last dimension, or (``vector``) one per key dimension, shaped like q. Any floating dtype, q's
-    device. Its values are not read (that would cost a host synchronisation on a GPU)."""
-    g = check_tensor(g, arg, name=name)
-    lead = tuple(q.shape[:-1])
-    shapes = [lead, tuple(q.shape)] if vector else [lead]
+def check_gated(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gate: object, state: object, *, name: str, arg: str,
+    vector: bool, scale: object, step: bool = False,
+) -> tuple[torch.Tensor, float, torch.Tensor, torch.dtype]:  # fmt: skip
+    """The inputs of a chapter 8 function: q, k (B, H, N, D), v (B, H, N, Dv) (one token's with ``step``), a gate
+    shaped like q without its last dimension or (``vector``) like q, ``scale`` and the state S (B, H, D, Dv) (zeros
+    for None). Returns (gate, scale, S, the result dtype)."""
+    if step:
+        B, H, D, Dv = check_step_inputs(q, k, v, name=name)
+    else:
+        B, H, _, _, D, Dv = check_qkv(q, k, v, name=name, same_length=True, why=" (it is causal only)")
+    g = check_tensor(gate, arg, name=name)
+    shapes = [tuple(q.shape[:-1]), tuple(q.shape)] if vector else [tuple(q.shape[:-1])]
     if tuple(g.shape) not in shapes:
         wanted = " or ".join(str(x) for x in shapes)
         raise ValueError(f"{name}: {arg} must have shape {wanted} for q {shape_str(q)}, got {describe(g)}")
     if g.device != q.device:
         raise ValueError(f"{name}: {arg} must be on q's device {q.device}, got {describe(g)}")
-    return g
-
-
-def check_gated_call(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    gate: object,
-    *,
-    name: str,
-    arg: str,
-    vector: bool,
-    scale: object,
-    initial_state: object,
-    output_final_state: object,
-    chunk_size: object,
-) -> tuple[torch.Tensor, float, torch.Tensor, bool, int, torch.dtype]:
-    """The call of a causal function with a gate and a matrix state (chapter 8): q, k (B, H, N, D), v (B, H, N, Dv),
-    the gate (:func:`check_gate`), ``scale`` (default D^-1/2), the state (zeros for None) in the accumulation dtype.
-    Returns (gate, scale, state, output_final_state, chunk_size, the result dtype)."""
-    B, H, _, _, D, Dv = check_qkv(q, k, v, name=name, same_length=True, why=" (it is causal only)")
-    gate = check_gate(gate, q, name=name, arg=arg, vector=vector)
     given = check_scale(scale, name=name)
-    acc = accumulation_dtype(q.dtype)
-    state = check_matrix_state(initial_state, (B, H, D, Dv), name=name, dtype=acc, device=q.device)
-    final = check_bool(output_final_state, "output_final_state", name=name)
-    ell = check_chunk_size(chunk_size, name=name)
-    return gate, D**-0.5 if given is None else given, state, final, ell, result_dtype(q)
-
-
-def check_gated_step(
-    q_t: torch.Tensor, k_t: torch.Tensor, v_t: torch.Tensor, gate: object, state: object, *, name: str, arg: str,
-    vector: bool, scale: object,
-) -> tuple[torch.Tensor, float, torch.Tensor, torch.dtype]:  # fmt: skip
-    """One token of a chapter 8 function: q_t, k_t (B, H, D), v_t (B, H, Dv), its gate and the state before it.
-    Returns (gate, scale, state (zeros for None), the result dtype)."""
-    B, H, D, Dv = check_step_inputs(q_t, k_t, v_t, name=name)
-    gate = check_gate(gate, q_t, name=name, arg=arg, vector=vector)
-    given = check_scale(scale, name=name)
-    acc = accumulation_dtype(q_t.dtype)
-    S = check_matrix_state(state, (B, H, D, Dv), name=name, dtype=acc, device=q_t.device, arg="state")
-    return gate, D**-0.5 if given is None else given, S, result_dtype(q_t)
-
-
-def check_matrix_state(
-    state: object,
-    shape: tuple[int, ...],
-    *,
-    name: str,
-    dtype: torch.dtype,
-    device: torch.device,
-    arg: str = "initial_state",
-) -> torch.Tensor:
-    """A matrix state S (B, H, D, Dv) in ``dtype`` on ``device``, or zeros of that shape for None."""
+    acc, shape = accumulation_dtype(q.dtype), (B, H, D, Dv)
     if state is None:
-        return torch.zeros(shape, dtype=dtype, device=device)
-    check_tensor(state, arg, name=name)
-    assert isinstance(state, torch.Tensor)
-    if tuple(state.shape) != tuple(shape):
-        raise ValueError(f"{name}: {arg} must have shape (B, H, D, Dv) = {tuple(shape)}, got {describe(state)}")
-    if state.dtype != dtype:
-        raise ValueError(
-            f"{name}: {arg} must be in the accumulation dtype {dtype} of these inputs, got {describe(state)}"
-        )
-    if state.device != device:
-        raise ValueError(f"{name}: {arg} must be on the inputs' device {device}, got {describe(state)}")
-    return state
-
-
-def _mask_4d(mask: torch.Tensor, target: tuple[int, int, int, int], *, name: str, arg: str) -> torch.Tensor:
-    """``mask`` broadcastable to ``target`` (B, H, N, M), as a 4-D view (each dimension 1 or full size)."""
-
-    def problem() -> ValueError:
-        return ValueError(f"{name}: {arg} must broadcast to (B, H, N, M) = {tuple(target)}, got {describe(mask)}")
-
-    if mask.dim() > 4:
-        raise problem()
-    shape = (1,) * (4 - mask.dim()) + tuple(mask.shape)
-    for size, full in zip(shape, target, strict=True):
-        if size != 1 and size != full:
-            raise problem()
-    return mask.reshape(shape)
-
-
-def check_bool_mask(mask: object, target: tuple[int, int, int, int], *, name: str, arg: str = "mask") -> torch.Tensor:
-    """A bool mask broadcastable to ``target`` (B, H, N, M), True = may attend; returned as a 4-D view (each
-    dimension 1 or full size, not expanded)."""
-    mask = check_tensor(mask, arg, name=name, floating=False)
-    if mask.dtype != torch.bool:
-        raise TypeError(f"{name}: {arg} must be a bool tensor (True = may attend), got {describe(mask)}")
-    return _mask_4d(mask, target, name=name, arg=arg)
+        S = torch.zeros(shape, dtype=acc, device=q.device)
+    else:
+        where = "state" if step else "initial_state"
+        S = _check_state_tensor(state, where, shape, acc, q.device, name=name, layout="(B, H, D, Dv) = ")
+    return g, D**-0.5 if given is None else given, S, result_dtype(q)
 
 
 def check_attn_mask(
     mask: object, target: tuple[int, int, int, int], *, name: str, arg: str = "attn_mask"
 ) -> torch.Tensor:
-    """An ``attn_mask`` as ``scaled_dot_product_attention`` takes it: bool (True = may attend) or floating (added
-    to the scores; -inf forbids), broadcastable to ``target`` (B, H, N, M); returned as a 4-D view."""
+    """An ``attn_mask`` as SDPA takes it, bool or floating, broadcastable to ``target`` (B, H, N, M); returned as a
+    4-D view (each dimension 1 or full size)."""
     if not isinstance(mask, torch.Tensor):
         raise TypeError(f"{name}: {arg} must be a bool or floating-point torch.Tensor, got {describe(mask)}")
     if mask.dtype != torch.bool and not mask.is_floating_point():
@@ -728,21 +540,23 @@ def check_attn_mask(
             f"{name}: {arg} must be a bool tensor (True = may attend) or a floating one (added to the scores), "
             f"got {describe(mask)}"
         )
-    return _mask_4d(mask, target, name=name, arg=arg)
+    shape = (1,) * (4 - mask.dim()) + tuple(mask.shape)
+    if mask.dim() > 4 or any(size not in (1, full) for size, full in zip(shape, target, strict=True)):
+        raise ValueError(f"{name}: {arg} must broadcast to (B, H, N, M) = {tuple(target)}, got {describe(mask)}")
+    return mask.reshape(shape)
 
 
 def check_key_padding_mask(mask: object, B: int, M: int, *, name: str, floating: bool = False) -> torch.Tensor:
-    """A (B, M) ``key_padding_mask`` as ``nn.MultiheadAttention`` takes it: bool, True = padding (the key is
-    ignored); with ``floating`` also a float mask, added to the scores of those keys."""
-    kinds = (
-        "a bool tensor (True = padding) or a floating one (added to the scores)"
-        if floating
-        else ("a bool tensor (True = padding, as in nn.MultiheadAttention)")
-    )
+    """A (B, M) ``key_padding_mask``: bool, True = padding; with ``floating`` also a float mask."""
     mask = check_tensor(mask, "key_padding_mask", name=name, floating=False)
     if mask.dtype != torch.bool and not (floating and mask.is_floating_point()):
-        why = "" if floating else " (this mechanism has no scores to add a float mask to)"
-        raise TypeError(f"{name}: key_padding_mask must be {kinds}{why}, got {describe(mask)}")
+        kinds = (
+            "a bool tensor (True = padding) or a floating one (added to the scores)"
+            if floating
+            else "a bool tensor (True = padding, as in nn.MultiheadAttention) (this mechanism has no scores to add a "
+            "float mask to)"
+        )
+        raise TypeError(f"{name}: key_padding_mask must be {kinds}, got {describe(mask)}")
     if mask.dim() != 2 or mask.shape[0] != B or mask.shape[1] != M:
         raise ValueError(f"{name}: key_padding_mask must have shape (B, M) = ({B}, {M}), got {describe(mask)}")
     return mask
@@ -787,8 +601,7 @@ def check_renamed_mask(attn_mask: torch.Tensor | None, mask: object, *, name: st
 def check_state_call(
     causal: bool, initial_state: object, output_final_state: bool, *, name: str, self_attention: bool = True
 ) -> None:
-    """A call with a recurrent state (``initial_state`` given or ``output_final_state``) must be causal (a state
-    sums up the tokens before a position) and, for a layer, self-attention (the state holds its own keys)."""
+    """A call with a recurrent state must be causal and, for a layer, self-attention."""
     if initial_state is None and not output_final_state:
         return
     state = "None" if initial_state is None else describe(initial_state)
@@ -806,17 +619,7 @@ def check_state_call(
         )
 
 
-class _Cache(Protocol):
-    """What :func:`check_kv_cache` reads of a cache (:class:`attnbook.KVCache`)."""
-
-    @property
-    def keys(self) -> torch.Tensor | None: ...
-
-    @property
-    def values(self) -> torch.Tensor | None: ...
-
-
-def check_kv_cache(cache: object, cls: type[_Cache], k: torch.Tensor, v: torch.Tensor, *, name: str, arg: str) -> None:
+def check_kv_cache(cache: object, cls: type[Any], k: torch.Tensor, v: torch.Tensor, *, name: str, arg: str) -> None:
     """A KV cache (an instance of ``cls``) whose keys and values continue k (B, H, n, D) and v (B, H, n, Dv)."""
     if not isinstance(cache, cls):
         raise TypeError(
@@ -878,29 +681,27 @@ def check_tokens(
     x: object, arg: str, *, name: str, width: int, like: torch.Tensor, width_name: str = "dim"
 ) -> torch.Tensor:
     """Tokens x (B, N, width) for a layer whose parameter ``like`` fixes dtype and device."""
-    x = check_tensor(x, arg, name=name, dims=3, layout=f"(B, N, {width_name})")
-    if x.shape[-1] != width:
-        raise ValueError(f"{name}: {arg} must have the last dimension {width_name} = {width}, got {describe(x)}")
-    check_sizes({arg: x}, {arg: ("B", "N", width_name)}, name=name)
-    _check_layer_dtype(x, arg, like, name=name)
-    return x
+    return _check_layer_tensor(x, arg, ("B", "N", width_name), width, like, name=name)
 
 
 def check_step_token(x: object, arg: str, *, name: str, width: int, like: torch.Tensor) -> torch.Tensor:
     """One token of a layer's recurrent step: x (B, width) with the dtype and device of the parameter ``like``."""
-    x = check_tensor(x, arg, name=name, dims=2, layout="(B, d_input)")
+    return _check_layer_tensor(x, arg, ("B", "d_input"), width, like, name=name)
+
+
+def _check_layer_tensor(
+    x: object, arg: str, labels: tuple[str, ...], width: int, like: torch.Tensor, *, name: str
+) -> torch.Tensor:
+    x = check_tensor(x, arg, name=name, dims=len(labels), layout=f"({', '.join(labels)})")
     if x.shape[-1] != width:
-        raise ValueError(f"{name}: {arg} must have the last dimension d_input = {width}, got {describe(x)}")
-    check_sizes({arg: x}, {arg: ("B", "d_input")}, name=name)
+        raise ValueError(f"{name}: {arg} must have the last dimension {labels[-1]} = {width}, got {describe(x)}")
+    check_sizes({arg: x}, {arg: labels}, name=name)
     _check_layer_dtype(x, arg, like, name=name)
     return x
 
 
 def check_token_ids(tokens: object, arg: str, *, name: str, vocab: int, layout: str = "(B, N)") -> torch.Tensor:
-    """Integer token ids of a language model: a non-empty tensor with ``layout``'s dimensions, ids in 0..vocab-1.
-
-    Reading the range needs the values on the host (one synchronisation), which is fine at a model's input.
-    """
+    """Integer token ids in 0..vocab-1, a non-empty tensor of ``layout`` (reading the range syncs the host)."""
     dims = len([part for part in layout.strip("()").split(",") if part.strip()])  # "(B,)" -> 1
     if not isinstance(tokens, torch.Tensor):
         raise TypeError(f"{name}: {arg} must be a torch.Tensor of token ids {layout}, got {describe(tokens)}")
@@ -927,8 +728,8 @@ def check_layer_inputs(
     same_length: bool = False,
     why: str = "",
 ) -> None:
-    """queries (B, L, d_input), keys and values (B, S, d_input) for a layer whose parameter ``like`` fixes dtype
-    and device; ``same_length`` demands L == S (``why`` says why)."""
+    """queries (B, L, d_input), keys and values (B, S, d_input) of the dtype and device of the parameter ``like``;
+    L == S with ``same_length``."""
     tensors = {"queries": queries, "keys": keys, "values": values}
     for arg, x in tensors.items():
         check_tensor(x, arg, name=name, dims=3, layout="(B, L, d_input)" if arg == "queries" else "(B, S, d_input)")
@@ -963,8 +764,7 @@ def _lead_shape(x: torch.Tensor, lead: tuple[int, ...]) -> str:
 
 
 def check_features(fx: object, x: torch.Tensor, *, name: str, label: str, lead: tuple[int, ...] = ()) -> torch.Tensor:
-    """phi(x) keeps x's leading dimensions and is a floating tensor. ``lead`` replaces the leading dimensions
-    (rows of B H) in messages, so they quote the shapes the caller passed."""
+    """phi(x) is a floating tensor with x's leading dimensions (quoted as ``lead`` when given)."""
     if not isinstance(fx, torch.Tensor) or not fx.is_floating_point():
         raise TypeError(f"{name}: the feature map must return a floating-point tensor, got {describe(fx)}")
     if fx.dim() != x.dim() or fx.shape[:-1] != x.shape[:-1]:
@@ -995,8 +795,7 @@ def check_feature_widths(
 
 
 def check_drawn_width(drawn: int, D: int, *, name: str, got: str | Callable[[], str]) -> None:
-    """Random features drawn for width ``drawn`` are applied to vectors of width D (``got`` words what was
-    received, or makes the words when the check fails)."""
+    """Random features drawn for width ``drawn`` are applied to vectors of width D (``got``: what was received)."""
     if drawn != D:
         shown = got() if callable(got) else got
         raise ValueError(
@@ -1021,12 +820,8 @@ def check_feature_map(spec: T, known: Sequence[str], *, name: str) -> T:
 
 
 def check_moh_heads(num_heads: object, shared_head: object, routed_head: object, *, name: str) -> tuple[int, int, int]:
-    """Mixture-of-head head counts (Jin et al. 2024): H heads, h_s shared, each token routes to k of the rest.
-
-    Valid: ``routed_head = 0`` with every head shared (``shared_head = num_heads``), or ``routed_head >= 1`` with
-    ``shared_head + routed_head <= num_heads``. Anything else leaves heads no token can use, or asks for more
-    heads than there are; the message says which. Returns (H, h_s, k).
-    """
+    """Mixture-of-head head counts: ``routed_head = 0`` with ``shared_head = num_heads``, or ``routed_head >= 1``
+    with ``shared_head + routed_head <= num_heads``; the message says what else would go wrong. Returns (H, h_s, k)."""
     H = check_int(num_heads, "num_heads", name=name, minimum=1)
     s = check_int(shared_head, "shared_head", name=name, minimum=0)
     k = check_int(routed_head, "routed_head", name=name, minimum=0)
@@ -1073,8 +868,7 @@ def check_head_dim(head_dim: object, dim: int, num_heads: int, *, name: str) -> 
 
 
 def check_norm_layer(norm_layer: object, width: int, *, name: str, **factory: Any) -> nn.Module:
-    """``norm_layer(width, **factory)``: a normalisation class or factory (such as ``nn.LayerNorm``) built for
-    ``width``; ``factory`` (``device``, ``dtype``) is passed on when any of it is set."""
+    """``norm_layer(width, **factory)``: a normalisation class or factory such as ``nn.LayerNorm``, built."""
     what = "a normalisation class or factory such as nn.LayerNorm, called as norm_layer(head_dim)"
     if isinstance(norm_layer, nn.Module) or not callable(norm_layer):
         raise TypeError(f"{name}: norm_layer must be {what}, got {describe(norm_layer)}")
@@ -1117,18 +911,13 @@ def check_supported(supported: bool, arg: str, *, name: str, expected: str, got:
 
 
 def check_supported(supported: bool, arg: str, *, name: str, expected: str, got: str) -> None:
-    """A capability the object may lack (``supported``: whether it has it), e.g. a layer without a recurrent step;
-    worded as :func:`check_found` words a missing item. ``check_supported(False, ...)`` always raises, and
-    says so to a type checker (``NoReturn``)."""
+    """A capability the object may lack, worded as :func:`check_found`; ``supported=False`` always raises."""
     if not supported:
         raise ValueError(f"{name}: {arg} must {expected}, got {got}")
 
 
 def check_extra(modules: Sequence[str], *, extra: str, name: str) -> None:
-    """The packages of an optional extra are importable: ``attnbook.viz`` needs ``pip install 'attnbook[book]'``.
-
-    Raises ``ImportError`` naming the missing packages and the extra that brings them (the library itself needs
-    torch only)."""
+    """The packages of an optional extra are importable, else an ``ImportError`` naming them and the extra."""
     import importlib.util
 
     missing = [m for m in modules if importlib.util.find_spec(m) is None]
@@ -1137,3 +926,7 @@ def check_extra(modules: Sequence[str], *, extra: str, name: str) -> None:
             f"{name} must have the packages of attnbook's '{extra}' extra (install them with "
             f"pip install 'attnbook[{extra}]'), got no {', '.join(missing)}"
         )
+
+
+# Every check, and the two helpers that word the messages (accumulation_dtype is attnbook._runtime's, re-exported).
+__all__ = ["shape_str", "describe", "accumulation_dtype", *(name for name in dir() if name.startswith("check_"))]

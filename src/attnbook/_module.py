@@ -1,44 +1,22 @@
-"""The module family shared by softmax, linear, flow and mobile attention.
+"""The module family shared by softmax, linear, flow and mobile attention, and chapter 8's recurrent layers.
 
-Every module of the family has the constructor ``(d_input, d_model, d_output, n_heads, drop_out, ...)`` and
-the parameters ``query_projection``, ``key_projection``, ``value_projection`` and ``out_projection``, as in the
-Flowformer / Mobile-Attention reference code, so the modules are drop-in replacements for one another and
-load the reference checkpoints unchanged. A subclass only says how the heads attend (:meth:`attend`) and, if
-it has a causal form, how one token attends to the state of the tokens before it (:meth:`attend_step`).
-
-The calls follow torch's layers: ``forward(queries, keys=None, values=None, *, attn_mask=None,
-key_padding_mask=None, is_causal=False)`` with torch's mask conventions (``attn_mask`` as in
-``scaled_dot_product_attention``, ``key_padding_mask`` (B, S) with True = padding as in
-``nn.MultiheadAttention``); a mechanism that cannot honour a mask raises a ``ValueError`` saying so. Causal
-self-attention carries a state as flash-linear-attention does: ``forward(x, initial_state=...,
-output_final_state=True)`` returns ``(y, final_state)``, so that a prompt is prefilled in one parallel call,
-and ``step(x_t, state)`` continues one token at a time. Constructors take ``device=`` and ``dtype=``, and
-:meth:`ProjectedAttention.reset_parameters` draws the parameters again, as for torch's layers.
-
-The defaults of ``drop_out`` differ on purpose: each is that of the mechanism's published layer, so that a
-published checkpoint, loaded with its default arguments, behaves as it did. Flow-Attention and
-Mobile-Attention: 0.05 (thuml's ``Flow_Attention`` and ``Mobile_Attention``); softmax and linear attention:
-0.0 (torch's ``nn.MultiheadAttention`` and fast-transformers' attention layer default to no dropout). Pass
-``drop_out`` explicitly when swapping one mechanism for another; :data:`attnbook.mechanisms.MECHANISMS`
-builds every layer with ``drop_out=0.0``.
-
-Under ``torch.autocast`` a layer behaves like torch's layers: the projections run in the autocast dtype, the
-attention accumulates in float32, and the output is in the autocast dtype. Inputs must have the dtype and
-device of the parameters (under autocast any floating dtype but float64 is accepted, as ``nn.Linear`` does).
-
-Every layer also takes the keywords of timm's ``Attention`` (``dim, num_heads=..., qkv_bias=..., qk_norm=...,
-scale_norm=..., proj_bias=..., attn_drop=..., proj_drop=..., norm_layer=...``), so that
-``timm.models.VisionTransformer(attn_layer=attnbook.FlowAttention)`` builds a ViT of Flow-Attention layers:
-``LayerClass(dim, num_heads=H)`` is ``LayerClass(dim, dim, dim, H)``, ``proj_drop`` its ``drop_out``.
+Every module of the family has the constructor ``(d_input, d_model, d_output, n_heads, drop_out, ...)`` and the
+parameters ``query_projection``, ``key_projection``, ``value_projection`` and ``out_projection`` of the Flowformer
+/ Mobile-Attention reference code, so the modules replace one another and load the reference checkpoints. A
+subclass says how the heads attend (:meth:`attend`) and how one token attends to the state before it
+(:meth:`attend_step`). The calls follow torch's layers and carry a state as flash-linear-attention does; every
+layer also takes timm ``Attention``'s keywords (``timm.models.VisionTransformer(attn_layer=attnbook.FlowAttention)``
+builds). Each ``drop_out`` default is the published layer's: 0.05 for Flow- and Mobile-Attention, 0.0 for softmax
+and linear attention.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, cast, overload
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypedDict, TypeVar, cast, overload
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from ._checks import (
     check_bool,
@@ -49,13 +27,15 @@ from ._checks import (
     check_key_padding_mask,
     check_layer_inputs,
     check_norm_layer,
-    check_number,
     check_probability,
     check_same_value,
     check_state_call,
     check_step_token,
 )
 from ._runtime import linear_in_range
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 __all__ = ["ProjectedAttention", "RecurrentAttention"]
 
@@ -64,32 +44,30 @@ __all__ = ["ProjectedAttention", "RecurrentAttention"]
 StateT = TypeVar("StateT")
 
 
+class _Options(TypedDict, total=False):
+    """The keywords of :meth:`ProjectedAttention.forward` that its overloads do not tell apart."""
+
+    attn_mask: Tensor | None
+    key_padding_mask: Tensor | None
+    is_causal: bool
+
+
 class ProjectedAttention(nn.Module, Generic[StateT]):
     """Project, split into heads, attend, merge heads, project out, dropout.
 
     Args:
         d_input: width of the incoming queries, keys and values.
-        d_model: width of the projected queries, keys and values, split into ``n_heads`` heads of
-            ``d_model // n_heads`` (default ``d_input``).
+        d_model: width of the projected queries, keys and values, split into ``n_heads`` heads (default ``d_input``).
         d_output: width of the output (default ``d_input``).
-        n_heads: number of heads H (or ``num_heads``, timm's name).
-        drop_out: dropout probability applied after the output projection.
-        num_heads, qkv_bias, qk_norm, scale_norm, proj_bias, attn_drop, proj_drop, norm_layer: timm
-            ``Attention``'s keywords: ``qkv_bias`` / ``proj_bias`` give the projections their biases (default
-            True: the published layers have them), ``qk_norm`` normalises each head's queries and keys with
-            ``norm_layer(D)`` (``q_norm``, ``k_norm``), ``scale_norm`` the merged heads with
-            ``norm_layer(d_model)`` (``norm``) before the output projection, ``proj_drop`` is ``drop_out``'s
-            timm name; ``attn_drop`` (dropout on the attention weights) is taken only by a mechanism that forms
-            weights (softmax attention).
+        n_heads: number of heads H (timm: ``num_heads``).
+        drop_out: dropout probability after the output projection (timm: ``proj_drop``).
+        qkv_bias, qk_norm, scale_norm, proj_bias, attn_drop, norm_layer: timm ``Attention``'s keywords; ``attn_drop``
+            only for a mechanism that forms weights (softmax attention).
         device, dtype: of the parameters, as for torch's layers.
 
     Shape:
-        queries (B, L, d_input), keys (B, S, d_input), values (B, S, d_input) -> (B, L, d_output);
-        ``layer(x)`` with x (B, L, d_input) is self-attention. Every size must be at least 1.
-
-    Typing: ``ProjectedAttention[StateT]``, ``StateT`` the type of the recurrent state that
-    ``forward(..., output_final_state=True)`` and :meth:`step` return (``LinearAttention`` is a
-    ``ProjectedAttention[LinearState]``).
+        queries (B, L, d_input), keys (B, S, d_input), values (B, S, d_input) -> (B, L, d_output). ``StateT`` is the
+        type of the recurrent state.
 
     Example:
         >>> import torch, attnbook
@@ -97,8 +75,6 @@ class ProjectedAttention(nn.Module, Generic[StateT]):
         >>> queries, memory = torch.randn(2, 5, 32), torch.randn(2, 9, 32)
         >>> layer(queries, memory).shape  # cross-attention: 5 queries over 9 keys and values
         torch.Size([2, 5, 16])
-        >>> isinstance(layer, attnbook.ProjectedAttention), layer.n_heads
-        (True, 4)
     """
 
     #: The heads pair query i with key i, so queries and keys need one length (L == S).
@@ -164,8 +140,7 @@ class ProjectedAttention(nn.Module, Generic[StateT]):
         self.norm = check_norm_layer(norm, d_model, name=name, **factory) if merged else nn.Identity()
 
     def reset_parameters(self) -> None:
-        """Draw the projections' weights and biases again (torch's default initialisation of ``nn.Linear``), and
-        reset the norms of ``qk_norm`` and ``scale_norm``."""
+        """Draw the projections again (torch's initialisation of ``nn.Linear``) and reset the norms."""
         for layer in self.modules():
             if layer is not self and hasattr(layer, "reset_parameters"):
                 reset = cast(Callable[[], None], layer.reset_parameters)  # torch types it as Tensor | Module
@@ -179,8 +154,7 @@ class ProjectedAttention(nn.Module, Generic[StateT]):
         return x.view(B, L, self.n_heads, -1).transpose(1, 2)  # (B, H, L, d_model / H)
 
     def _out(self, x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        """(B, H, L, D) heads -> (B, L, d_output): merge, project (without first rounding an accumulation-dtype
-        x to float16, where it may exceed 65504), dropout."""
+        """(B, H, L, D) heads -> (B, L, d_output): merge, project (without rounding to float16 first), dropout."""
         B, H, L, D = x.shape
         x = self.norm(x.transpose(1, 2).reshape(B, L, H * D))  # (B, L, d_model)
         y: torch.Tensor = self.dropout(linear_in_range(self.out_projection, x, dtype))  # (B, L, d_output)
@@ -188,45 +162,19 @@ class ProjectedAttention(nn.Module, Generic[StateT]):
 
     @overload
     def forward(
-        self,
-        queries: torch.Tensor,
-        keys: torch.Tensor | None = ...,
-        values: torch.Tensor | None = ...,
-        *,
-        attn_mask: torch.Tensor | None = ...,
-        key_padding_mask: torch.Tensor | None = ...,
-        is_causal: bool = ...,
-        initial_state: StateT | None = ...,
-        output_final_state: Literal[False] = ...,
-    ) -> torch.Tensor: ...
-
+        self, queries: Tensor, keys: Tensor | None = ..., values: Tensor | None = ..., *,
+        initial_state: StateT | None = ..., output_final_state: Literal[False] = ..., **options: Unpack[_Options],
+    ) -> Tensor: ...  # fmt: skip
     @overload
     def forward(
-        self,
-        queries: torch.Tensor,
-        keys: torch.Tensor | None = ...,
-        values: torch.Tensor | None = ...,
-        *,
-        attn_mask: torch.Tensor | None = ...,
-        key_padding_mask: torch.Tensor | None = ...,
-        is_causal: bool = ...,
-        initial_state: StateT | None = ...,
-        output_final_state: Literal[True],
-    ) -> tuple[torch.Tensor, StateT]: ...
-
+        self, queries: Tensor, keys: Tensor | None = ..., values: Tensor | None = ..., *,
+        initial_state: StateT | None = ..., output_final_state: Literal[True], **options: Unpack[_Options],
+    ) -> tuple[Tensor, StateT]: ...  # fmt: skip
     @overload
     def forward(
-        self,
-        queries: torch.Tensor,
-        keys: torch.Tensor | None = ...,
-        values: torch.Tensor | None = ...,
-        *,
-        attn_mask: torch.Tensor | None = ...,
-        key_padding_mask: torch.Tensor | None = ...,
-        is_causal: bool = ...,
-        initial_state: StateT | None = ...,
-        output_final_state: bool,
-    ) -> torch.Tensor | tuple[torch.Tensor, StateT]: ...
+        self, queries: Tensor, keys: Tensor | None = ..., values: Tensor | None = ..., *,
+        initial_state: StateT | None = ..., output_final_state: bool, **options: Unpack[_Options],
+    ) -> Tensor | tuple[Tensor, StateT]: ...  # fmt: skip
 
     def forward(
         self,
@@ -240,32 +188,12 @@ class ProjectedAttention(nn.Module, Generic[StateT]):
         initial_state: StateT | None = None,
         output_final_state: bool = False,
     ) -> torch.Tensor | tuple[torch.Tensor, StateT]:
-        """Attention of ``queries`` over ``keys`` / ``values``; ``layer(x)`` is self-attention (keys = values = x).
+        """Attention of ``queries`` (B, L, d_input) over ``keys`` and ``values`` (B, S, d_input) -> (B, L, d_output).
 
-        ``values`` defaults to ``keys``, and ``keys`` to ``queries``.
-
-        Args:
-            queries, keys, values: (B, L, d_input), (B, S, d_input), (B, S, d_input).
-            attn_mask: as in ``scaled_dot_product_attention`` (bool True = may attend, or float added to the
-                scores), broadcastable to (B, H, L, S); only mechanisms that form scores take one.
-            key_padding_mask: (B, S) bool, True = padding, as in ``nn.MultiheadAttention``.
-            is_causal: make this call causal (position i attends to positions <= i); a layer built with
-                ``causal=True`` is causal in every call.
-            initial_state: causal self-attention only: the state of the tokens before ``queries`` (from an earlier
-                call with ``output_final_state=True`` or from :meth:`step`), or None to start afresh.
-            output_final_state: causal self-attention only: also return the state after the last token.
-
-        Returns:
-            (B, L, d_output), or ``(output, final_state)`` with ``output_final_state``.
-
-        Example:
-            >>> import torch, attnbook
-            >>> layer = attnbook.FlowAttention(16, 16, 16, n_heads=2, drop_out=0.0, causal=True)
-            >>> x = torch.randn(1, 6, 16)
-            >>> y, state = layer(x[:, :4], output_final_state=True)  # a prompt of 4 tokens, prefilled
-            >>> rest = layer(x[:, 4:], initial_state=state)  # the next 2, from its state
-            >>> torch.allclose(torch.cat([y, rest], dim=1), layer(x), atol=1e-5)
-            True
+        ``values`` defaults to ``keys``, ``keys`` to ``queries`` (self-attention). ``attn_mask``: as in
+        ``scaled_dot_product_attention``, for mechanisms that form scores; ``key_padding_mask``: (B, S) bool, True =
+        padding; ``is_causal``: position i attends to positions <= i. Causal self-attention only: ``initial_state``, the
+        state of the tokens before, and ``output_final_state``, which returns ``(output, state)``.
         """
         name = type(self).__name__
         # self-attention: layer(x), or nn.MultiheadAttention's idiom layer(x, x, x) with the same tensor (there a
@@ -309,25 +237,8 @@ class ProjectedAttention(nn.Module, Generic[StateT]):
         __call__ = forward
 
     def step(self, x_t: torch.Tensor, state: StateT | None = None) -> tuple[torch.Tensor, StateT]:
-        """One token of causal self-attention: x_t (B, d_input) after the tokens summed up in ``state``.
-
-        ``state`` is None before the first token, or what the previous :meth:`step` (or a forward with
-        ``output_final_state=True``) returned. Prefilling with ``forward(x, output_final_state=True)`` and then
-        stepping gives the outputs of one causal forward over the whole sequence.
-
-        Returns:
-            ``(y_t (B, d_output), new state)``.
-
-        Example:
-            >>> import torch, attnbook
-            >>> layer = attnbook.LinearAttention(16, 16, 16, n_heads=2, causal=True)
-            >>> x = torch.randn(1, 5, 16)
-            >>> state = None
-            >>> for t in range(5):  # one token at a time, from no state
-            ...     y_t, state = layer.step(x[:, t], state)
-            >>> torch.allclose(y_t, layer(x)[:, -1], atol=1e-5)
-            True
-        """
+        """One token of causal self-attention: x_t (B, d_input) after the tokens summed up in ``state`` (None before
+        the first) -> ``(y_t (B, d_output), new state)``, as one causal forward over the sequence gives it."""
         name = f"{type(self).__name__}.step"
         check_step_token(x_t, "x_t", name=name, width=self.d_input, like=self.query_projection.weight)
         B = x_t.shape[0]
@@ -351,10 +262,8 @@ class ProjectedAttention(nn.Module, Generic[StateT]):
         initial_state: StateT | None = None,
         output_final_state: bool = False,
     ) -> torch.Tensor | tuple[torch.Tensor, StateT]:
-        """Per-head attention: q (B,H,L,D), k (B,H,S,D), v (B,H,S,D) -> (B,H,L,D) [, final state].
-
-        ``is_causal=None`` takes the layer's own ``causal``; the other arguments as in :meth:`forward`, whose
-        checks have run (``self_attention``: the keys are the queries' own tokens)."""
+        """Per-head attention: q (B,H,L,D), k (B,H,S,D), v (B,H,S,D) -> (B,H,L,D) [, final state]; ``is_causal=None``:
+        the layer's own ``causal``; the rest as in :meth:`forward` (``self_attention``: keys are the queries')."""
         raise NotImplementedError
 
     def attend_step(
@@ -367,13 +276,10 @@ class ProjectedAttention(nn.Module, Generic[StateT]):
 class RecurrentAttention(nn.Module):
     """Causal self-attention whose heads carry a matrix state S (B, H, D, D): the layers of chapter 8.
 
-    The family of flash-linear-attention's layers: ``Layer(dim, num_heads)`` projects x (B, N, C) to queries, keys
-    and values of H heads of D = C / H, computes a gate from x (:meth:`gates`), lets the mechanism mix them
-    (:meth:`mix`), merges the heads and projects out. Causal only; ``forward(x, initial_state=S,
-    output_final_state=True)`` returns ``(y, S)`` and ``step(x_t, S)`` continues one token at a time, as for the
-    other causal layers. ``key_padding_mask`` (B, N), True = padding: a padded token writes nothing and leaves the
-    state as it was (:meth:`neutral`). A subclass gives :meth:`gates`, :meth:`mix`, :meth:`mix_step` and
-    :meth:`neutral`, and may normalise queries and keys (:meth:`qk`).
+    As flash-linear-attention's layers: ``Layer(dim, num_heads)`` projects x (B, N, C) to H heads of D = C / H, computes
+    a gate from x (:meth:`gates`), lets the mechanism mix them (:meth:`mix`, :meth:`mix_step`), merges the heads and
+    projects out. ``forward(x, initial_state=S, output_final_state=True)`` returns ``(y, S)``; a padded token
+    (``key_padding_mask`` (B, N) True) leaves the state as it was (:meth:`neutral`).
 
     Example:
         >>> import torch, attnbook
@@ -420,12 +326,6 @@ class RecurrentAttention(nn.Module):
     def extra_repr(self) -> str:
         return f"dim={self.dim}, num_heads={self.n_heads}"
 
-    def _choice(self, value: Any, arg: str, choices: tuple[Any, ...]) -> Any:
-        return check_choice(value, arg, choices, name=type(self).__name__)
-
-    def _positive(self, value: Any, arg: str) -> float:
-        return check_number(value, arg, name=type(self).__name__, minimum=0.0, strict_minimum=True)
-
     def heads(self, x: torch.Tensor) -> torch.Tensor:
         """Split the last dimension into heads: (B, N, C) -> (B, H, N, D), one token's (B, C) -> (B, H, D)."""
         if x.dim() == 2:
@@ -443,8 +343,7 @@ class RecurrentAttention(nn.Module):
     def mix(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gate: torch.Tensor, state: Any, final: bool
     ) -> Any:
-        """The mechanism on (B, H, N, D) heads from the state S (None: zeros): output (B, H, N, D) [, S with
-        ``final``]."""
+        """The mechanism on (B, H, N, D) heads from S (None: zeros): (B, H, N, D) [, S with ``final``]."""
         raise NotImplementedError
 
     def mix_step(

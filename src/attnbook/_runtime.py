@@ -9,14 +9,12 @@ Every mechanism follows the same rules, written once here:
   the result comes back in :func:`result_dtype` (the autocast dtype; float64 inputs give float64). Inside, the
   package switches autocast off (:func:`autocast_disabled`) so that its float32 accumulation really happens in
   float32. Modules therefore behave like torch layers: under autocast their output is in the autocast dtype.
-* **Matrix units.** The products of a chunked causal form take their inputs in :func:`product_dtype`: bfloat16
-  when the result is bfloat16 (a GPU's matrix units, as flash-linear-attention's chunked kernels do), with the
-  products' results and every carried state in float32; otherwise the accumulation dtype.
-* **Range.** A result that float16 can hold is never lost to an intermediate that it cannot:
-  :func:`linear_in_range` applies an output projection to an accumulation-dtype input without first rounding
-  that input to float16 (where it may exceed 65504).
-* **Graphs.** Under ``torch.compile`` and ``torch.export`` (:func:`tracing`) the code is the same; the few places
-  that must know (a chunk count that an exported program can reason about, :func:`chunk_count`) ask here.
+* **Matrix units.** The products of a chunked causal form take their inputs in :func:`product_dtype` (bfloat16
+  for a bfloat16 result, as flash-linear-attention's kernels do), their results and states in float32.
+* **Range.** :func:`linear_in_range` applies an output projection to an accumulation-dtype input without first
+  rounding it to float16 (where it may exceed 65504).
+* **Graphs.** Under ``torch.compile`` and ``torch.export`` (:func:`tracing`) the code is the same but for a chunk
+  count that an exported program can reason about (:func:`chunk_count`).
 """
 
 from __future__ import annotations
@@ -101,14 +99,11 @@ def exporting() -> bool:
 
 
 def chunk_count(N: int, C: int) -> int:
-    """The number of chunks of C positions that a chunked form splits N positions into, as a size every tracer
-    handles: ceil(N / C), and one more while traced.
+    """ceil(N / C), the chunks of C positions that a chunked form splits N positions into, and one more while traced.
 
-    The extra (empty) chunk while traced keeps the count at two or more: a compiled graph specialises a size of
-    one, so without it a dynamic graph would be compiled again for sequences of one chunk. Under ``torch.export``
-    the count is a data-dependent size about which ``torch._check`` states what holds for every N >= 1 (the
-    export's shape reasoning cannot prove facts about a floor division of a dynamic size), so the exported
-    program is valid at every length.
+    The extra (empty) chunk keeps a compiled graph, which specialises a size of one, from compiling again for one
+    chunk. Under ``torch.export`` the count is a data-dependent size about which ``torch._check`` states what holds
+    for every N >= 1, so the exported program is valid at every length.
     """
     if not tracing():
         return (N + C - 1) // C

@@ -1,15 +1,12 @@
 """The one place that decides problem sizes, and whether the speed annex runs.
 
-**Sizes.** Chapters run twice in their life: small, on a 2-core CPU in CI and on a laptop, and full size on a
-GPU (Colab, a workstation). Nothing else in the project reads ``ATTNBOOK_FAST`` or asks whether CUDA is there
-to choose a size; everything calls :func:`fast` or :func:`pick`. ``ATTNBOOK_FAST=1`` forces small sizes,
-``ATTNBOOK_FAST=0`` forces full sizes; unset, sizes are full on a GPU and small otherwise.
+**Sizes.** Chapters run small (a 2-core CPU in CI, a laptop) and full size (a GPU); everything that chooses a
+size calls :func:`fast` or :func:`pick`. ``ATTNBOOK_FAST=1`` forces small sizes, ``ATTNBOOK_FAST=0`` full sizes;
+unset, sizes are full on a GPU and small otherwise.
 
-**The annex.** Every mechanism is written in plain torch, as its chapter derives it. Code that exists only for
-speed lives in one annex, ``attnbook._fast``, which a mechanism reaches by one dispatch line, as timm's attention
-reaches SDPA through its ``fused_attn`` switch. :func:`plain` says whether the annex is off: ``ATTNBOOK_PLAIN=1``
-in the environment, or :func:`set_plain` from Python (which wins over the environment). With the annex off no
-module of ``attnbook._fast`` is imported; the results agree to rounding either way.
+**The annex.** Code that exists only for speed lives in ``attnbook._fast``, reached by one dispatch line (as
+timm's ``fused_attn`` switch reaches SDPA). :func:`plain` says whether it is off: ``ATTNBOOK_PLAIN=1``, or
+:func:`set_plain` (which wins over the environment); off, no module of ``attnbook._fast`` is imported.
 
 Example:
     >>> import os
@@ -51,28 +48,18 @@ def _flag(var: str) -> bool | None:
         return False
     if raw:
         what = "1: small sizes, 0: full sizes" if var == ENV_VAR else "1: plain torch only, 0: the annex too"
-        check_choice(
-            os.environ[var],
-            f"the environment variable {var}",
-            ("1", "0"),
-            name="attnbook.config",
-            why=f" ({what}; also true/false, yes/no, on/off)",
-        )
+        why = f" ({what}; also true/false, yes/no, on/off)"
+        check_choice(os.environ[var], f"the environment variable {var}", ("1", "0"), name="attnbook.config", why=why)
     return None
 
 
 def fast() -> bool:
-    """True when problem sizes should be small (CPU, CI), False for full size (GPU).
-
-    Read at every call, so a test or a notebook can change ``ATTNBOOK_FAST`` on the fly.
+    """True when problem sizes should be small (CPU, CI), False for full size (GPU); read at every call.
 
     Example:
         >>> import os
         >>> from unittest import mock
         >>> from attnbook import config
-        >>> with mock.patch.dict(os.environ, {"ATTNBOOK_FAST": "0"}):
-        ...     config.fast()
-        False
         >>> with mock.patch.dict(os.environ, {"ATTNBOOK_FAST": "yes"}):
         ...     config.fast()
         True
@@ -112,10 +99,8 @@ _plain: list[bool | None] = [None]  # set_plain's setting; None: the environment
 
 
 def plain() -> bool:
-    """True when the speed annex ``attnbook._fast`` is off: every mechanism runs its plain torch form.
-
-    :func:`set_plain` decides when it was called with True or False; otherwise ``ATTNBOOK_PLAIN`` (unset: the
-    annex is on). Read at every call.
+    """True when the speed annex ``attnbook._fast`` is off: :func:`set_plain`'s True or False, else
+    ``ATTNBOOK_PLAIN`` (unset: the annex is on); read at every call.
 
     Example:
         >>> import os

@@ -1,9 +1,6 @@
-"""Deprecated: attnbook 0.2.0's preallocated decoder. :meth:`attnbook.lm.DecoderLM.generate` and
-:meth:`attnbook.lm.DecoderLM.step` are the decoders now.
-
-0.2.0's ``StaticDecoder`` held a third copy of every mechanism's generation step (besides each layer's own
-``step`` and the parallel form), written as in-place torch operations, and 0.2.x added a fourth in C. One step
-remains, each layer's ``step``; :class:`StaticDecoder` keeps 0.2.0's calls working on top of it.
+"""Deprecated: attnbook 0.2.0's preallocated decoder; :meth:`attnbook.lm.DecoderLM.generate` and
+:meth:`attnbook.lm.DecoderLM.step` are the decoders now. :class:`StaticDecoder` keeps 0.2.0's calls working on top of
+each layer's own ``step``.
 """
 
 from __future__ import annotations
@@ -22,9 +19,8 @@ class StaticDecoder:
     """Deprecated since attnbook 0.3.0: generate with :meth:`DecoderLM.generate`, or prefill with
     ``model(prompt, output_final_state=True)`` and step with :meth:`DecoderLM.step`.
 
-    ``prefill(tokens)`` and ``step(token)`` give the logits they gave in 0.2.0; ``compile=True`` compiles the
-    step (``torch.compile``, dynamic shapes); the arguments ``batch``, ``capacity`` and ``native`` are checked
-    and otherwise ignored (nothing is preallocated any more).
+    ``prefill(tokens)`` and ``step(token)`` give 0.2.0's logits; ``compile=True`` compiles the step; ``batch``,
+    ``capacity`` and ``native`` are checked and otherwise ignored (nothing is preallocated any more).
 
     Example:
         >>> import torch, warnings
@@ -38,6 +34,8 @@ class StaticDecoder:
         >>> torch.allclose(decoder.step(tokens[:, 9]), model(tokens)[:, 9], atol=1e-4)
         True
     """
+
+    native = False  # there is no native step any more
 
     def __init__(
         self,
@@ -65,25 +63,20 @@ class StaticDecoder:
         self._state = model.initial_state()
 
     @property
-    def native(self) -> bool:
-        """False: there is no native step any more."""
-        return False
-
-    @property
     def t(self) -> int:
         """The tokens seen."""
         return self._state.t
 
+    @torch.no_grad()
     def prefill(self, tokens: torch.Tensor) -> torch.Tensor:
         """The logits (B, N, V) of a prompt (B, N), whose state the next :meth:`step` continues."""
-        with torch.no_grad():
-            logits, self._state = self.model(tokens, output_final_state=True)
+        logits, self._state = self.model(tokens, output_final_state=True)
         return logits  # type: ignore[no-any-return]  # DecoderLM.forward's result is typed Any
 
+    @torch.no_grad()
     def step(self, token: torch.Tensor) -> torch.Tensor:
         """The logits (B, V) after ``token`` (B,)."""
-        with torch.no_grad():
-            logits, self._state = self._step(token, self._state)
+        logits, self._state = self._step(token, self._state)
         return logits
 
     def state(self) -> LMState:
@@ -92,14 +85,10 @@ class StaticDecoder:
 
     def tensors(self) -> list[torch.Tensor]:
         """Every tensor of the state held."""
-        leaves: list[torch.Tensor] = []
 
-        def walk(x: object) -> None:
+        def leaves(x: object) -> list[torch.Tensor]:
             if isinstance(x, torch.Tensor):
-                leaves.append(x)
-            elif isinstance(x, tuple):
-                for item in x:
-                    walk(item)
+                return [x]
+            return [leaf for item in x for leaf in leaves(item)] if isinstance(x, tuple) else []
 
-        walk(self._state.layers)
-        return leaves
+        return leaves(self._state.layers)

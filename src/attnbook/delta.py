@@ -11,11 +11,10 @@ With a unit key (||k_t|| = 1) and beta_t = 1 the write replaces the value stored
 it: S_t^T k_t = v_t. ``beta`` (B, H, N) is usually a sigmoid of the input (DeltaNet); the L2 normalisation of q and
 k belongs to the layer (:class:`DeltaRuleAttention`), not to this function.
 
-Conventions are flash-linear-attention's (``delta_rule_recurrence``): (B, H, N, D) tensors, ``scale`` D^-1/2 by
-default, S of shape (B, H, D, Dv), ``initial_state=`` / ``output_final_state=``. Schlag et al. write the same
-update with row vectors and a learned beta per token; DeltaNet (Yang et al., "Parallelizing Linear Transformers
-with the Delta Rule over Sequence Length", NeurIPS 2024) adds SiLU features, L2-normalised q and k and short
-convolutions in its layer; here the layer keeps the normalisation only.
+Conventions are flash-linear-attention's (``delta_rule_recurrence``): ``scale`` D^-1/2 by default, S of shape
+(B, H, D, Dv), ``initial_state=`` / ``output_final_state=``. DeltaNet (Yang et al., "Parallelizing Linear
+Transformers with the Delta Rule over Sequence Length", NeurIPS 2024) adds SiLU features, L2-normalised q and k
+and short convolutions in its layer; :class:`DeltaRuleAttention` keeps the first two.
 
 The chunked form (:func:`chunked_delta_product`, Yang et al. 2024, Sec. 3): inside a chunk of ell positions that
 starts from S, every u_r depends on the u_s before it; in matrices (rows r of K, V, U; B = diag(beta)),
@@ -39,7 +38,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ._checks import check_gated_call, check_gated_step
+from ._checks import check_bool, check_gated, check_int
 from ._module import RecurrentAttention
 from ._runtime import accumulation_dtype, autocast_disabled, chunk_count
 
@@ -49,10 +48,8 @@ __all__ = ["delta_rule_attention", "delta_rule_step", "chunked_delta_product", "
 def chunked_delta_product(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, chunk_size: int, state: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The chunked form of the module docstring: q, k (B, H, N, D), v (B, H, N, Dv), beta (B, H, N), the state
-    before the first token (B, H, D, Dv); one dtype, q already scaled.
-
-    Returns (o (B, H, N, Dv), the state after the last token (B, H, D, Dv))."""
+    """The chunked form of the module docstring: q (already scaled), k (B, H, N, D), v (B, H, N, Dv), beta (B, H, N)
+    and S (B, H, D, Dv), in one dtype -> (o (B, H, N, Dv), the state after the last token)."""
     N, ell = q.shape[-2], chunk_size
     n = chunk_count(N, ell)  # chunks; the last one padded with beta = 0: no write
     qc, kc, vc, bc = (
@@ -65,7 +62,7 @@ def chunked_delta_product(
     W, Wv = TBKV.split([k.shape[-1], v.shape[-1]], dim=-1)  # (B, H, n, ell, D), (B, H, n, ell, Dv)
     scores = (qc @ kc.transpose(-2, -1)).tril()  # (B, H, n, ell, ell): q_r . k_s, s <= r
     outs = []
-    for q_c, k_c, W_c, Wv_c, scores_c in zip(*(x.unbind(2) for x in (qc, kc, W, Wv, scores))):
+    for q_c, k_c, W_c, Wv_c, scores_c in zip(*(x.unbind(2) for x in (qc, kc, W, Wv, scores)), strict=True):
         U = Wv_c - W_c @ state  # (B, H, ell, Dv): the chunk's writes, corrected by what the state predicts
         outs.append(q_c @ state + scores_c @ U)  # (B, H, ell, Dv)
         state = state + k_c.transpose(-2, -1) @ U  # (B, H, D, Dv): carried to the next chunk
@@ -83,21 +80,10 @@ def delta_rule_attention(
     output_final_state: bool = False,
     chunk_size: int = 32,
 ) -> Any:
-    """Causal delta-rule attention: u_t = beta_t (v_t - S_{t-1}^T k_t), S_t = S_{t-1} + k_t u_t^T,
-    o_t = S_t^T (scale q_t).
+    """Causal delta rule: u_t = beta_t (v_t - S_{t-1}^T k_t), S_t = S_{t-1} + k_t u_t^T, o_t = S_t^T (scale q_t).
 
-    Args:
-        q, k: (B, H, N, D); v: (B, H, N, Dv). Normalise q and k yourself if you want unit keys (the layer does).
-        beta: (B, H, N), the share of the error written (in [0, 1] for a sigmoid; with unit keys the state stays
-            bounded for beta in [0, 2]).
-        scale: multiplies q; default D^-1/2.
-        initial_state: S before the first token, (B, H, D, Dv) in the accumulation dtype, or None for zeros.
-        output_final_state: also return S after the last token.
-        chunk_size: ell of the chunked form (the result does not depend on it beyond rounding).
-
-    Returns:
-        (B, H, N, Dv) in q's dtype (the autocast dtype under autocast), or ``(output, S)`` with
-        ``output_final_state``. The work is done in at least float32.
+    ``beta`` (B, H, N) is the share of the error written (with unit keys the state stays bounded for beta in [0, 2]);
+    the keys are not normalised here (the layer does it). The rest as in :func:`attnbook.gated_linear_attention`.
 
     Example:
         >>> import torch, torch.nn.functional as F, attnbook
@@ -109,10 +95,10 @@ def delta_rule_attention(
         >>> torch.allclose(S[0, 0].T @ k[0, 0, 0], v2[0, 0, 0], atol=1e-5)  # the second write replaced the first
         True
     """
-    beta, s, state, final, ell, dtype = check_gated_call(
-        q, k, v, beta, name="delta_rule_attention", arg="beta", vector=False, scale=scale, initial_state=initial_state,
-        output_final_state=output_final_state, chunk_size=chunk_size,
-    )  # fmt: skip
+    name = "delta_rule_attention"
+    beta, s, state, dtype = check_gated(q, k, v, beta, initial_state, name=name, arg="beta", vector=False, scale=scale)
+    final = check_bool(output_final_state, "output_final_state", name=name)
+    ell = check_int(chunk_size, "chunk_size", name=name, minimum=1)
     with autocast_disabled(q.device):
         acc = state.dtype
         out, S = chunked_delta_product(q.to(acc) * s, k.to(acc), v.to(acc), beta.to(acc), ell, state)
@@ -141,8 +127,8 @@ def delta_rule_step(
         >>> torch.allclose(o_t, attnbook.delta_rule_attention(q, k, v, beta)[:, :, -1], atol=1e-5)
         True
     """
-    beta_t, s, S, dtype = check_gated_step(
-        q_t, k_t, v_t, beta_t, state, name="delta_rule_step", arg="beta_t", vector=False, scale=scale
+    beta_t, s, S, dtype = check_gated(
+        q_t, k_t, v_t, beta_t, state, name="delta_rule_step", arg="beta_t", vector=False, scale=scale, step=True
     )
     acc = S.dtype
     with autocast_disabled(q_t.device):
@@ -158,16 +144,8 @@ class DeltaRuleAttention(RecurrentAttention):
     """Causal self-attention by :func:`delta_rule_attention`: DeltaNet's layer without its short convolutions.
 
     Queries and keys are SiLU'd and L2-normalised per head (unit keys: a write with beta = 1 replaces what is
-    stored under its key), beta = sigmoid(x W_beta + b) per head and token.
-
-    Args:
-        dim: model width C (= H D).
-        num_heads: H (``n_heads`` is accepted too).
-        qkv_bias, proj_bias, device, dtype: as for torch's and timm's layers.
-
-    Shape: x (B, N, C) -> (B, N, C); ``key_padding_mask`` (B, N), True = padding: a padded token writes nothing
-    (beta = 0). ``forward(x, initial_state=S, output_final_state=True)`` -> (y, S) with S (B, H, D, D);
-    ``step(x_t, S)``: (B, C) -> ((B, C), S).
+    stored under its key), beta = sigmoid(x W_beta + b) per head and token (0 at a padded token).
+    ``DeltaRuleAttention(dim, num_heads)``; shapes and calls as :class:`attnbook.RecurrentAttention`.
 
     Example:
         >>> import torch, attnbook

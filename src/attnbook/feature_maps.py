@@ -3,15 +3,10 @@
 Linear attention replaces the softmax kernel exp(q . k / sqrt(D)) by a dot product of features,
 sim(q, k) = phi(q) . phi(k), with phi mapping the last dimension D to R non-negative features.
 
-* :func:`elu_feature_map`: phi(x) = elu(x) + 1 (R = D), the map of Katharopoulos et al., "Transformers are
-  RNNs: Fast Autoregressive Transformers with Linear Attention", ICML 2020.
-* :func:`relu_feature_map`: phi(x) = max(x, 0) (R = D).
-* :class:`PerformerFeatures`: FAVOR+ positive orthogonal random features (R = ``num_features``), whose dot
-  products are an unbiased estimate of exp(q . k / sqrt(D)) (Choromanski et al., "Rethinking Attention with
-  Performers", ICLR 2021, Lemma 1 and Sec. 2.4).
-* :func:`resolve_feature_map` turns a spec ("elu", "relu", a callable) into a callable.
-
-A feature map is any callable taking (..., D) to (..., R) that keeps the leading dimensions.
+A feature map is any callable taking (..., D) to (..., R) that keeps the leading dimensions:
+:func:`elu_feature_map` (Katharopoulos et al., ICML 2020), :func:`relu_feature_map`, or
+:class:`PerformerFeatures` (FAVOR+, Choromanski et al., ICLR 2021); :func:`resolve_feature_map` turns a spec
+("elu", "relu", a callable) into one.
 
 Example:
     >>> import torch, attnbook
@@ -38,7 +33,6 @@ from ._checks import (
     check_int,
     check_last_dim,
     check_not_both,
-    check_seed,
     check_tensor,
 )
 from ._runtime import accumulation_dtype, autocast_disabled, result_dtype
@@ -51,8 +45,7 @@ FeatureMap = Callable[[torch.Tensor], torch.Tensor]
 def elu_feature_map(x: torch.Tensor) -> torch.Tensor:
     """phi(x) = elu(x) + 1: positive, (..., D) -> (..., D). Katharopoulos et al., ICML 2020, Eq. 7.
 
-    It is exp(x) for x <= 0 and x + 1 for x > 0, with derivative min(phi(x), 1). NaN stays NaN, -inf gives 0,
-    inf gives inf. (In float32 elu(x) + 1 rounds to 0 below x of about -17, where exp(x) would not.)
+    It is exp(x) for x <= 0 and x + 1 for x > 0 (in float32 it rounds to 0 below x of about -17).
 
     Example:
         >>> import torch
@@ -107,26 +100,19 @@ class PerformerFeatures(nn.Module):
 
         phi(x) = exp(W x' - |x'|^2 / 2) / sqrt(R),   x' = x / D^(1/4),   W (R, D) with rows w_r ~ N(0, I_D)
 
-    so that E[phi(q) . phi(k)] = exp(q' . k') = exp(q . k / sqrt(D)) (Choromanski et al., "Rethinking
-    Attention with Performers", ICLR 2021, Lemma 1). With ``orthogonal=True`` the rows are orthogonal in
-    blocks of D (Sec. 2.4), which lowers the variance. The features are positive, so normalisers never
-    vanish. The error shrinks like 1 / sqrt(R), and grows quickly with the norms of q and k (the variance
-    of each term is about ``exp(|q' + k'|^2)`` times its mean squared).
-
-    Range: each exponent is ``w_r . x' - |x'|^2 / 2 <= |w_r|^2 / 2``, so features overflow float32 (exponent
-    above 88) only when some ``|w_r|^2 > 177``, which for D = 64 is ten standard deviations above its mean; for
-    very long q or k the features underflow to 0 and the output goes to 0 (the eps in the denominator).
-    The features are evaluated in at least float32 (with autocast off) and returned in the input's dtype
-    (under autocast: the autocast dtype); ``linear_attention`` calls them on float32 copies of half inputs.
+    so that E[phi(q) . phi(k)] = exp(q . k / sqrt(D)) (Choromanski et al., "Rethinking Attention with
+    Performers", ICLR 2021, Lemma 1); ``orthogonal=True`` draws the rows orthogonal in blocks of D (Sec. 2.4),
+    which lowers the variance. The error shrinks like 1 / sqrt(R) and grows quickly with the norms of q and k.
+    Each exponent is at most ``|w_r|^2 / 2``, so float32 overflows only for ``|w_r|^2 > 177`` (for D = 64, ten
+    standard deviations above its mean). Evaluated in at least float32, returned in the input's dtype.
 
     Cost: O(N D R) time and O(N R) memory for N vectors.
 
     Args:
         num_features: R, the number of random features.
         dim: D, the query/key width the features are drawn for.
-        generator: a ``torch.Generator`` for reproducible draws (drawn on its device, then stored as a buffer).
-        seed: alternatively an int seed in 0..2**64 - 1 (a fresh CPU generator). Neither: torch's global
-            random state.
+        generator: a ``torch.Generator`` for reproducible draws (on its device), or ``seed``: an int seed (a
+            fresh CPU generator); neither: torch's global random state.
         orthogonal: draw orthogonal blocks (FAVOR+) rather than independent Gaussian rows.
 
     Shape:
@@ -160,7 +146,7 @@ class PerformerFeatures(nn.Module):
         generator = check_generator(generator, name=name)
         orthogonal = check_bool(orthogonal, "orthogonal", name=name)
         if seed is not None:
-            seed = check_seed(seed, name=name)
+            seed = check_int(seed, "seed", name=name, minimum=0, maximum=2**64 - 1)
             check_not_both(generator, seed, "generator", "seed", name=name)
             generator = torch.Generator().manual_seed(seed)
         self.num_features, self.dim, self.orthogonal = num_features, dim, orthogonal
@@ -198,10 +184,8 @@ class PerformerFeatures(nn.Module):
 
 
 def resolve_feature_map(spec: str | FeatureMap, *, name: str = "resolve_feature_map") -> FeatureMap:
-    """ "elu" | "relu" | any callable (including a :class:`PerformerFeatures`) -> a callable feature map.
-
-    Raises ``ValueError`` for an unknown name and ``TypeError`` for anything else, listing the accepted names;
-    ``name`` is the caller quoted in the message.
+    """ "elu" | "relu" | any callable (including a :class:`PerformerFeatures`) -> a callable feature map; ``name`` is
+    the caller quoted in the ``ValueError`` (unknown name) or ``TypeError`` (anything else).
 
     Example:
         >>> import torch

@@ -22,30 +22,21 @@ Causal (N == M), with t_i = i + 1 and every sum over the prefix (j <= i, i <= j)
     a_i  = sigmoid(I^_i),   c_j = exp(O^_j) / sum_{j'<=j} exp(O^_j') t_j
     out_i = a_i (q~_i / (I_i t_i)) . sum_{j<=i} k~_j (c_j v_j)^T
 
-Conventions. :class:`FlowStats` holds the flows themselves (``incoming`` is I_i), not their reciprocals
-1 / I_i that the published code stores under the name ``sink_incoming``. Statistics are returned in the
-accumulation dtype (at least float32): I_i grows like N D and would overflow float16.
+Padding (``key_padding_mask``, ``query_padding_mask``: True = padding): a padded source sends no flow and a
+padded sink receives none; every sum runs over the real positions and n, m (causal: t_i) count them, so the real
+positions get exactly the numbers of a run on the unpadded sequence. The ablations of the paper's Table 6 are
+flags: ``competition=False`` sets c_j = 1, ``allocation=False`` sets a_i = 1.
 
-Padding (``key_padding_mask``, ``query_padding_mask``: True = padding, as in ``nn.MultiheadAttention``): a
-padded source sends no flow and a padded sink receives none; every sum runs over the real positions and n, m
-(causal: t_i) count them, so the real positions get exactly the numbers of a run on the unpadded sequence.
-The two ablations of the paper's Table 6 are flags: ``competition=False`` sets c_j = 1, ``allocation=False``
-sets a_i = 1.
-
-Causal attention carries a :class:`FlowState` of prefix sums: ``initial_state=`` starts from one and
-``output_final_state=True`` returns the state after the last token (flash-linear-attention's convention), so a
-prompt is prefilled in one call and generation continues with :func:`flow_attention_step`.
-
-Cost: non-causal O(B H (N + M) D Dv) time, O(B H (N + M) (D + Dv)) memory, like linear attention --
-conservation adds O(N D) work. Causal: every prefix sum is a cumulative sum over the sequence, and the output
-is chapter 2's chunked causal product (:func:`attnbook.linear.chunked_causal_product`, chunks of ell =
-``chunk_size``), O(B H N (ell + D) Dv) time: no N x N and no N x D x Dv tensor is built (the published causal
-code builds (B, H, N, D, Dv)). :func:`flow_attention_step` is the same computation for one token: O(B H D Dv).
+Causal attention carries a :class:`FlowState` of prefix sums (``initial_state=``, ``output_final_state=True``),
+so a prompt is prefilled in one call and generation continues with :func:`flow_attention_step`. Every prefix sum
+is a cumulative sum, and the output is chapter 2's chunked causal product
+(:func:`attnbook.linear.chunked_causal_product`): no N x N and no N x D x Dv tensor is built (the published
+causal code builds (B, H, N, D, Dv)).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Literal, NamedTuple, TypedDict, cast, overload
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, TypeAlias, TypedDict, cast, overload
 
 import torch
 from torch import Tensor
@@ -53,9 +44,9 @@ from torch import Tensor
 from ._checks import (
     check_bool,
     check_choice,
-    check_chunk_size,
     check_dtype,
     check_eps,
+    check_int,
     check_is_causal,
     check_key_padding_mask,
     check_no_attn_mask,
@@ -83,30 +74,21 @@ _NO_ATTN_MASK = (
 class FlowStats(NamedTuple):
     """The flow quantities of Flow-Attention (Wu et al., 2022), named after the paper.
 
-    All are the flows themselves (``incoming`` is I_i, not 1 / I_i, which the published code stores as
-    ``sink_incoming``), in the accumulation dtype (at least float32), and keep their autograd history.
-    :func:`attnbook.mobile_attention` returns the same fields with the flow sums taken over the heads. Every
-    field is 0 at a padded position.
+    The flows themselves (``incoming`` is I_i, not the published code's 1 / I_i), in the accumulation dtype, with
+    their autograd history; 0 at a padded position. :func:`attnbook.mobile_attention` returns them too.
 
     Attributes:
-        incoming: I_i, flow into sink (query) i, (B, H, N).
-        outgoing: O_j, flow out of source (key) j, (B, H, M).
-        conserved_incoming: I^_i, incoming flow when every source emits one unit, (B, H, N).
-        conserved_outgoing: O^_j after the clamp to [-1, 1], outgoing flow when every sink takes one unit,
-            (B, H, M).
-        competition: c_j, softmax of O^ over the sources times M (causal: over the prefix, times t_j),
-            (B, H, M); 1 with ``competition=False``.
-        allocation: a_i = sigmoid(I^_i N / M) (causal: sigmoid(I^_i)), (B, H, N); 1 with ``allocation=False``.
-        conserved_outgoing_raw: O^_j before the clamp, (B, H, M); ``(raw > 1).sum()`` counts clipped sources.
+        incoming, outgoing: I_i (B, H, N) and O_j (B, H, M).
+        conserved_incoming, conserved_outgoing: I^_i (B, H, N) and O^_j clamped to [-1, 1] (B, H, M).
+        competition, allocation: c_j (B, H, M) and a_i (B, H, N); 1 when switched off.
+        conserved_outgoing_raw: O^_j before the clamp, (B, H, M).
 
     Example:
         >>> import torch, attnbook
         >>> q, k, v = (torch.randn(1, 2, 10, 4) for _ in range(3))
         >>> _, flows = attnbook.flow_attention(q, k, v, return_flows=True)
-        >>> tuple(flows.incoming.shape), bool((flows.incoming > 0).all())  # every sink receives flow
-        ((1, 2, 10), True)
-        >>> bool(flows.conserved_outgoing.abs().max() <= 1)  # O^ after the clamp
-        True
+        >>> round(float(flows.competition.sum(-1).mean()), 3)  # the sources share M = 10 units of competition
+        10.0
     """
 
     incoming: torch.Tensor
@@ -119,22 +101,14 @@ class FlowStats(NamedTuple):
 
 
 class FlowState(NamedTuple):
-    """Prefix quantities of causal Flow-Attention after ``t`` tokens, for :func:`flow_attention_step` and for
-    ``flow_attention(..., initial_state=...)``.
-
-    All tensors but ``t`` are in the accumulation dtype (at least float32).
+    """Prefix quantities of causal Flow-Attention after ``t`` tokens, in the accumulation dtype (``t`` in int64).
 
     Attributes:
-        t: (B,) int64, the number of (real, unpadded) tokens seen in each sequence of the batch.
-        key_sum: sum_{j<=t} k~_j, (B, H, D).
-        query_sum: sum_{i<=t} q~_i, (B, H, D).
-        key_over_outgoing: sum_{j<=t} k~_j / O_j, (B, H, D).
-        query_over_incoming: sum_{i<=t} q~_i / I_i, (B, H, D).
-        exp_mean: (1/t) sum_{j<=t} exp(O^_j), the causal competition's normaliser kept as a running mean,
-            (B, H): c_t = exp(O^_t) / exp_mean. Because O^ is clamped to [-1, 1], every exp(O^) lies in
-            [1/e, e], so no running maximum is needed (unlike an online softmax) and the mean stays in
-            [1/e, e] for any sequence length; the parallel form updates it once per block with the same
-            formula, m <- m + sum_j (exp(O^_j) - m) / t.
+        t: (B,), the number of real (unpadded) tokens seen in each sequence.
+        key_sum, query_sum: sum_{j<=t} k~_j and sum_{i<=t} q~_i, (B, H, D).
+        key_over_outgoing, query_over_incoming: sum_{j<=t} k~_j / O_j and sum_{i<=t} q~_i / I_i, (B, H, D).
+        exp_mean: (1/t) sum_{j<=t} exp(O^_j), (B, H): c_t = exp(O^_t) / exp_mean. O^ is clamped to [-1, 1], so every
+            term lies in [1/e, e]: no running maximum is needed, unlike an online softmax.
         kv: sum_{j<=t} k~_j (c_j v_j)^T, (B, H, D, Dv).
 
     Example:
@@ -143,8 +117,6 @@ class FlowState(NamedTuple):
         >>> _, state = attnbook.flow_attention(q, k, v, is_causal=True, output_final_state=True)
         >>> state.t.tolist(), tuple(state.kv.shape)  # 7 tokens seen in each sequence; kv (B, H, D, Dv)
         ([7, 7], (2, 2, 4, 4))
-        >>> torch.allclose(state.key_sum, torch.sigmoid(k).sum(2))  # the prefix sum of the key features
-        True
     """
 
     t: torch.Tensor
@@ -157,23 +129,20 @@ class FlowState(NamedTuple):
 
 
 def _dot(x: torch.Tensor, y: torch.Tensor, eps: float) -> torch.Tensor:
-    """(x + eps) . (y + eps) over the last dimension, eps added to every component as in the published code:
-    x (..., N, D) and y (..., N, D) or (..., 1, D) -> (..., N)."""
+    """(x + eps) . (y + eps) over the last dimension, eps added to every component as published: -> (..., N)."""
     return ((x + eps) * (y + eps)).sum(-1)
 
 
 def _reciprocal(x: torch.Tensor, keep: torch.Tensor | None) -> torch.Tensor:
-    """1 / x of a flow, and 0 where there is no flow: at a padded position (``keep``, broadcastable bool, False)
-    or where the flow is 0 (with eps = 0, a sink whose sources are all padding). Neither the result nor the
-    gradient sees inf there; a NaN stays NaN."""
+    """1 / x of a flow, and 0 at a padded position (``keep`` False) or where the flow is 0 (eps = 0, a sink whose
+    sources are all padding), with no inf in the result or the gradient; a NaN stays NaN."""
     some = x != 0 if keep is None else (x != 0) & keep
     r: torch.Tensor = torch.where(some, torch.where(some, x, 1.0).reciprocal(), 0.0)  # torch.where(c, x, 0.0): Any
     return r
 
 
 def _zero_padded(stats: FlowStats, qkeep: torch.Tensor | None, kkeep: torch.Tensor | None) -> FlowStats:
-    """The statistics with every padded position's entries set to 0 (sinks by ``qkeep``, sources by
-    ``kkeep``, both (..., N) bool)."""
+    """The statistics with 0 at every padded sink (``qkeep`` False) and source (``kkeep`` False)."""
     if qkeep is None and kkeep is None:
         return stats
     sinks = {"incoming", "conserved_incoming", "allocation"}
@@ -185,8 +154,7 @@ def _zero_padded(stats: FlowStats, qkeep: torch.Tensor | None, kkeep: torch.Tens
 
 
 def _sigmoid_features(x: torch.Tensor, keep: torch.Tensor | None) -> torch.Tensor:
-    """sigmoid(x), 0 at a padded position (``keep`` (B, 1, N) False). The input is zeroed first, so that a NaN
-    in padding reaches neither the result nor the gradient."""
+    """sigmoid(x), 0 at a padded position (``keep`` (B, 1, N) False), which no NaN there reaches."""
     if keep is None:
         return torch.sigmoid(x)
     real = keep.unsqueeze(-1)  # (B, 1, N, 1)
@@ -203,8 +171,8 @@ def _flow_full(
     competition: bool,
     allocation: bool,
 ) -> tuple[torch.Tensor, FlowStats]:
-    """Non-causal Flow-Attention on the features q~ (B, H, N, D), k~ (B, H, M, D) and v (B, H, M, Dv), 0 at
-    padding (``qkeep`` (B, 1, N), ``kkeep`` (B, 1, M), True = real), as the module docstring writes it."""
+    """Non-causal Flow-Attention on q~ (B, H, N, D), k~ (B, H, M, D), v (B, H, M, Dv), 0 at padding (``qkeep``
+    (B, 1, N), ``kkeep`` (B, 1, M), True = real), as the module docstring writes it."""
     N, M = qs.shape[-2], ks.shape[-2]
     n = N if qkeep is None else qkeep.sum(-1, keepdim=True).to(qs.dtype)  # real sinks, (B, 1, 1)
     m = M if kkeep is None else kkeep.sum(-1, keepdim=True).to(qs.dtype)  # real sources, (B, 1, 1)
@@ -251,12 +219,9 @@ def _flow_causal(
     chunk_size: int,
 ) -> tuple[torch.Tensor, FlowStats, FlowState]:
     """Causal Flow-Attention of the next N tokens after ``state``: q~, k~ (B, H, N, D), v (B, H, N, Dv), 0 at
-    padding (``keep`` (B, 1, N), True = real).
-
-    Every causal quantity of a token is a prefix sum, so each is a cumulative sum over these tokens on top of the
-    state's totals, divided by t_i, the (real) tokens up to i; the output is the chunked causal product of
-    chapter 2 (:func:`attnbook.linear.chunked_causal_product`) from the state's kv. One token (N = 1) is the
-    recurrent step. Returns (out (B, H, N, Dv), FlowStats, the state after the last token)."""
+    padding (``keep`` (B, 1, N), True = real). Every quantity is a cumulative sum on top of the state's totals,
+    divided by t_i; the output is chapter 2's chunked product from the state's kv. N = 1 is the recurrent step.
+    Returns (out (B, H, N, Dv), FlowStats, the state after the last token)."""
     acc = state.kv.dtype
     steps = torch.ones_like(qs[:, :1, :, 0]) if keep is None else keep.to(acc)  # (B, 1, N): 1 for a real token
     t = (state.t.to(acc)[:, None, None] + steps.cumsum(-1)).clamp(min=1.0)  # (B, 1, N): t_i (>= 1: left padding)
@@ -298,20 +263,17 @@ def _flow_causal(
 def _check_flow_state(
     state: object, B: int, H: int, D: int, Dv: int, acc: torch.dtype, device: torch.device, *, name: str, arg: str
 ) -> FlowState:
-    vectors = (B, H, D)
-    fields = dict(
-        key_sum=vectors,
-        query_sum=vectors,
-        key_over_outgoing=vectors,
-        query_over_incoming=vectors,
-        exp_mean=(B, H),
-        kv=(B, H, D, Dv),
-    )
+    vectors = {f: (B, H, D) for f in ("key_sum", "query_sum", "key_over_outgoing", "query_over_incoming")}
+    fields: dict[str, tuple[int, ...]] = {**vectors, "exp_mean": (B, H), "kv": (B, H, D, Dv)}
     return check_state(state, FlowState, fields, name=name, dtype=acc, device=device, counts={"t": (B,)}, arg=arg)
 
 
+#: What :func:`flow_attention` returns: out, and the statistics and the final state when asked for.
+_Out: TypeAlias = "Tensor | tuple[Tensor, FlowStats] | tuple[Tensor, FlowState] | tuple[Tensor, FlowStats, FlowState]"
+
+
 class _Options(TypedDict, total=False):
-    """The keywords of :func:`flow_attention` but ``return_flows`` and ``output_final_state``, for its overloads."""
+    """The keywords of :func:`flow_attention` that its overloads do not tell apart."""
 
     is_causal: bool
     attn_mask: Tensor | None
@@ -328,14 +290,9 @@ class _Options(TypedDict, total=False):
 
 @overload
 def flow_attention(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    *,
-    return_flows: Literal[False] = ...,
-    output_final_state: Literal[False] = ...,
+    q: Tensor, k: Tensor, v: Tensor, *, return_flows: Literal[False] = ..., output_final_state: Literal[False] = ...,
     **options: Unpack[_Options],
-) -> Tensor: ...
+) -> Tensor: ...  # fmt: skip
 @overload
 def flow_attention(
     q: Tensor, k: Tensor, v: Tensor, *, return_flows: Literal[True], output_final_state: Literal[False] = ...,
@@ -360,7 +317,7 @@ def flow_attention(
 def flow_attention(
     q: Tensor, k: Tensor, v: Tensor, *, return_flows: bool = ..., output_final_state: bool = ...,
     **options: Unpack[_Options],
-) -> Tensor | tuple[Tensor, FlowStats] | tuple[Tensor, FlowState] | tuple[Tensor, FlowStats, FlowState]: ...  # noqa: E501  # fmt: skip
+) -> _Out: ...  # fmt: skip
 
 
 def flow_attention(
@@ -381,58 +338,33 @@ def flow_attention(
     initial_state: FlowState | None = None,
     output_final_state: bool = False,
     causal: bool | None = None,
-) -> (
-    torch.Tensor
-    | tuple[torch.Tensor, FlowStats]
-    | tuple[torch.Tensor, FlowState]
-    | tuple[torch.Tensor, FlowStats, FlowState]
-):
+) -> _Out:
     """Flow-Attention (Wu et al., "Flowformer", ICML 2022): linear attention with flow conservation.
 
-    ``out_i = a_i (q~_i / I_i) . sum_j k~_j (c_j v_j)^T`` with q~ = sigmoid(q), k~ = sigmoid(k), incoming flow
-    I, allocation a = sigmoid(I^ N / M) and competition c = softmax(clamp(O^, -1, 1)) M, all defined in the
-    module docstring; causal: sums over the prefix, normalised by t_i = i + 1.
+    ``out_i = a_i (q~_i / I_i) . sum_j k~_j (c_j v_j)^T``, q~ = sigmoid(q), k~ = sigmoid(k), the flows, allocation a
+    and competition c of the module docstring; causal: sums over the prefix, normalised by t_i.
 
-    Cost: O(B H (N + M) D Dv) time and O(B H (N + M) (D + Dv)) memory; causal: O(B H N (chunk_size + D) Dv)
-    time and O(B H N (chunk_size + D + D Dv / chunk_size)) memory (the prefix sums of every position, and the
-    chunked product of chapter 2), never an N x N or N x D x Dv tensor.
+    Cost: O(B H (N + M) D Dv) time and O(B H (N + M) (D + Dv)) memory; causal: O(B H N (ell + D) Dv) time and
+    O(B H N (ell + D + D Dv / ell)) memory, ell = ``chunk_size``.
 
     Args:
-        q: queries (sinks), (B, H, N, D).
-        k: keys (sources), (B, H, M, D).
-        v: values, (B, H, M, Dv).
-        is_causal: query i sees keys j <= i only; needs N == M.
-        attn_mask: must be None: no N x M weights are formed for an arbitrary mask to act on.
-        key_padding_mask: (B, M) bool, True = padding (``nn.MultiheadAttention``'s convention): a padded source
-            sends no flow. Causal: it marks padded *positions*, which neither send nor receive flow nor count in
-            t_i (left padding works).
-        query_padding_mask: (B, N) bool, True = padding: a padded sink receives no flow and its output is 0.
-            For self-attention on a padded batch pass the key padding mask here too (the modules do); with
-            ``is_causal`` it must be None (``key_padding_mask`` pads both).
-        eps: added to every component of the flow vectors, as in the published code (0 <= eps <= 1).
+        q, k, v: queries (sinks) (B, H, N, D), keys (sources) (B, H, M, D), values (B, H, M, Dv).
+        is_causal, attn_mask, chunk_size, out_dtype, causal: as in :func:`attnbook.linear_attention`.
+        key_padding_mask: (B, M) bool, True = padding (causal: padded *positions*, left padding works).
+        query_padding_mask: (B, N) bool, True = padding: padded sinks output 0; None when causal.
+        eps: added to every component of the flow vectors, as published (0 <= eps <= 1).
         return_flows: also return the :class:`FlowStats`.
-        chunk_size: the chunk length ell of the causal output product (any positive int; the result does not
-            depend on it beyond rounding).
-        out_dtype: dtype of ``out``; default the inputs' (under autocast: the autocast dtype).
-        competition: False replaces the competition c_j by 1 (the paper's ablation "w/o competition").
-        allocation: False replaces the allocation a_i by 1 (the ablation "w/o allocation").
-        initial_state: causal only: the :class:`FlowState` of the tokens before these, or None.
-        output_final_state: causal only: also return the :class:`FlowState` after the last token.
-        causal: the deprecated name of ``is_causal`` (attnbook 0.1).
+        competition, allocation: False sets c_j = 1 or a_i = 1 (the paper's ablations).
+        initial_state, output_final_state: causal only: the :class:`FlowState` before these tokens, or None; and
+            whether to return the one after the last.
 
     Returns:
-        out (B, H, N, Dv) in ``out_dtype`` (computed in at least float32, autocast off); with ``return_flows``
-        and/or ``output_final_state`` a tuple ``(out, FlowStats)``, ``(out, FlowState)`` or ``(out, FlowStats,
-        FlowState)``. The statistics are in the accumulation dtype. A NaN in any visible input makes the
-        outputs that depend on it NaN (non-causal: every output, since every flow sums over all queries and
-        keys); it is never hidden. (An infinite q or k is a finite feature: sigmoid(inf) = 1.)
+        out (B, H, N, Dv), or ``(out, FlowStats)``, ``(out, FlowState)`` or ``(out, FlowStats, FlowState)``. A NaN in
+        a visible input makes the outputs that depend on it NaN (non-causal: every output).
 
     Example:
         >>> import torch, attnbook
         >>> q, k, v = (torch.randn(2, 4, 16, 8) for _ in range(3))  # (B, H, N, D)
-        >>> out, flows = attnbook.flow_attention(q, k, v, return_flows=True)
-        >>> round(float(flows.competition.sum(-1).mean()), 3)  # the sources share M = 16 units of competition
-        16.0
         >>> pad = torch.zeros(2, 16, dtype=torch.bool)
         >>> pad[0, 12:] = True  # the first sequence has 12 real tokens
         >>> padded = attnbook.flow_attention(q, k, v, key_padding_mask=pad, query_padding_mask=pad)
@@ -449,7 +381,7 @@ def flow_attention(
     B, H, N, M, D, Dv = check_qkv(q, k, v, name=name, same_length=causal, why=_CAUSAL_PAIRS)
     check_no_attn_mask(attn_mask, name=name, why=_NO_ATTN_MASK)
     eps = check_eps(eps, name=name)
-    chunk_size = check_chunk_size(chunk_size, name=name)
+    chunk_size = check_int(chunk_size, "chunk_size", name=name, minimum=1)
     dtype = result_dtype(q) if out_dtype is None else check_dtype(out_dtype, "out_dtype", name=name)
     acc = accumulation_dtype(q.dtype)
     kkeep = qkeep = None  # (B, 1, M), (B, 1, N): True = a real position
@@ -494,24 +426,8 @@ def flow_attention_step(
 ) -> tuple[torch.Tensor, FlowState]:
     """One token of causal Flow-Attention from the prefix state: the recurrent form for generation.
 
-    Feeding tokens 1..N one at a time gives the rows of ``flow_attention(q, k, v, is_causal=True)``; every
-    causal quantity of token t depends only on prefix sums, which :class:`FlowState` carries. The competition
-    normaliser is kept as a running mean of exp(O^) (bounded in [1/e, e], see :class:`FlowState`).
-
-    Cost: O(B H D Dv) time and memory per token, independent of t.
-
-    Args:
-        q_t: query of the new token, (B, H, D).
-        k_t: key of the new token, (B, H, D).
-        v_t: value of the new token, (B, H, Dv).
-        state: the :class:`FlowState` returned by the previous step (or by ``flow_attention(...,
-            output_final_state=True)``; every tensor in the accumulation dtype, on the inputs' device, of the
-            shapes listed there), or None before the first token.
-        eps, competition, allocation: as in :func:`flow_attention`.
-
-    Returns:
-        ``(out_t, new_state)``: out_t (B, H, Dv) in the dtype of the inputs (under autocast: the autocast
-        dtype), new_state a :class:`FlowState`.
+    q_t, k_t (B, H, D), v_t (B, H, Dv) and the :class:`FlowState` before them (None before the first token) ->
+    ``(out_t (B, H, Dv), new state)``, in O(B H D Dv) whatever t; the options as in :func:`flow_attention`.
 
     Example:
         >>> import torch, attnbook
@@ -541,26 +457,10 @@ def flow_attention_step(
 class FlowAttention(ProjectedAttention[FlowState]):
     """Multi-head Flow-Attention with the module family's projections (Wu et al., ICML 2022).
 
-    Parameter names and shapes are those of the published ``Flow_Attention`` module (``query_projection``,
-    ``key_projection``, ``value_projection``, ``out_projection``; dropout after the output projection), so
-    its checkpoints load unchanged.
-
-    Args:
-        d_input, d_model, d_output, n_heads, drop_out: see :class:`attnbook.ProjectedAttention`; the default
-            ``drop_out=0.05`` is the published module's.
-        eps: see :func:`flow_attention`.
-        causal: every forward is causal (as if ``is_causal=True``; needs L == S).
-        competition, allocation: False removes that factor (the paper's ablations, :func:`flow_attention`).
-        device, dtype: of the parameters, as for torch's layers.
-
-    Shape:
-        ``forward(queries, keys=None, values=None, *, key_padding_mask=None, is_causal=False)``: (B, L, d_input),
-        (B, S, d_input), (B, S, d_input) -> (B, L, d_output); ``key_padding_mask`` (B, S) bool, True = padding.
-        In self-attention (``layer(x)``, or ``layer(x, x, x)`` with one tensor, as ``nn.MultiheadAttention`` is
-        called) a padded position neither sends nor receives flow, so the real positions equal a run on the
-        unpadded sequence; with separate keys only the keys are padded. ``attn_mask`` must be None. Causal
-        self-attention also takes ``initial_state`` (a :class:`FlowState`) and ``output_final_state=True``
-        (-> ``(y, FlowState)``); ``step(x_t, state)``: (B, d_input) -> ((B, d_output), FlowState).
+    The parameters of the published ``Flow_Attention`` module (whose ``drop_out=0.05`` is the default), so its
+    checkpoints load unchanged; ``eps``, ``competition``, ``allocation`` as in :func:`flow_attention`; ``causal``:
+    every forward is causal. Calls as :class:`attnbook.ProjectedAttention`; in self-attention (``layer(x)`` or
+    ``layer(x, x, x)``) a padded position neither sends nor receives flow, with separate keys only keys are padded.
 
     Example:
         >>> import torch, attnbook

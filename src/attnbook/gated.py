@@ -5,18 +5,16 @@ pair, and its query reads the result::
 
     S_t = diag(exp(g_t)) S_{t-1} + k_t v_t^T,      o_t = S_t^T (scale q_t)
 
-``g_t`` holds log-decays (<= 0, so every factor exp(g_t) is in [0, 1]; a positive g, growth, is computed as
-written, and -inf forgets everything): one per key dimension, (B, H, N, D), as
-in gated linear attention (Yang et al., "Gated Linear Attention Transformers with Hardware-Efficient Training",
-ICML 2024), or one per head, (B, H, N), broadcast over the D rows, which covers RetNet's fixed decay (Sun et
-al., "Retentive Network", 2023: g = log gamma for every token) and Mamba-2's scalar gate (Dao and Gu, "Transformers
-are SSMs", ICML 2024). With g = 0 it is causal linear attention without a feature map or a normaliser.
+``g_t`` holds log-decays (<= 0, so every factor exp(g_t) is in [0, 1]; -inf forgets everything): one per key
+dimension, (B, H, N, D), as in gated linear attention (Yang et al., "Gated Linear Attention Transformers with
+Hardware-Efficient Training", ICML 2024), or one per head, (B, H, N), which covers RetNet's fixed decay (Sun et
+al., "Retentive Network", 2023) and Mamba-2's scalar gate (Dao and Gu, "Transformers are SSMs", ICML 2024). With
+g = 0 it is causal linear attention without a feature map or a normaliser.
 
-Conventions are flash-linear-attention's (fla, ``naive_recurrent_gla``): tensors (B, H, N, D), no feature map, no
-normaliser, ``scale`` D^-1/2 by default, S of shape (B, H, D, Dv), ``initial_state=`` / ``output_final_state=``.
-The papers write row vectors (S_t = G_t * S_{t-1} + k_t^T v_t, o_t = q_t S_t, GLA's G_t = alpha_t^T 1): the same
-numbers. RetNet's xpos rotation and group norm, and GLA's output gate and low-rank gate projection, belong to
-their layers; :class:`GatedLinearAttention` here keeps one gate projection and no output gate.
+Conventions are flash-linear-attention's (``naive_recurrent_gla``): no feature map, no normaliser, ``scale``
+D^-1/2 by default, S of shape (B, H, D, Dv), ``initial_state=`` / ``output_final_state=``. RetNet's xpos rotation
+and group norm, and GLA's output gate and low-rank gate projection, belong to their layers; not to
+:class:`GatedLinearAttention`.
 
 The chunked form (:func:`chunked_gated_product`), chapter 2's chunks with decay: inside a chunk of ell positions,
 with the log-decay between positions seg[i, j] = g_{j+1} + ... + g_i (j <= i),
@@ -25,10 +23,9 @@ with the log-decay between positions seg[i, j] = g_{j+1} + ... + g_i (j <= i),
     S_{c+1} = diag(exp(g_1 + ... + g_ell)) S_c + sum_j (k_j * exp(g_{j+1} + ... + g_ell)) v_j^T
 
 Every exponent is a sum of log-decays, formed by cumulative sums without a subtraction, so it is <= 0: nothing
-overflows, and g = -inf (forget everything) gives exact zeros. Cost: O(N ell (D + Dv) + N D Dv) time, and
-O(N ell D) memory for the decays of vector gates (O(N ell) for one per head). The state passes from chunk to
-chunk in a loop. The pairs inside a chunk are weighed one decay per key dimension, not by a matrix product, so
-vector gates take short chunks (``chunk_size`` 8): the chunk's pairs cost N ell D, the loop N / ell steps.
+overflows, and g = -inf gives exact zeros. Cost: O(N ell (D + Dv) + N D Dv) time, and O(N ell D) memory for
+vector gates (O(N ell) for one per head); the state passes from chunk to chunk in a loop. Vector gates weigh each
+pair one decay per key dimension, not by a matrix product, hence short chunks (``chunk_size`` 8).
 """
 
 from __future__ import annotations
@@ -39,7 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ._checks import check_gated_call, check_gated_step
+from ._checks import check_bool, check_choice, check_gated, check_int, check_number
 from ._module import RecurrentAttention
 from ._runtime import accumulation_dtype, autocast_disabled, chunk_count
 
@@ -54,10 +51,7 @@ __all__ = [
 
 def _segment_sums(g: torch.Tensor) -> torch.Tensor:
     """seg[..., x, j, i] = g_{j+1} + ... + g_i (the x-th entries) for j <= i, 0 on the diagonal and -inf for j > i,
-    from g (..., L, X). Returns (..., X, L, L), key j before query i.
-
-    Each entry is a cumulative sum of the g_s that lie between j and i, not a difference of two prefix sums: no
-    cancellation, and -inf stays -inf."""
+    from g (..., L, X) -> (..., X, L, L): a cumulative sum, not a difference of prefix sums, so -inf stays -inf."""
     L = g.shape[-2]
     after = torch.ones(L, L, dtype=torch.bool, device=g.device).triu(1)  # (L, L): [j, i] with i > j
     steps = g.transpose(-2, -1).unsqueeze(-2).expand(*g.shape[:-2], g.shape[-1], L, L)  # (..., X, L, L): g_i
@@ -68,10 +62,8 @@ def _segment_sums(g: torch.Tensor) -> torch.Tensor:
 def chunked_gated_product(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, chunk_size: int, state: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The chunked form of the module docstring: q, k (B, H, N, D), v (B, H, N, Dv), log-decays g (B, H, N, X) with
-    X = D or 1, the state before the first token (B, H, D, Dv); all in one dtype, q already scaled.
-
-    Returns (o (B, H, N, Dv), the state after the last token (B, H, D, Dv))."""
+    """The chunked form of the module docstring: q (already scaled), k (B, H, N, D), v (B, H, N, Dv), log-decays g
+    (B, H, N, X), X = D or 1, and S (B, H, D, Dv), in one dtype -> (o (B, H, N, Dv), the state after the last token)."""
     N, ell = q.shape[-2], chunk_size
     n = chunk_count(N, ell)  # chunks, the last padded: no decay (g = 0) and no write (k = 0) there
     qc, kc, vc, gc = (
@@ -89,8 +81,8 @@ def chunked_gated_product(
     kept = from_start[..., -1, :].unsqueeze(-1)  # (B, H, n, X, 1): the decay across each whole chunk
     reads = qc * from_start  # (B, H, n, ell, D): each query, decayed back to its chunk's start
     outs = []
-    for inside_c, reads_c, kept_c, written_c in zip(*(x.unbind(2) for x in (inside, reads, kept, written))):
-        outs.append(inside_c + reads_c @ state)  # (B, H, ell, Dv): the chunk's own pairs and the carried state
+    for inside_c, read_c, kept_c, written_c in zip(*(x.unbind(2) for x in (inside, reads, kept, written)), strict=True):
+        outs.append(inside_c + read_c @ state)  # (B, H, ell, Dv): the chunk's own pairs and the carried state
         state = kept_c * state + written_c  # (B, H, D, Dv): carried to the next chunk
     return torch.cat(outs, dim=-2)[:, :, :N], state  # (B, H, N, Dv), (B, H, D, Dv)
 
@@ -109,36 +101,31 @@ def gated_linear_attention(
     """Causal gated linear attention: S_t = diag(exp(g_t)) S_{t-1} + k_t v_t^T, o_t = S_t^T (scale q_t).
 
     Args:
-        q, k: (B, H, N, D); v: (B, H, N, Dv).
+        q, k, v: (B, H, N, D), (B, H, N, D), (B, H, N, Dv).
         g: log-decays <= 0, (B, H, N, D) (one per key dimension) or (B, H, N) (one per head).
         scale: multiplies q; default D^-1/2.
-        initial_state: S before the first token, (B, H, D, Dv) in the accumulation dtype (at least float32), or
-            None for zeros.
+        initial_state: S before the first token, (B, H, D, Dv) in the accumulation dtype, or None for zeros.
         output_final_state: also return S after the last token.
         chunk_size: ell of the chunked form (the result does not depend on it beyond rounding).
 
     Returns:
-        (B, H, N, Dv) in q's dtype (the autocast dtype under autocast), or ``(output, S)`` with
-        ``output_final_state``. The work is done in at least float32.
+        (B, H, N, Dv) in q's dtype (under autocast: the autocast dtype), or ``(output, S)``.
 
     Example:
         >>> import torch, attnbook
         >>> q, k, v = (torch.randn(1, 2, 10, 4) for _ in range(3))
         >>> g = torch.full((1, 2, 10), -0.1)  # every head forgets 10 % a token (RetNet-like)
-        >>> out, S = attnbook.gated_linear_attention(q, k, v, g, output_final_state=True)
-        >>> out.shape, S.shape
-        (torch.Size([1, 2, 10, 4]), torch.Size([1, 2, 4, 4]))
-        >>> head = attnbook.gated_linear_attention(q[:, :, :6], k[:, :, :6], v[:, :, :6], g[..., :6],
-        ...                                        output_final_state=True)[1]
-        >>> tail = attnbook.gated_linear_attention(q[:, :, 6:], k[:, :, 6:], v[:, :, 6:], g[..., 6:],
-        ...                                        initial_state=head)
+        >>> out = attnbook.gated_linear_attention(q, k, v, g)
+        >>> head, tail = (slice(0, 6), slice(6, 10))
+        >>> _, S = attnbook.gated_linear_attention(*(x[:, :, head] for x in (q, k, v, g)), output_final_state=True)
+        >>> tail = attnbook.gated_linear_attention(*(x[:, :, tail] for x in (q, k, v, g)), initial_state=S)
         >>> torch.allclose(tail, out[:, :, 6:], atol=1e-5)  # the state carries the first 6 tokens
         True
     """
-    g, s, state, final, ell, dtype = check_gated_call(
-        q, k, v, g, name="gated_linear_attention", arg="g", vector=True, scale=scale, initial_state=initial_state,
-        output_final_state=output_final_state, chunk_size=chunk_size,
-    )  # fmt: skip
+    name = "gated_linear_attention"
+    g, s, state, dtype = check_gated(q, k, v, g, initial_state, name=name, arg="g", vector=True, scale=scale)
+    final = check_bool(output_final_state, "output_final_state", name=name)
+    ell = check_int(chunk_size, "chunk_size", name=name, minimum=1)
     with autocast_disabled(q.device):
         acc = state.dtype
         g = (g if g.dim() == 4 else g.unsqueeze(-1)).to(acc)  # (B, H, N, X)
@@ -168,9 +155,8 @@ def gated_linear_attention_step(
         >>> torch.allclose(o_t, attnbook.gated_linear_attention(q, k, v, g)[:, :, -1], atol=1e-5)
         True
     """
-    g_t, s, S, dtype = check_gated_step(
-        q_t, k_t, v_t, g_t, state, name="gated_linear_attention_step", arg="g_t", vector=True, scale=scale
-    )
+    name = "gated_linear_attention_step"
+    g_t, s, S, dtype = check_gated(q_t, k_t, v_t, g_t, state, name=name, arg="g_t", vector=True, scale=scale, step=True)
     acc = S.dtype
     with autocast_disabled(q_t.device):
         decay = (g_t if g_t.dim() == 3 else g_t.unsqueeze(-1)).to(acc).exp().unsqueeze(-1)  # (B, H, D or 1, 1)
@@ -188,18 +174,10 @@ def retnet_log_decays(n_heads: int) -> torch.Tensor:
 class GatedLinearAttention(RecurrentAttention):
     """Causal self-attention by :func:`gated_linear_attention`, with its decays from a fixed rate or from the input.
 
-    Args:
-        dim: model width C (= H D).
-        num_heads: H (``n_heads`` is accepted too).
-        decay: ``"data"`` (GLA: g = logsigmoid(x W_g + b) / ``gate_normalizer``, one per key dimension, from each
-            token) or ``"fixed"`` (RetNet: :func:`retnet_log_decays`, one per head, the same for every token).
-        gate_normalizer: GLA's temperature of the gate (fla's ``gate_logit_normalizer``, default 16): the log-decays
-            of a fresh layer are small, so the state forgets slowly at the start of training.
-        qkv_bias, proj_bias, device, dtype: as for torch's and timm's layers.
-
-    Shape: x (B, N, C) -> (B, N, C); ``key_padding_mask`` (B, N), True = padding: a padded token neither writes
-    nor decays the state. ``forward(x, initial_state=S, output_final_state=True)`` -> (y, S) with S (B, H, D, D);
-    ``step(x_t, S)``: (B, C) -> ((B, C), S).
+    ``decay="data"`` (GLA: g = logsigmoid(x W_g + b) / ``gate_normalizer``, one per key dimension and token; fla's
+    ``gate_logit_normalizer`` 16 keeps a fresh layer's decays small) or ``"fixed"`` (RetNet:
+    :func:`retnet_log_decays`, one per head). A padded token neither writes nor decays the state.
+    ``GatedLinearAttention(dim, num_heads, ...)``; shapes and calls as :class:`attnbook.RecurrentAttention`.
 
     Example:
         >>> import torch, attnbook
@@ -228,16 +206,18 @@ class GatedLinearAttention(RecurrentAttention):
     ):
         super().__init__(dim, num_heads, n_heads=n_heads, qkv_bias=qkv_bias, proj_bias=proj_bias, device=device,
                          dtype=dtype)  # fmt: skip
-        self.decay = self._choice(decay, "decay", ("data", "fixed"))
-        self.gate_normalizer = self._positive(gate_normalizer, "gate_normalizer")
+        name = type(self).__name__
+        self.decay = check_choice(decay, "decay", ("data", "fixed"), name=name)
+        self.gate_normalizer = check_number(
+            gate_normalizer, "gate_normalizer", name=name, minimum=0.0, strict_minimum=True
+        )
         if self.decay == "data":
             self.gate_projection = nn.Linear(dim, dim, device=device, dtype=dtype)  # one log-decay per key dim
         else:
             self.register_buffer("log_decays", retnet_log_decays(self.n_heads).to(device), persistent=False)
 
     def gates(self, x: torch.Tensor) -> torch.Tensor:
-        """The log-decays for tokens x (B, N, C) or (B, C): (B, H, N, D) or (B, H, D) ("data"), or (B, H, N) or
-        (B, H) ("fixed")."""
+        """Log-decays of x (B, N, C) or (B, C): (B, H, N, D) or (B, H, D) ("data"), (B, H, N) or (B, H) ("fixed")."""
         if self.decay == "fixed":
             shape = (x.shape[0], self.n_heads) + ((x.shape[1],) if x.dim() == 3 else ())
             lead = self.log_decays.view(self.n_heads, *([1] if x.dim() == 3 else []))

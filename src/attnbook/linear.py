@@ -5,19 +5,14 @@ Replace the softmax kernel exp(q . k / sqrt(D)) by phi(q) . phi(k) and use assoc
     out_i = phi(q_i)^T S / (phi(q_i)^T z + eps),   S = sum_j phi(k_j) v_j^T,   z = sum_j phi(k_j)
 
 The sums over keys are computed once, so the N x M matrix never exists: O(N R Dv) time instead of O(N M D).
-Causal attention restricts both sums to j <= i; carried as a state (S, z) it is an RNN, which is what makes
-generation cost O(1) per token (Katharopoulos et al., "Transformers are RNNs: Fast Autoregressive
-Transformers with Linear Attention", ICML 2020, Eqs. 4-6 and 16-20). eps is added to the denominator, as in
-fast-transformers' ``LinearAttention``.
+Causal attention restricts both sums to j <= i; carried as a state (S, z) it is an RNN, so generation costs O(1)
+per token (Katharopoulos et al., "Transformers are RNNs", ICML 2020, Eqs. 4-6 and 16-20). eps is added to the
+denominator, as in fast-transformers.
 
-The causal sums are computed by one chunked form (:func:`chunked_causal_product`): inside a chunk of ell positions
-the masked ell x ell product, between chunks the carried state, as in flash-linear-attention's chunked algorithm
-(Yang et al., "Gated Linear Attention Transformers with Hardware-Efficient Training", ICML 2024, Sec. 2.2). On the
-CPU, causal attention with a built-in feature map goes to the speed annex (:mod:`attnbook._fast`) unless
-:func:`attnbook.config.plain` says otherwise.
-
-The literal definitions (the normalised N x M matrix, the loop over time) are
-:func:`attnbook.reference.linear_attention` and :func:`attnbook.reference.linear_attention_loop`.
+The causal sums are one chunked form (:func:`chunked_causal_product`): inside a chunk of ell positions the masked
+ell x ell product, between chunks the carried state (Yang et al., "Gated Linear Attention Transformers with
+Hardware-Efficient Training", ICML 2024, Sec. 2.2). On the CPU, causal attention with a built-in feature map goes
+to the speed annex (:mod:`attnbook._fast`) unless :func:`attnbook.config.plain` says otherwise.
 """
 
 from __future__ import annotations
@@ -32,12 +27,12 @@ from torch import Tensor
 from . import config
 from ._checks import (
     check_bool,
-    check_chunk_size,
     check_drawn_width,
     check_dtype,
     check_eps,
     check_feature_widths,
     check_features,
+    check_int,
     check_is_causal,
     check_key_padding_mask,
     check_no_attn_mask,
@@ -64,17 +59,14 @@ _NO_ATTN_MASK = (
 
 
 class LinearState(NamedTuple):
-    """The recurrent state of causal linear attention after t tokens.
-
-    S = sum_{j<=t} phi(k_j) v_j^T (B, H, R, Dv) and z = sum_{j<=t} phi(k_j) (B, H, R), in at least float32.
+    """The recurrent state of causal linear attention after t tokens, in at least float32:
+    S = sum_{j<=t} phi(k_j) v_j^T (B, H, R, Dv) and z = sum_{j<=t} phi(k_j) (B, H, R).
 
     Example:
         >>> import torch, attnbook
         >>> from attnbook.feature_maps import elu_feature_map
         >>> q, k, v = (torch.randn(1, 2, 6, 4) for _ in range(3))
         >>> _, state = attnbook.linear_attention(q, k, v, is_causal=True, output_final_state=True)
-        >>> torch.allclose(state.z, elu_feature_map(k).sum(2), atol=1e-5)  # z: the keys' features, summed
-        True
         >>> torch.allclose(state.S, elu_feature_map(k).transpose(-2, -1) @ v, atol=1e-5)  # S: phi(k)^T v
         True
     """
@@ -88,18 +80,11 @@ def chunked_causal_product(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """o_i = q_i^T (S_0 + sum_{j<=i} k_j v_j^T), every chunk at once; and the state after the last position.
 
-    q, k (..., N, R), v (..., N, Dv) and the carried state S_0 (..., R, Dv) (zero when None) in the accumulation
-    dtype. The sequence is cut into n chunks of ell = ``chunk_size`` positions (the last padded with zeros). Inside
-    a chunk the causal products are a masked ell x ell matrix, (q k^T) masked to j <= i, times v; the chunks before
-    contribute q_i^T S_c, S_c the state before chunk c: a running sum of the chunks' own k^T v. The products'
-    inputs are in :func:`attnbook._runtime.product_dtype` (bfloat16 for bfloat16 inputs, a GPU's matrix units)
-    and their results and the states in the accumulation dtype.
-
-    Cost: O(N (ell + R) Dv) time; O(N (ell + R Dv / ell)) memory beside the inputs (the scores of every chunk and the
-    state before every chunk).
-
-    Returns:
-        (o (..., N, Dv), S_0 + sum_j k_j v_j^T (..., R, Dv)), in the accumulation dtype.
+    q, k (..., N, R), v (..., N, Dv), S_0 (..., R, Dv) (zero when None), in the accumulation dtype, cut into chunks
+    of ell = ``chunk_size`` positions (the last padded with zeros): inside a chunk (q k^T) masked to j <= i, times v;
+    before it, q_i^T S_c, S_c the running sum of the chunks' k^T v. The products' inputs are in
+    :func:`attnbook._runtime.product_dtype`. Cost: O(N (ell + R) Dv) time, O(N (ell + R Dv / ell)) memory.
+    Returns (o (..., N, Dv), S_0 + sum_j k_j v_j^T (..., R, Dv)), in the accumulation dtype.
     """
     acc, mm = q.dtype, product_dtype(q)
     N, ell = q.shape[-2], chunk_size
@@ -130,8 +115,7 @@ def _feature_map(feature_map: str | FeatureMap, D: int, *, name: str, got: str |
 def _features(
     phi: FeatureMap, q: torch.Tensor, k: torch.Tensor, keep: torch.Tensor | None = None, *, name: str
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """phi(q) and phi(k), checked, in q's dtype: (..., N, R) and (..., M, R); a padded key's features (``keep``
-    (..., M, 1) False) are 0, since phi(0) need not be."""
+    """phi(q) (..., N, R) and phi(k) (..., M, R), checked, in q's dtype; 0 for a padded key (``keep`` False)."""
     fq = check_features(phi(q), q, name=name, label="q").to(q.dtype)
     fk = check_features(phi(k), k, name=name, label="k").to(q.dtype)
     check_feature_widths(fq, fk, name=name)
@@ -139,8 +123,7 @@ def _features(
 
 
 def _divide(num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:
-    """num / den, and 0 where den is 0: with eps = 0 a query whose keys are all padding has no weight at all
-    (then num is 0 too); NaN stays NaN."""
+    """num / den, and 0 where den is 0 (eps = 0 and no weight at all: then num is 0 too); NaN stays NaN."""
     return num / torch.where(den == 0, 1.0, den)
 
 
@@ -150,7 +133,7 @@ def _divide_(num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:
 
 
 class _Options(TypedDict, total=False):
-    """The keywords of :func:`linear_attention` but ``output_final_state``, for its overloads."""
+    """The keywords of :func:`linear_attention` that its overloads do not tell apart."""
 
     is_causal: bool
     attn_mask: torch.Tensor | None
@@ -197,39 +180,26 @@ def linear_attention(
 
         out_i = phi(q_i)^T S / (phi(q_i)^T z + eps),   S = sum_j phi(k_j) v_j^T,   z = sum_j phi(k_j)
 
-    with both sums over all keys j, or over j <= i when ``is_causal``. ``phi`` is applied inside, to q and k.
-    Causal attention may start from a state (S_0, z_0) of earlier tokens, added to both sums, and return the
-    state after the last token, as flash-linear-attention's functions do.
+    with both sums over all keys j, or over j <= i when ``is_causal``, then from a state (S_0, z_0) of earlier tokens.
 
-    Cost: non-causal O(B H (N + M) R Dv) time and O(B H (N + M) R) memory beside the inputs and the output.
-    Causal, chunked (:func:`chunked_causal_product`, ell = ``chunk_size``): O(B H N (ell + R) Dv) time; nothing
-    of size N x N. The result does not depend on ell beyond rounding. Differentiable any number of times.
+    Cost: non-causal O(B H (N + M) R Dv) time and O(B H (N + M) R) memory; causal: O(B H N (ell + R) Dv) time.
 
     Args:
-        q: queries (B, H, N, D).
-        k: keys (B, H, M, D).
-        v: values (B, H, M, Dv).
+        q, k, v: queries (B, H, N, D), keys (B, H, M, D), values (B, H, M, Dv).
         is_causal: query i sees keys j <= i only; needs N == M.
-        attn_mask: must be None: linear attention never forms the weights an arbitrary mask would act on (the
-            argument exists so that a call written for SDPA gets this explanation).
-        key_padding_mask: (B, M) bool, True = padding, as in ``nn.MultiheadAttention``. Padded keys and values
-            contribute nothing, whatever their values (NaN and inf included), and get zero gradients.
-        feature_map: "elu" (elu(x) + 1, default), "relu", a callable (..., D) -> (..., R) acting on each
-            vector on its own, or an :class:`attnbook.feature_maps.PerformerFeatures`.
-        eps: added to the denominator, as in fast-transformers. With eps = 0 a query with no weight at all
-            (every key padded) gets zeros.
-        chunk_size: the chunk length ell of the causal chunked form.
-        out_dtype: dtype of the result; default the inputs' (under autocast: the autocast dtype). Pass the
-            accumulation dtype (e.g. float32 for float16 inputs) to keep a result that float16 cannot hold.
-        initial_state: causal only: the :class:`LinearState` of the tokens before these (S (B, H, R, Dv),
-            z (B, H, R), in the accumulation dtype), or None for none.
-        output_final_state: causal only: also return the :class:`LinearState` after the last token.
-        causal: the deprecated name of ``is_causal`` (attnbook 0.1).
+        attn_mask: must be None: no N x M weights are formed for an arbitrary mask to act on.
+        key_padding_mask: (B, M) bool, True = padding: those keys contribute nothing, whatever they hold.
+        feature_map: "elu" (elu(x) + 1), "relu", a callable (..., D) -> (..., R) on each vector, or a
+            :class:`attnbook.feature_maps.PerformerFeatures`.
+        eps: added to the denominator; with eps = 0 a query with no weight at all gets zeros.
+        chunk_size: ell of the causal chunked form (the result does not depend on it beyond rounding).
+        out_dtype: dtype of the result; default the inputs' (under autocast: the autocast dtype).
+        initial_state, output_final_state: causal only: the :class:`LinearState` before these tokens, or None; and
+            whether to return the one after the last.
+        causal: the deprecated name of ``is_causal``.
 
     Returns:
-        (B, H, N, Dv) in ``out_dtype``, or ``(out, final_state)`` with ``output_final_state``. Feature maps,
-        sums, normalisers and states are computed in at least float32 (with autocast off). A NaN or inf in a
-        visible input makes the outputs that depend on it NaN; it is never hidden.
+        (B, H, N, Dv), or ``(out, final_state)``; a NaN or inf in a visible input makes the outputs on it NaN.
 
     Example:
         >>> import torch, attnbook
@@ -247,7 +217,7 @@ def linear_attention(
     B, H, N, M, D, Dv = check_qkv(q, k, v, name=name, same_length=causal, why=_CAUSAL_PAIRS)
     check_no_attn_mask(attn_mask, name=name, why=_NO_ATTN_MASK)
     eps = check_eps(eps, name=name)
-    chunk_size = check_chunk_size(chunk_size, name=name)
+    chunk_size = check_int(chunk_size, "chunk_size", name=name, minimum=1)
     output_final_state = check_bool(output_final_state, "output_final_state", name=name)
     phi = _feature_map(feature_map, D, name=name, got=lambda: f"q {shape_str(q)}, k {shape_str(k)}")
     check_state_call(causal, initial_state, output_final_state, name=name)
@@ -283,10 +253,9 @@ FEATURE_NAMES: dict[FeatureMap, str] = {phi: name for name, phi in FEATURE_MAPS.
 
 
 def _annex_takes(q: torch.Tensor, phi: FeatureMap, causal: bool, state: object, output_state: bool) -> bool:
-    """Whether the speed annex runs this call: it is on (:func:`attnbook.config.plain`), the call is causal
-    without a state, with a built-in feature map, not traced, on the CPU with one thread (its tiles are laid out
-    for one core's caches; with more threads, each of their many products synchronises the threads, and beside
-    other work the plain form's few large products were as fast: ``benchmarks/bench_annex.py``)."""
+    """Whether the speed annex runs this call: it is on (:func:`attnbook.config.plain`), the call is causal without
+    a state, with a built-in feature map, not traced, on the CPU with one thread (its tiles are laid out for one core's
+    caches; with more threads the plain form was as fast: ``benchmarks/bench_annex.py``)."""
     if config.plain() or not causal or state is not None or output_state or phi not in FEATURE_NAMES:
         return False
     return q.device.type == "cpu" and not tracing() and torch.get_num_threads() == 1
@@ -320,11 +289,8 @@ def _causal(
     eps: float,
     state: LinearState | None,
 ) -> tuple[torch.Tensor, LinearState]:
-    """Causal linear attention on features fq, fk (B, H, N, R) and values v (B, H, N, Dv) from ``state``.
-
-    The values get a column of ones, so that one chunked product gives numerator and normaliser
-    (phi(q_i)^T z_i is the numerator of a value that is 1 everywhere), and the state (S, z) travels as one
-    (R, Dv + 1) matrix [S | z]."""
+    """Causal linear attention on features fq, fk (B, H, N, R) and values v (B, H, N, Dv) from ``state``. The
+    values get a column of ones, so one chunked product gives numerator and normaliser; (S, z) travels as [S | z]."""
     ones = torch.ones_like(v[..., :1])
     carried = None if state is None else torch.cat([state.S, state.z.unsqueeze(-1)], dim=-1)  # (B, H, R, Dv + 1)
     nd, final = chunked_causal_product(fq, fk, torch.cat([v, ones], dim=-1), chunk_size, carried)
@@ -345,21 +311,8 @@ def linear_attention_step(
 
         S_t = S_{t-1} + phi(k_t) v_t^T,   z_t = z_{t-1} + phi(k_t),   out_t = phi(q_t)^T S_t / (phi(q_t)^T z_t + eps)
 
-    Stepping through a sequence from ``state=None`` (zeros) reproduces ``linear_attention(is_causal=True)``.
-
-    Cost per token: O(B H R Dv) time and memory, independent of the position t.
-
-    Args:
-        q_t: query (B, H, D).
-        k_t: key (B, H, D).
-        v_t: value (B, H, Dv).
-        state: the :class:`LinearState` returned by the previous step (S (B, H, R, Dv) and z (B, H, R) in the
-            accumulation dtype, on the inputs' device), or None to start from zeros.
-        feature_map, eps: as in :func:`linear_attention`.
-
-    Returns:
-        (out_t (B, H, Dv) in the input dtype (under autocast: the autocast dtype), the new
-        :class:`LinearState` in the accumulation dtype).
+    q_t, k_t (B, H, D), v_t (B, H, Dv) and the :class:`LinearState` before them (None: zeros) -> ``(out_t (B, H, Dv),
+    new state)``, in O(B H R Dv) whatever the position; the options as in :func:`linear_attention`.
 
     Example:
         >>> import torch, attnbook
@@ -369,8 +322,6 @@ def linear_attention_step(
         ...     out_t, state = attnbook.linear_attention_step(q[:, :, t], k[:, :, t], v[:, :, t], state)
         >>> torch.allclose(out_t, attnbook.linear_attention(q, k, v, is_causal=True)[:, :, -1], atol=1e-5)
         True
-        >>> tuple(state.S.shape), tuple(state.z.shape)  # the same size after any number of tokens
-        ((1, 2, 4, 4), (1, 2, 4))
     """
     name = "linear_attention_step"
     B, H, D, Dv = check_step_inputs(q_t, k_t, v_t, name=name)
@@ -396,24 +347,10 @@ def linear_attention_step(
 class LinearAttention(ProjectedAttention[LinearState]):
     """Multi-head kernelized linear attention with the module family's projections.
 
-    Args:
-        d_input, d_model, d_output, n_heads, drop_out: see :class:`attnbook.ProjectedAttention` (also timm's
-            keywords).
-        feature_map: as in :func:`linear_attention`. A :class:`~attnbook.feature_maps.PerformerFeatures`
-            becomes a submodule (its projection moves with the module) and must be drawn for
-            D = d_model // n_heads.
-        causal: every forward is causal (as if ``is_causal=True``; needs L == S).
-        eps: added to the denominator.
-        chunk_size: the chunk length ell of the causal chunked form.
-        device, dtype: of the parameters, as for torch's layers.
-
-    Shape:
-        ``forward(queries, keys=None, values=None, *, key_padding_mask=None, is_causal=False)``:
-        (B, L, d_input), (B, S, d_input), (B, S, d_input) and a (B, S) bool mask (True = padding, as in
-        ``nn.MultiheadAttention``) -> (B, L, d_output). ``attn_mask`` must be None (see
-        :func:`linear_attention`). Causal self-attention also takes ``initial_state`` (a :class:`LinearState`)
-        and ``output_final_state=True`` (-> ``(y, LinearState)``); ``step(x_t, state)``: (B, d_input) ->
-        ((B, d_output), LinearState), in O(H R Dv) whatever the position.
+    ``feature_map``, ``eps``, ``chunk_size`` as in :func:`linear_attention` (a
+    :class:`~attnbook.feature_maps.PerformerFeatures` becomes a submodule, drawn for D = d_model // n_heads);
+    ``causal``: every forward is causal. Calls as :class:`attnbook.ProjectedAttention`, ``attn_mask`` None; the state
+    is a :class:`LinearState`.
 
     Example:
         >>> import torch, attnbook
@@ -442,7 +379,7 @@ class LinearAttention(ProjectedAttention[LinearState]):
         name = type(self).__name__
         self.causal = check_bool(causal, "causal", name=name)
         self.eps = check_eps(eps, name=name)
-        self.chunk_size = check_chunk_size(chunk_size, name=name)
+        self.chunk_size = check_int(chunk_size, "chunk_size", name=name, minimum=1)
         head_dim = self.d_model // self.n_heads
         got = f"heads of width D = d_model // n_heads = {head_dim}"
         self.feature_map = _feature_map(feature_map, head_dim, name=name, got=got)  # a Performer is a submodule

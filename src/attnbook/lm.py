@@ -1,27 +1,16 @@
 """A small decoder-only language model whose attention is chosen by name: chapter 7.
 
-The model is the pre-norm decoder of GPT-2 (Radford et al. 2019) at toy size: token embeddings plus fixed
-sinusoidal positions (Vaswani et al., NeurIPS 2017), ``n_layers`` blocks of causal self-attention and a
-two-layer MLP, each on a residual path behind a LayerNorm, a final LayerNorm and a head tied to the
-embeddings. Only the attention changes between mechanisms: every block builds its layer from the registry,
-``MECHANISMS[name].module(dim, n_heads, causal=True)``, so softmax, linear, Flow- and mixture-of-head attention
-are swapped by one string. Mobile-Attention has no causal form and the registry refuses to build it.
+The pre-norm decoder of GPT-2 (Radford et al. 2019) at toy size: token embeddings plus fixed sinusoidal positions
+(Vaswani et al., NeurIPS 2017), ``n_layers`` blocks of causal self-attention and a two-layer MLP, each on a
+residual path behind a LayerNorm, a final LayerNorm and a head tied to the embeddings. Every block builds its
+attention from the registry, ``MECHANISMS[name].module(dim, n_heads, causal=True)``, so mechanisms are swapped by
+one string.
 
-Generation prefills the prompt in one parallel call (``forward(prompt, output_final_state=True)``), then runs
-one token at a time (:meth:`DecoderLM.step`), and carries the past in a per-layer state, each layer's own
-(``layer.step``, the library's recurrent API):
-
-* a **recurrent state** of constant size for the mechanisms whose registry entry has a ``step``: causal
-  linear attention is an RNN (Katharopoulos et al., ICML 2020), ``S_t = S_{t-1} + phi(k_t) v_t^T``, and causal
-  Flow-Attention keeps its prefix sums (:class:`attnbook.FlowState`);
-* a **KV cache** for the others (softmax attention, MoH): the keys and values of every past token, which grows
-  by one row per token, and a new query that attends to all of them.
-
-:meth:`DecoderLM.step` gives the same logits as :meth:`DecoderLM.forward` over the same tokens (to rounding).
-
-Cost of one generated token at position t, per layer, width C = H D: the projections and the MLP cost O(C^2)
-for every mechanism; the KV cache adds O(t C) time and holds 2 t C numbers; the recurrent state adds O(H D^2)
-time and holds O(H D^2) numbers, whatever t.
+Generation prefills the prompt in one parallel call (``forward(prompt, output_final_state=True)``), then runs one
+token at a time (:meth:`DecoderLM.step`), carrying each layer's own state: a **recurrent state** of constant size
+(linear attention is an RNN, Flow-Attention keeps its prefix sums) or a **KV cache** (softmax attention, MoH)
+that grows by one row per token. Per generated token at position t and layer, width C = H D: O(C^2) for the
+projections and the MLP, plus O(t C) time and 2 t C numbers for a KV cache, or O(H D^2) for a recurrent state.
 """
 
 from __future__ import annotations
@@ -36,7 +25,6 @@ from torch import nn
 
 from . import mechanisms
 from ._checks import (
-    accumulation_dtype,
     check_bool,
     check_choice,
     check_count,
@@ -47,6 +35,7 @@ from ._checks import (
     check_same_value,
     check_token_ids,
 )
+from ._runtime import accumulation_dtype
 from .softmax import KVCache
 
 # KVCache is imported here for code written for 0.1 (attnbook.lm.KVCache); it is documented as attnbook.KVCache
@@ -54,17 +43,10 @@ __all__ = ["DecoderLM", "Block", "LMState", "sinusoidal_positions", "state_bytes
 
 
 def sinusoidal_positions(positions: torch.Tensor, dim: int, dtype: torch.dtype | None = None) -> torch.Tensor:
-    """Fixed sinusoidal position vectors (Vaswani et al. 2017), defined for every position t >= 0.
+    """Fixed sinusoidal position vectors (Vaswani et al. 2017) for (N,) integer positions -> (N, C), C = ``dim``.
 
-    ``P[t, 2i] = sin(t / 10000^(2i / C))``, ``P[t, 2i + 1] = cos(t / 10000^(2i / C))``. Computed in at least
-    float32 (float64 stays float64), returned in ``dtype`` (default: that accumulation dtype).
-
-    Args:
-        positions: (N,) integer positions.
-        dim: width C (any C >= 1; an odd C drops the last cosine).
-
-    Returns:
-        (N, C) tensor on the device of ``positions``.
+    ``P[t, 2i] = sin(t / 10000^(2i / C))``, ``P[t, 2i + 1] = cos(t / 10000^(2i / C))`` (an odd C drops the last
+    cosine), computed in at least float32 and returned in ``dtype`` (default: that accumulation dtype).
 
     Example:
         >>> import torch
@@ -83,11 +65,8 @@ def sinusoidal_positions(positions: torch.Tensor, dim: int, dtype: torch.dtype |
 
 
 class LMState(NamedTuple):
-    """Everything :meth:`DecoderLM.step` needs about the past: the position and one state per block.
-
-    Attributes:
-        t: number of tokens seen (the next token's position).
-        layers: per block a :class:`KVCache`, :class:`attnbook.LinearState` or :class:`attnbook.FlowState`.
+    """Everything :meth:`DecoderLM.step` needs about the past: ``t``, the number of tokens seen (the next token's
+    position), and ``layers``, per block its layer's state (a :class:`KVCache`, :class:`attnbook.LinearState`, ...).
 
     Example:
         >>> import torch
@@ -103,10 +82,8 @@ class LMState(NamedTuple):
 
 
 def state_bytes(state: Any, *, allocated: bool = False) -> int:
-    """Bytes held by a decoding state (an :class:`LMState`, one layer's state, or nested tuples of them).
-
-    ``allocated=False`` counts the numbers held (a :class:`KVCache` of t tokens: 2 t H D numbers per layer);
-    ``allocated=True`` counts the storage behind them (a view's whole storage).
+    """Bytes held by a decoding state (an :class:`LMState`, one layer's state, or nested tuples of them): the numbers
+    held (a :class:`KVCache` of t tokens: 2 t H D per layer), or with ``allocated=True`` the storage behind them.
 
     Example:
         >>> import torch
@@ -130,24 +107,15 @@ def state_bytes(state: Any, *, allocated: bool = False) -> int:
 class Block(nn.Module):
     """Pre-norm transformer block: ``x + attn(LN(x))``, then ``x + MLP(LN(x))``, attention chosen by name.
 
-    The one block of the book: chapter 7's decoder (causal), and the encoders of chapter 6's race and of the
-    claims experiments (``causal=False``). The MLP is ``Linear(C, mlp_ratio C)``, GELU, ``Linear(mlp_ratio C, C)``.
-
-    Args:
-        mechanism: a name of :data:`attnbook.mechanisms.MECHANISMS` (with a causal form when ``causal``).
-        dim: model width C.
-        n_heads: number of heads H.
-        mlp_ratio: hidden width of the MLP is ``mlp_ratio * C``.
-        causal: every position attends to itself and the positions before it (a decoder).
-        device, dtype: of the parameters, as for torch's layers.
-        attn_options: further keyword arguments of the registry's module (an ablation such as
-            ``competition=False``).
+    The one block of the book: chapter 7's decoder, and the encoders (``causal=False``) of chapter 6 and of the
+    claims experiments. ``mechanism``: a name of :data:`attnbook.mechanisms.MECHANISMS`; the MLP is
+    ``Linear(C, mlp_ratio C)``, GELU, ``Linear(mlp_ratio C, C)``; ``attn_options``: further keywords of the
+    registry's module (an ablation such as ``competition=False``).
 
     Shape:
-        ``forward(x, key_padding_mask=None)``: (B, N, C) and (B, N) bool (True = padding) -> (B, N, C);
-        ``forward(x, initial_state, output_final_state=True)`` -> ((B, N, C), state); ``step(x_t, state)``:
-        (B, C) -> ((B, C), new state). The state is the attention layer's own
-        (:meth:`attnbook.ProjectedAttention.step`, :meth:`attnbook.MoHAttention.step`).
+        ``forward(x, key_padding_mask=None)``: (B, N, C) -> (B, N, C); ``forward(x, initial_state,
+        output_final_state=True)`` -> ((B, N, C), state); ``step(x_t, state)``: (B, C) -> ((B, C), new state),
+        the state being the attention layer's own.
 
     Example:
         >>> import torch
@@ -220,25 +188,18 @@ class DecoderLM(nn.Module):
     """A small decoder-only language model, its attention chosen by name (chapter 7).
 
     ``logits = W_E LN(blocks(sqrt(C) E[x] + P))`` with E the token embeddings (tied to the head W_E), P the
-    sinusoidal positions and each block pre-norm attention + MLP (:class:`Block`).
-
-    Cost of a forward over N tokens: O(N L C^2) for projections and MLPs plus the attention's own cost
-    (O(N^2 C) for softmax and MoH, O(N C D) for linear and flow); of one :meth:`step`, see the module docstring.
+    sinusoidal positions and L blocks (:class:`Block`). Cost of a forward over N tokens: O(N L C^2) plus the
+    attention's own (O(N^2 C) for softmax and MoH, O(N C D) for linear and flow).
 
     Args:
-        mechanism: the attention of every block, a causal mechanism of :mod:`attnbook.mechanisms`
-            (``mechanisms.names(causal=True)``).
-        vocab: number of token values V (256 for bytes).
-        dim: model width C.
-        n_heads: number of heads H (``dim`` divisible by it).
-        n_layers: number of blocks L.
-        mlp_ratio: MLP hidden width, ``mlp_ratio * C``.
+        mechanism: a causal mechanism of the registry (``mechanisms.names(causal=True)``), for every block.
+        vocab, dim, n_heads, n_layers, mlp_ratio: V token values (256: bytes), width C, H heads, L blocks, the
+            MLP's hidden width ``mlp_ratio * C``.
         device, dtype: of the parameters, as for torch's layers.
 
     Shape:
-        ``forward(tokens, start=0)``: (B, N) integer tokens -> (B, N, V) logits;
-        ``forward(tokens, initial_state=state, output_final_state=True)`` -> (logits, :class:`LMState`): a
-        prompt prefilled in one parallel call; ``step(token, state)``: (B,) tokens -> ((B, V) logits,
+        ``forward(tokens, start=0)``: (B, N) integer tokens -> (B, N, V) logits; with ``initial_state`` and
+        ``output_final_state=True`` -> (logits, :class:`LMState`); ``step(token, state)``: (B,) -> ((B, V),
         :class:`LMState`).
 
     Example:
@@ -330,19 +291,9 @@ class DecoderLM(nn.Module):
         initial_state: LMState | None = None,
         output_final_state: bool = False,
     ) -> Any:
-        """Next-token logits at every position of tokens (B, N), the first token at position ``start``.
-
-        Args:
-            tokens: (B, N) integer token ids.
-            start: the position of the first token (default 0; with ``initial_state``, its ``t``).
-            initial_state: the :class:`LMState` of the tokens before these (from an earlier call with
-                ``output_final_state=True`` or from :meth:`step`), or None.
-            output_final_state: also return the :class:`LMState` after the last token, so that generation
-                continues from it with :meth:`step`: a prompt is prefilled in one parallel call.
-
-        Returns:
-            (B, N, V) logits, or ``(logits, LMState)`` with ``output_final_state``.
-        """
+        """Next-token logits (B, N, V) at every position of tokens (B, N), the first at position ``start`` (default
+        0, or ``initial_state.t``); ``initial_state``: the :class:`LMState` of the tokens before these;
+        ``output_final_state``: also return the :class:`LMState` after the last token, for :meth:`step`."""
         name = "DecoderLM"
         tokens = self._check_tokens(tokens, "tokens", 2)
         output_final_state = check_bool(output_final_state, "output_final_state", name=name)
@@ -378,14 +329,8 @@ class DecoderLM(nn.Module):
         return LMState(0, tuple(block.initial_state() for block in self._blocks()))
 
     def step(self, token: torch.Tensor, state: LMState | None = None) -> tuple[torch.Tensor, LMState]:
-        """Logits for the token after ``token`` (B,), given the state of the tokens before it.
-
-        Feeding tokens one at a time from ``state=None`` gives the rows of :meth:`forward` over the same
-        tokens. Per token: O(L C^2) plus O(L t C) for a KV cache or O(L H D^2) for a recurrent state.
-
-        Returns:
-            ``(logits (B, V), new state)``.
-        """
+        """``(logits (B, V), new state)`` for the token after ``token`` (B,), given the state of the tokens before
+        it: the rows of :meth:`forward` over the same tokens."""
         token = self._check_tokens(token, "token", 1)
         if state is None:
             state = self.initial_state()
@@ -411,16 +356,10 @@ class DecoderLM(nn.Module):
     ) -> torch.Tensor:
         """Sample ``n_new`` tokens after ``prompt`` (B, P), one at a time; returns (B, P + n_new).
 
-        The prompt is prefilled in one parallel call (``forward(prompt, output_final_state=True)``), then each
-        new token is drawn from ``softmax(logits / temperature)`` (restricted to the ``top_k`` likeliest when
-        given) and fed back. ``temperature=0`` means greedy decoding: the likeliest token, every time (the limit
-        of the softmax as the temperature goes to 0). Runs in eval mode without gradients and restores the mode
-        it found.
-
-        ``decoder="eager"`` (default) steps with :meth:`step`, the chapter's path (each layer's own ``step``,
-        torch's operations); ``"compiled"`` runs that step compiled by ``torch.compile`` with dynamic shapes
-        (one graph for every position). ``"static"``, attnbook 0.2.0's preallocated decoder, is deprecated
-        and steps as ``"eager"`` does.
+        The prompt is prefilled in one call, then each new token is drawn from ``softmax(logits / temperature)``
+        (over the ``top_k`` likeliest when given; ``temperature=0``: the likeliest) and fed back, in eval mode
+        without gradients. ``decoder``: ``"eager"`` steps with :meth:`step`, ``"compiled"`` with that step
+        compiled (dynamic shapes); ``"static"`` is deprecated and steps as ``"eager"``.
         """
         name = "DecoderLM.generate"
         prompt = self._check_tokens(prompt, "prompt", 2)

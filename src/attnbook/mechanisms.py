@@ -1,29 +1,21 @@
 """The one registry of mechanisms: what each one is, how to call it, and what checks it.
 
-Every consumer reads :data:`MECHANISMS` -- the benchmarks (:mod:`attnbook.lab.bench`), the GPU check, the
-training race (:mod:`attnbook.lab.headtohead`), the language model (:mod:`attnbook.lm`), the chapters and the
-tests -- so adding a mechanism means adding one entry here.
+Every consumer (the benchmarks, the GPU check, the training race, the language model, the chapters and the tests)
+reads :data:`MECHANISMS`, so adding a mechanism means adding one entry here. Three kinds of input exist:
 
-Three kinds of input exist:
+* ``"qkv"``: ``function(q, k, v, is_causal=...)`` on per-head q (B, H, N, D), k (B, H, M, D), v (B, H, M, Dv),
+  and a float64 ``reference`` with the same call;
+* ``"qkvg"``: a causal ``function(q, k, v, gate)`` whose gate the layer computes from its input (chapter 8:
+  :attr:`Mechanism.gate`), and a float64 ``reference`` with the same call;
+* ``"x"``: a layer on tokens x (B, N, C) only (MoH routes tokens to heads); ``reference(layer, x, is_causal=...)``
+  evaluates the layer's weights literally in float64.
 
-* ``"qkv"``: a function on per-head queries, keys and values, ``function(q, k, v, is_causal=...)`` with
-  q (B, H, N, D), k (B, H, M, D), v (B, H, M, Dv), and a float64 ``reference`` with the same call;
-* ``"qkvg"``: a causal function on queries, keys, values and a gate that the layer computes from its input,
-  ``function(q, k, v, gate)`` (chapter 8: log-decays or the delta rule's beta; :attr:`Mechanism.gate` says
-  which), and a float64 ``reference`` with the same call;
-* ``"x"``: a whole layer on tokens x (B, N, C) only (MoH routes tokens to heads, so it has no q, k, v
-  interface); ``reference(layer, x, is_causal=...)`` evaluates the layer's weights literally in float64.
-
-Every entry's ``module(dim, n_heads, causal=...)`` builds a self-attention layer, ``layer(x)`` with x (B, N, dim)
--> (B, N, dim), without dropout, so that all mechanisms can be swapped inside one model.
+Every entry's ``module(dim, n_heads, causal=...)`` builds a self-attention layer (B, N, dim) -> (B, N, dim),
+without dropout, so that all mechanisms can be swapped inside one model.
 
 Example:
     >>> import torch
     >>> from attnbook.mechanisms import MECHANISMS, names
-    >>> [(m.name, m.chapter, m.inputs) for m in MECHANISMS.values() if m.chapter < 8]
-    [('softmax', 1, 'qkv'), ('linear', 2, 'qkv'), ('flow', 3, 'qkv'), ('mobile', 4, 'qkv'), ('moh', 5, 'x')]
-    >>> [(m.name, m.inputs, m.gate) for m in MECHANISMS.values() if m.chapter == 8]
-    [('decay', 'qkvg', 'decay'), ('gated', 'qkvg', 'key decay'), ('delta', 'qkvg', 'beta')]
     >>> x = torch.randn(2, 10, 32)
     >>> {name: tuple(MECHANISMS[name].module(32, 4)(x).shape) for name in names(bidirectional=True)}
     {'softmax': (2, 10, 32), 'linear': (2, 10, 32), 'flow': (2, 10, 32), 'mobile': (2, 10, 32), 'moh': (2, 10, 32)}
@@ -44,7 +36,7 @@ from .delta import DeltaRuleAttention, delta_rule_attention, delta_rule_step
 from .flow import FlowAttention, FlowState, flow_attention, flow_attention_step
 from .gated import GatedLinearAttention, gated_linear_attention, gated_linear_attention_step
 from .linear import LinearAttention, LinearState, linear_attention, linear_attention_step
-from .mobile import MobileAttention, mobile_attention
+from .mobile import _NO_CAUSAL, MobileAttention, mobile_attention
 from .moh import MoHAttention, default_heads
 from .softmax import SoftmaxAttention, softmax_attention
 
@@ -62,41 +54,25 @@ class Mechanism:
     """One mechanism of the book.
 
     Attributes:
-        name: short key, e.g. ``"flow"``.
-        title: what the book calls it, e.g. ``"Flow-Attention"``.
-        chapter: the chapter that derives it.
-        inputs: ``"qkv"`` (a function on q, k, v), ``"qkvg"`` (q, k, v and a gate) or ``"x"`` (a layer on
-            tokens only).
-        causal: whether a causal form exists.
-        bidirectional: whether a non-causal form exists (every query sees every key); chapter 8's mechanisms
-            are causal only.
-        gate: for ``"qkvg"`` mechanisms what the gate is: ``"decay"`` (log-decays <= 0, one per head, (B, H, N)),
-            ``"key decay"`` (one per key dimension, (B, H, N, D)) or ``"beta"`` (the delta rule's, (B, H, N));
-            else None.
-        same_length: the mechanism needs as many queries as keys (N == M) even when not causal.
-        function: the fast function (``"qkv"`` mechanisms), else None.
-        reference: the float64 oracle: ``reference(q, k, v, is_causal=...)``, or ``reference(layer, x, is_causal=...)``
-            for ``"x"`` mechanisms.
-        module: ``module(dim, n_heads, causal=False, **kwargs)`` -> a self-attention layer, ``layer(x)``.
-        step: the recurrent one-token form ``step(q_t, k_t, v_t, state) -> (out_t, state)`` of the causal
-            mechanism (``step(q_t, k_t, v_t, gate_t, state)`` for ``"qkvg"``), or None when generation needs a
-            cache of past keys and values.
-
-    The callables are typed by the calls above: ``function`` and ``reference`` return the output tensor (the
-    options that return more, such as ``return_flows``, are for the functions themselves), ``module`` a
-    :data:`Layer`, ``step`` ``(out_t, state)``.
+        name, title, chapter: short key (``"flow"``), what the book calls it, the chapter that derives it.
+        inputs: ``"qkv"``, ``"qkvg"`` or ``"x"`` (module docstring).
+        causal, bidirectional: whether a causal, and a non-causal, form exists.
+        gate: for ``"qkvg"``: ``"decay"`` (log-decays, (B, H, N)), ``"key decay"`` ((B, H, N, D)) or ``"beta"``
+            (the delta rule's, (B, H, N)); else None.
+        same_length: the mechanism needs N == M even when not causal.
+        function: the fast function (None for ``"x"``), returning the output tensor.
+        reference: the float64 oracle, with the function's call (``"x"``: ``reference(layer, x, is_causal=...)``).
+        module: ``module(dim, n_heads, causal=False, **kwargs)`` -> a self-attention layer.
+        step: the recurrent one-token form ``step(q_t, k_t, v_t[, gate_t], state) -> (out_t, state)``, or None
+            when generation needs a cache of past keys and values.
 
     Example:
         >>> import torch
         >>> from attnbook.mechanisms import MECHANISMS
         >>> flow = MECHANISMS["flow"]
-        >>> flow.title, flow.chapter, flow.inputs, flow.causal
-        ('Flow-Attention', 3, 'qkv', True)
         >>> q, k, v = (torch.randn(1, 2, 8, 4) for _ in range(3))
         >>> torch.allclose(flow(q, k, v, is_causal=True), flow.reference(q, k, v, is_causal=True).float(), atol=1e-5)
         True
-        >>> flow.module(16, 2, causal=True)(torch.randn(1, 8, 16)).shape
-        torch.Size([1, 8, 16])
     """
 
     name: str
@@ -169,31 +145,15 @@ def _recurrent(cls: type[RecurrentAttention], key: str, **fixed: Any) -> Callabl
 
 def _mobile_module(dim: int, n_heads: int, causal: bool = False, **kwargs: Any) -> MobileAttention:
     """MobileAttention(dim, dim, dim, n_heads, drop_out=0.0); it has no causal form."""
-    check_choice(
-        causal,
-        "causal",
-        (False,),
-        name="MECHANISMS['mobile'].module",
-        why=(
-            " (Mobile-Attention has no causal form: its competition is a softmax over the whole sequence and "
-            "its flows are sums over the heads of every position, with no prefix version published)"
-        ),
-    )
+    check_choice(causal, "causal", (False,), name="MECHANISMS['mobile'].module", why=_NO_CAUSAL)
     return MobileAttention(dim, dim, dim, n_heads, **{"drop_out": 0.0, **kwargs})
 
 
-def moh_heads(n_heads: int) -> dict[str, int]:
-    """The MoH head split the registry uses (:func:`attnbook.moh.default_heads`): a quarter of the heads shared,
-    each token picks half the rest."""
-    n_heads = check_int(n_heads, "n_heads", name="moh_heads", minimum=1)
-    shared, routed = default_heads(n_heads)
-    return {"shared_head": shared, "routed_head": routed}
-
-
 def _moh_module(dim: int, n_heads: int, causal: bool = False, **kwargs: Any) -> MoHAttention:
-    """MoHAttention(dim, n_heads, qkv_bias=True, causal=causal, **moh_heads(n_heads))."""
-    check_int(n_heads, "n_heads", name="MECHANISMS['moh'].module", minimum=1)
-    return MoHAttention(dim, n_heads, **{"qkv_bias": True, **moh_heads(n_heads), "causal": causal, **kwargs})
+    """MoHAttention(dim, n_heads, qkv_bias=True, causal=causal) with :func:`attnbook.moh.default_heads`' split."""
+    shared, routed = default_heads(check_int(n_heads, "n_heads", name="MECHANISMS['moh'].module", minimum=1))
+    options = {"qkv_bias": True, "shared_head": shared, "routed_head": routed, "causal": causal, **kwargs}
+    return MoHAttention(dim, n_heads, **options)
 
 
 def _moh_reference(
@@ -320,8 +280,6 @@ def names(*, causal: bool = False, bidirectional: bool = False, inputs: str | No
         >>> from attnbook import mechanisms
         >>> mechanisms.names(causal=True)
         ['softmax', 'linear', 'flow', 'moh', 'decay', 'gated', 'delta']
-        >>> mechanisms.names(bidirectional=True)
-        ['softmax', 'linear', 'flow', 'mobile', 'moh']
         >>> mechanisms.names(inputs="x")
         ['moh']
     """
@@ -341,8 +299,6 @@ def get(name: str) -> Mechanism:
 
     Example:
         >>> from attnbook import mechanisms
-        >>> mechanisms.get("mobile").title
-        'Mobile-Attention'
         >>> mechanisms.get("mobile").step is None  # no causal form, so no recurrent step
         True
     """

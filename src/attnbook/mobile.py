@@ -14,23 +14,14 @@ k~ = sigmoid(k) per head, eps = 1e-6, and every flow sum taken over the H heads 
     output              out_hi = a_hi (q~_hi / I_hi) . sum_j k~_hj (c_hj v_hj)^T
 
 The heads at one token now compete for that token's flow: with eps = 0, sum_h O^_hj = H and sum_h I^_hi = H
-(before the clamp), whereas in Flow-Attention the budget is spread over the sequence. Queries and keys
-must have the same length: the head sums pair query i with key i (the published code does not check this
-and silently broadcasts when one length is 1). :class:`attnbook.FlowStats` holds the flows themselves
-(I, not 1 / I).
+(before the clamp), whereas in Flow-Attention the budget is spread over the sequence. The head sums pair query i
+with key i, so N == M (the published code silently broadcasts when one length is 1), and ``key_padding_mask``
+(B, N) pads *positions*: a padded position sends and receives no flow, takes no part in the competition, and
+outputs 0. There is no causal form (the competition is a softmax over the whole sequence).
 
-Cost: O(B H N D Dv) time, O(B H N (D + Dv)) memory, like linear attention.
-
-Padding (``key_padding_mask`` (B, N), True = padding, as in ``nn.MultiheadAttention``): the head sums pair
-query i with key i, so the mask pads *positions*: a padded position sends and receives no flow, takes no part
-in the competition over the sequence, and its output is 0; the real positions get the numbers of a run on the
-unpadded sequence. There is no causal form (the competition is a softmax over the whole sequence).
-
-Range: the flows are sums over the H heads of one position, not over the sequence, so the weights
-(q~_hi . k~_hj) / I_hi of one query sum to about N / H and the output can grow like N |v| (for small D
-and long sequences it exceeds float16's 65504 long before float32's range). Everything is computed in
-float32; :class:`MobileAttention` feeds that float32 result to its output projection without rounding it to
-float16 first.
+Range: the weights (q~_hi . k~_hj) / I_hi of one query sum to about N / H, so the output can grow like N |v|,
+beyond float16's 65504 for long sequences; :class:`MobileAttention` feeds the float32 result to its output
+projection without rounding it to float16 first.
 """
 
 from __future__ import annotations
@@ -76,8 +67,8 @@ Flows = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
 
 
 def head_flows(qs: torch.Tensor, ks: torch.Tensor, eps: float, keep: torch.Tensor | None) -> Flows:
-    """The flows of Mobile-Attention, every sum over the H heads of one position, as the module docstring
-    writes them: q~, k~ (B, H, N, D) (0 at padding, ``keep`` (B, 1, N) False) -> I, O, I^, O^ (B, H, N)."""
+    """The flows of the module docstring, every sum over the heads of one position: q~, k~ (B, H, N, D) (0 at padding)
+    -> I, O, I^, O^ (B, H, N)."""
 
     def flow(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:  # (x + eps) . (y + eps), y summed over heads
         return ((x + eps) * (y.sum(1, keepdim=True) + eps)).sum(-1)  # (B, H, N)
@@ -127,31 +118,18 @@ def mobile_attention(
 ) -> torch.Tensor | tuple[torch.Tensor, FlowStats]:
     """Mobile-Attention (Yao et al., ICML 2024): Flow-Attention with the heads competing for each token.
 
-    ``out_hi = a_hi (q~_hi / I_hi) . sum_j k~_hj (c_hj v_hj)^T``, the flows I, O, I^, O^ summed over the heads
-    at one position (module docstring), competition c = softmax over the sequence of clamp(O^, -1, 1) times M,
-    allocation a = sigmoid(I^).
-
-    Cost: O(B H N D Dv) time, O(B H N (D + Dv)) memory.
+    ``out_hi = a_hi (q~_hi / I_hi) . sum_j k~_hj (c_hj v_hj)^T``, the flows summed over the heads at one position
+    (module docstring). Cost: O(B H N D Dv) time, O(B H N (D + Dv)) memory.
 
     Args:
-        q: queries (B, H, N, D).
-        k: keys (B, H, M, D), with M == N.
-        v: values (B, H, M, Dv).
-        attn_mask: must be None: no N x M weights are formed for an arbitrary mask to act on.
-        key_padding_mask: (B, N) bool, True = padding: padded *positions* (module docstring).
-        is_causal: must be False: Mobile-Attention has no causal form.
-        eps: added to every component of the flow vectors, as in the published code (0 <= eps <= 1).
-        return_flows: also return the :class:`attnbook.FlowStats` (every field (B, H, N)).
-        out_dtype: dtype of ``out``; default the inputs' (under autocast: the autocast dtype). The output can
-            exceed float16's range (module docstring): pass float32 to keep it.
+        q, k, v: queries (B, H, N, D), keys (B, H, M, D) with M == N, values (B, H, M, Dv).
+        key_padding_mask: (B, N) bool, True = padding: padded *positions*.
+        attn_mask, is_causal: must be None and False.
+        eps, return_flows, out_dtype: as in :func:`attnbook.flow_attention` (pass float32 to keep an output beyond
+            float16's range).
 
     Returns:
-        out (B, H, N, Dv) in ``out_dtype`` (computed in at least float32, autocast off), or
-        ``(out, FlowStats)``; the statistics are in the accumulation dtype. A NaN in any visible input makes
-        the outputs that depend on it NaN (every output of its batch element); it is never hidden.
-
-    Raises:
-        ValueError: bad shapes, including N != M.
+        out (B, H, N, Dv), or ``(out, FlowStats)`` (every field (B, H, N)).
 
     Example:
         >>> import torch, attnbook
@@ -213,20 +191,9 @@ def _mobile(
 class MobileAttention(ProjectedAttention[NoReturn]):
     """Multi-head Mobile-Attention with the module family's projections (Yao et al., ICML 2024).
 
-    Parameter names and shapes are those of the published ``Mobile_Attention`` module, so its checkpoints load
-    unchanged and give the same outputs.
-
-    Args:
-        d_input, d_model, d_output, n_heads, drop_out: see :class:`attnbook.ProjectedAttention`; the default
-            ``drop_out=0.05`` is the published module's.
-        eps: see :func:`mobile_attention`.
-        device, dtype: of the parameters, as for torch's layers.
-
-    Shape:
-        ``forward(queries, keys=None, values=None, *, key_padding_mask=None)``: (B, L, d_input),
-        (B, L, d_input), (B, L, d_input) -> (B, L, d_output); queries and keys of different lengths raise
-        ``ValueError``. ``key_padding_mask`` (B, L) bool, True = padding, pads positions
-        (:func:`mobile_attention`); ``attn_mask`` must be None and ``is_causal`` False (no causal form).
+    The parameters of the published ``Mobile_Attention`` module (whose ``drop_out=0.05`` is the default); ``eps`` as in
+    :func:`mobile_attention`. Calls as :class:`attnbook.ProjectedAttention`, with L == S, no ``attn_mask``, no causal
+    form, and ``key_padding_mask`` padding positions.
 
     Example:
         >>> import torch, attnbook
@@ -281,10 +248,5 @@ class MobileAttention(ProjectedAttention[NoReturn]):
         )
 
     def attend_step(self, q_t: torch.Tensor, k_t: torch.Tensor, v_t: torch.Tensor, state: None) -> NoReturn:
-        check_supported(
-            False,
-            "the layer",
-            name=f"{type(self).__name__}.step",
-            expected=f"have a recurrent step{_NO_CAUSAL}",
-            got="a MobileAttention",
-        )
+        name, expected = f"{type(self).__name__}.step", f"have a recurrent step{_NO_CAUSAL}"
+        check_supported(False, "the layer", name=name, expected=expected, got="a MobileAttention")

@@ -2,39 +2,32 @@
 
 Jin, Zhu, Yuan, Yan, "MoH: Multi-Head Attention as Mixture-of-Head Attention", arXiv:2410.11842 (2024).
 
-Multi-head attention is a sum over heads, ``concat(head_1..head_H) W_O = sum_h head_h W_O^h``. MoH treats
-the heads as experts and weights each head's output per token with a gate ``g_{t,h}``:
+Multi-head attention is a sum over heads, ``concat(head_1..head_H) W_O = sum_h head_h W_O^h``. MoH treats the
+heads as experts and weights each head's output per token with a gate ``g_{t,h}``:
 
     out_t = sum_h g_{t,h} head_h(t) W_O^h
 
-The first ``h_s = shared_head`` heads are *shared*: every token uses them, weighted by
-``h_s * softmax(W_s x_t)``. The remaining ``E = H - h_s`` heads are *routed*: a router ``W_r`` scores them,
-each token keeps its top ``k = routed_head`` and weights them by ``k * p_i / sum_{j in top-k} p_j``. When
-both kinds exist, a two-stage weighting ``2 * softmax(W_h x_t) = (a_1, a_2)`` scales the shared and the
-routed gates. The factors keep gates on the scale of plain multi-head attention (every gate 1): the shared
-gates average 1 over the h_s shared heads, the routed ones 1 over the k chosen heads, and ``a_1 + a_2 = 2``;
-so the mean gate of a token's h_s + k active heads is ``(a_1 h_s + a_2 k) / (h_s + k)``, exactly 1 when
-``h_s = k``, when only one kind of head exists, or when ``a_1 = a_2 = 1`` (e.g. a zero ``wg_0``).
-A load-balancing loss ``E * sum_i f_i P_i`` (``f_i`` = fraction of tokens that pick routed head i, ``P_i`` =
-its mean router probability) keeps the router from collapsing onto a few heads.
+The first ``h_s = shared_head`` heads are *shared*: every token uses them, weighted by ``h_s * softmax(W_s x_t)``.
+The other ``E = H - h_s`` heads are *routed*: a router ``W_r`` scores them, each token keeps its top ``k =
+routed_head`` and weights them by ``k * p_i / sum_{j in top-k} p_j``. When both kinds exist, ``2 * softmax(W_h
+x_t) = (a_1, a_2)`` scales the shared and the routed gates. The factors keep gates on the scale of multi-head
+attention (every gate 1). A load-balancing loss ``E * sum_i f_i P_i`` (``f_i`` the fraction of tokens that pick
+routed head i, ``P_i`` its mean router probability) keeps the router from collapsing onto a few heads.
 
-Parameter names follow the MoH reference code and timm's ``Attention`` (``qkv``, ``q_norm``, ``k_norm``,
-``proj``, ``wg`` = W_r, ``wg_0`` = W_h, ``wg_1`` = W_s), so MoH checkpoints and timm ViT attention weights
-load unchanged. The outputs and the loss equal the reference's for every configuration it supports; what is
-changed on purpose (no class-level list of losses, one shared head, head counts checked, routing returned,
-float32 router and gates, torch's mask rules) is listed in the book's appendix. Like the reference, every head
-is computed densely and unselected heads are multiplied by 0: no FLOPs are saved.
+Parameter names are the MoH reference code's and timm's (``qkv``, ``q_norm``, ``k_norm``, ``proj``, ``wg`` = W_r,
+``wg_0`` = W_h, ``wg_1`` = W_s), so MoH checkpoints and timm ViT weights load. Like the reference, every head is
+computed and unselected heads are multiplied by 0: no FLOPs are saved.
 """
 
 from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Literal, NamedTuple, cast, overload
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, TypeAlias, TypedDict, cast, overload
 
 import torch
 import torch.nn.functional as F
-from torch import nn
+from torch import Tensor, nn
 
 from ._checks import (
     check_attn_mask,
@@ -58,42 +51,32 @@ from ._checks import (
 from ._runtime import accumulation_dtype, autocast_disabled, exporting, linear_in_range
 from .softmax import _NO_MASK_WITH_CACHE, KVCache, cached_attention, combine_masks, softmax_attention, zero_unseen_keys
 
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
 __all__ = ["HeadRouting", "MoHAttention", "moh_load_balancing_loss", "default_heads"]
 
 
 def default_heads(num_heads: int) -> tuple[int, int]:
     """(shared_head, routed_head) of an :class:`MoHAttention` built without either: a quarter of the heads shared
-    (at least one), each token routed to half of them (at least one); a single head is shared.
-
-    Example:
-        >>> from attnbook.moh import default_heads
-        >>> default_heads(8), default_heads(1)
-        ((2, 4), (1, 0))
-    """
+    (at least one), each token routed to half of them (at least one); a single head is shared."""
     if num_heads == 1:
         return 1, 0
     return max(1, num_heads // 4), max(1, num_heads // 2)
 
 
 class HeadRouting(NamedTuple):
-    """What the router decided in one :class:`MoHAttention` forward (B batch, N tokens, H heads).
+    """What the router decided in one :class:`MoHAttention` forward, in at least float32.
 
-    Heads ``0 .. h_s-1`` are the shared heads, heads ``h_s .. H-1`` the ``E = H - h_s`` routed heads. Router
-    quantities are in the router's dtype (at least float32).
+    Heads ``0 .. h_s-1`` are the shared heads, heads ``h_s .. H-1`` the ``E = H - h_s`` routed heads.
 
     Attributes:
-        gates: (B, N, H) final weight multiplying each head's output: shared heads ``a_1 h_s softmax(W_s x)``,
-            selected routed heads ``a_2 k p_i / sum_{top-k} p_j``, unselected routed heads 0.
-        selected: (B, N, H) bool, True where the head is active (shared heads always, routed heads in the
-            token's top-k).
-        routed_probs: (B, N, E) router softmax ``p = softmax(W_r x)`` over the routed heads (before top-k).
-        load: (E,) fraction of the B*N tokens that selected each routed head, ``f_i``; it sums to ``k``.
-        importance: (E,) mean router probability of each routed head over the B*N tokens, ``P_i``.
-        loss: () load-balancing loss ``E * sum_i f_i P_i`` (the reference's ``l_aux``; gradient through
-            ``P_i`` only). Computed in training and in eval mode; 0 when there are no routed heads.
-        shared_weight: (B, N) two-stage weight ``a_1 = 2 softmax(W_h x)_1`` of the shared heads.
-        routed_weight: (B, N) two-stage weight ``a_2 = 2 softmax(W_h x)_2`` of the routed heads;
-            ``a_1 + a_2 = 2``. Both are 1 when the layer has no two-stage weighting (no ``wg_0``).
+        gates: (B, N, H) the weight of each head's output (0 for unselected routed heads).
+        selected: (B, N, H) bool, True where the head is active (shared heads, and the token's top-k).
+        routed_probs: (B, N, E) the router's ``p = softmax(W_r x)`` (before top-k).
+        load, importance: (E,) ``f_i`` (the fraction of tokens that selected head i; sums to ``k``) and ``P_i``.
+        loss: () the load-balancing loss ``E * sum_i f_i P_i`` (gradient through ``P_i``); 0 without routed heads.
+        shared_weight, routed_weight: (B, N) ``(a_1, a_2) = 2 softmax(W_h x)``; both 1 without ``wg_0``.
 
     Example:
         >>> import torch, attnbook
@@ -101,10 +84,6 @@ class HeadRouting(NamedTuple):
         >>> _, routing = layer(torch.randn(2, 6, 32), return_routing=True)
         >>> routing.selected.sum(-1).unique().tolist()  # 1 shared + 2 routed heads for every token
         [3]
-        >>> round(float(routing.load.sum()), 4)  # the routed heads' shares of the tokens sum to k = 2
-        2.0
-        >>> torch.allclose(routing.shared_weight + routing.routed_weight, torch.tensor(2.0))
-        True
     """
 
     gates: torch.Tensor
@@ -117,78 +96,49 @@ class HeadRouting(NamedTuple):
     routed_weight: torch.Tensor
 
 
+#: What :meth:`MoHAttention.forward` returns: out, and the routing and the cache when asked for.
+_Out: TypeAlias = "Tensor | tuple[Tensor, HeadRouting] | tuple[Tensor, KVCache] | tuple[Tensor, HeadRouting, KVCache]"
+
+
+class _Options(TypedDict, total=False):
+    """The keywords of :meth:`MoHAttention.forward` that its overloads do not tell apart."""
+
+    key_padding_mask: Tensor | None
+    initial_state: KVCache | None
+
+
 class MoHAttention(nn.Module):
     """Mixture-of-head attention (Jin et al. 2024): per-token gates over the heads of multi-head attention.
 
-    ``out_t = proj(concat_h g_{t,h} head_h(t))`` with ``head_h = softmax(q_h k_h^T / sqrt(D)) v_h`` and the
-    gates of :class:`HeadRouting`. With ``shared_head = num_heads``, ``routed_head = 0`` and a zero ``wg_1``
-    every gate is 1 and this is plain multi-head attention (timm's ``Attention``).
-
-    Cost: the attention of every head, O(B H N^2 D) time and, through SDPA, O(B H N D) extra memory on the
-    fused backends; the router adds O(B N C H) time and O(B N H) memory. No head is skipped (see the module
-    docstring).
-
-    Valid head counts (anything else raises ``ValueError`` explaining why):
-
-    * ``routed_head = 0``: ``shared_head = num_heads`` (all heads shared; softmax gates from ``wg_1`` when
-      there are at least two heads). ``shared_head < num_heads`` would leave heads that no token uses.
-    * ``routed_head >= 1``: ``shared_head >= 0`` and ``shared_head + routed_head <= num_heads``; each token
-      picks ``routed_head`` of the ``num_heads - shared_head`` routed heads.
+    ``out_t = proj(concat_h g_{t,h} head_h(t))``, ``head_h = softmax(q_h k_h^T / sqrt(D)) v_h``, the gates of
+    :class:`HeadRouting`. With ``shared_head = num_heads``, ``routed_head = 0`` and a zero ``wg_1`` every gate is 1:
+    timm's ``Attention`` (whose state dict loads with ``strict=False``). Cost: O(B H N^2 D) time for the heads,
+    O(B N C H) for the router.
 
     Args:
-        dim: model width C of the input and the output.
-        num_heads: number of heads H.
-        qkv_bias: bias in the fused ``qkv`` projection.
-        qk_norm: normalise each head's queries and keys with ``norm_layer(head_dim)``.
-        attn_drop: dropout on the attention weights (training only).
-        proj_drop: dropout after the output projection.
-        norm_layer: the normalisation used when ``qk_norm`` or ``scale_norm`` is set (None: ``nn.LayerNorm``).
-        shared_head: number of shared heads h_s (always active), the first heads.
-        routed_head: number k of routed heads each token activates (top-k of the router). When neither is
-            given, :func:`default_heads` (a quarter of the heads shared, each token routed to half of them);
-            when one is given, the other is 0.
-        head_dim: width D of a head; defaults to ``dim // num_heads`` (as in the reference, ``dim`` need not be
-            divisible by ``num_heads``; the projections map ``dim`` to ``H * D`` and back).
-        causal: make every forward causal (token t attends to tokens <= t), as ``is_causal=True`` does per call.
-        scale_norm, proj_bias, attn_head_dim, dim_out, gated: timm ``Attention``'s keywords, so that
-            ``timm.models.VisionTransformer(attn_layer=MoHAttention)`` builds: ``scale_norm`` normalises the
-            gated heads before ``proj`` (``norm``), ``proj_bias`` gives ``proj`` its bias, ``attn_head_dim`` is
-            ``head_dim``'s timm name, ``dim_out`` the output width (default ``dim``); ``gated=True`` (timm's
-            sigmoid output gate) is not supported, MoH's own gates take its place.
+        dim, num_heads: model width C and number of heads H.
+        qkv_bias, qk_norm, attn_drop, proj_drop, norm_layer, scale_norm, proj_bias, dim_out: timm ``Attention``'s.
+        shared_head, routed_head: h_s, the heads active for every token, and k, the routed heads each token activates.
+            Neither given: :func:`default_heads`; one given: the other is 0. Valid: ``routed_head = 0`` with
+            ``shared_head = num_heads``, or ``routed_head >= 1`` with ``shared_head + routed_head <= num_heads``.
+        head_dim: width D of a head (timm: ``attn_head_dim``), default ``dim // num_heads``.
+        causal: every forward is causal.
+        gated: must be False (timm's sigmoid output gate; MoH's gates take its place).
         device, dtype: of the parameters, as for torch's layers.
 
     Attributes:
-        load_balancing_loss: the load-balancing loss of the most recent *training* forward, a scalar tensor
-            attached to the autograd graph; None after an eval forward, before any forward, and always when
-            the layer has no routed heads. Each forward overwrites it (no list that grows). Add it to the
-            task loss, or gather every layer's with :func:`moh_load_balancing_loss`.
+        load_balancing_loss: the loss of the latest *training* forward (attached to its graph), else None.
 
     Shape:
-        ``forward(x, attn_mask=None, is_causal=False)``: (B, N, dim) -> (B, N, dim_out), as timm's ``Attention``
-        (``attn_mask`` as in ``scaled_dot_product_attention``, bool or float); ``key_padding_mask=`` (B, N), True
-        = padding, as in ``nn.MultiheadAttention``; ``forward(x, return_routing=True)`` -> ``(out, routing)``
-        with ``routing`` a :class:`HeadRouting`; ``route(x)`` -> :class:`HeadRouting` without the attention.
-        Causal calls also take ``initial_state`` (a :class:`attnbook.KVCache`) and ``output_final_state=True``
-        (the cache is returned last); ``step(x_t, state)``: (B, dim) -> ((B, dim_out), KVCache).
-
-    Notes:
-        * Loading a timm ``Attention`` state dict: ``load_state_dict(sd, strict=False)`` reports only the router
-          weights as missing; with ``shared_head=num_heads`` and ``wg_1`` set to zero the layer then computes
-          exactly timm's attention.
-        * Ties in the router's top-k (e.g. an all-zero ``wg``) are broken by ``torch.topk``, as in the
-          reference; which of the tied heads is chosen is not specified, the gates' values are.
-        * ``load_balancing_loss`` keeps the last training forward's graph alive until the next forward; with
-          gradient accumulation over several forwards, gather the loss after each one.
+        ``forward(x, attn_mask=None, is_causal=False)``: (B, N, dim) -> (B, N, dim_out), as timm's ``Attention``;
+        ``return_routing=True`` adds the :class:`HeadRouting`; causal calls carry a :class:`attnbook.KVCache`.
 
     Example:
         >>> import torch, attnbook
         >>> layer = attnbook.MoHAttention(64, num_heads=8, shared_head=2, routed_head=3, causal=True)
         >>> x = torch.randn(2, 10, 64)
-        >>> out, routing = layer(x, return_routing=True)
-        >>> routing.selected.sum(-1).unique().tolist()  # every token uses its 2 shared + 3 routed heads
-        [5]
         >>> y, cache = layer(x[:, :9], output_final_state=True)  # prefill, then one more token
-        >>> torch.allclose(layer.step(x[:, 9], cache)[0], out[:, 9], atol=1e-5)
+        >>> torch.allclose(layer.step(x[:, 9], cache)[0], layer(x)[:, 9], atol=1e-5)
         True
     """
 
@@ -240,13 +190,9 @@ class MoHAttention(nn.Module):
         qk_norm = check_bool(qk_norm, "qk_norm", name=name)
         causal = check_bool(causal, "causal", name=name)
 
-        self.dim = dim
-        self.dim_out = dim_out
-        self.num_heads = num_heads
-        self.head_dim = head_dim
+        self.dim, self.dim_out, self.num_heads, self.head_dim = dim, dim_out, num_heads, head_dim
         self.scale = head_dim**-0.5
-        self.shared_head = shared_head
-        self.routed_head = routed_head
+        self.shared_head, self.routed_head = shared_head, routed_head
         self.num_routed = num_heads - shared_head if routed_head > 0 else 0  # E, the routed experts
         self.causal = causal  # every forward is causal (as if is_causal=True): for decoders
         self.fused_attn = True  # timm's switch: False takes the explicit-matrix path (same math)
@@ -283,18 +229,8 @@ class MoHAttention(nn.Module):
         )
 
     def route(self, x: torch.Tensor) -> HeadRouting:
-        """The router alone: per-token head gates for x (B, N, dim), without computing attention.
-
-        Runs in ``accumulation_dtype(x.dtype)`` (at least float32), autocast disabled, so that top-k choices
-        and softmaxes do not suffer from half precision.
-
-        Example:
-            >>> import torch, attnbook
-            >>> layer = attnbook.MoHAttention(32, num_heads=4, shared_head=2, routed_head=1)
-            >>> gates = layer.route(torch.randn(1, 5, 32)).gates  # (B, N, H)
-            >>> tuple(gates.shape), (gates[..., 2:] > 0).sum(-1).tolist()  # one of the two routed heads each
-            ((1, 5, 4), [[1, 1, 1, 1, 1]])
-        """
+        """The router alone: per-token head gates for x (B, N, dim), in at least float32 with autocast off (the top-k
+        choices and softmaxes do not suffer from half precision)."""
         check_tokens(x, "x", name=type(self).__name__, width=self.dim, like=self.qkv.weight)
         B, N, _ = x.shape
         acc = accumulation_dtype(x.dtype)
@@ -319,17 +255,8 @@ class MoHAttention(nn.Module):
                 shared = xr.new_ones(B, N, s)  # (B, N, h_s), h_s in {0, 1}
 
             if k == 0:  # all heads shared (validated: s == H)
-                empty = xr.new_zeros(B, N, 0)
-                return HeadRouting(
-                    gates=shared,
-                    selected=torch.ones_like(shared, dtype=torch.bool),
-                    routed_probs=empty,
-                    load=xr.new_zeros(0),
-                    importance=xr.new_zeros(0),
-                    loss=xr.new_zeros(()),
-                    shared_weight=ones,
-                    routed_weight=ones,
-                )
+                selected, none = torch.ones_like(shared, dtype=torch.bool), xr.new_zeros(0)  # no routed heads
+                return HeadRouting(shared, selected, xr.new_zeros(B, N, 0), none, none, xr.new_zeros(()), ones, ones)
 
             # Routed heads: top-k of p = softmax(W_r x), renormalised over the chosen k and scaled by k.
             probs = F.softmax(logit["wg"], dim=-1)  # (B, N, E)
@@ -354,99 +281,38 @@ class MoHAttention(nn.Module):
                 shared_weight = routed_weight = ones
             gates = torch.cat([shared, routed], dim=-1)  # (B, N, H)
             selected = torch.cat([torch.ones_like(shared, dtype=torch.bool), chosen], dim=-1)  # (B, N, H)
-        return HeadRouting(
-            gates=gates,
-            selected=selected,
-            routed_probs=probs,
-            load=load,
-            importance=importance,
-            loss=loss,
-            shared_weight=shared_weight,
-            routed_weight=routed_weight,
-        )
+        return HeadRouting(gates, selected, probs, load, importance, loss, shared_weight, routed_weight)
 
     @overload
     def forward(
-        self,
-        x: torch.Tensor,
-        attn_mask: torch.Tensor | None = ...,
-        is_causal: bool = ...,
-        return_routing: Literal[False] = ...,
-        *,
-        key_padding_mask: torch.Tensor | None = ...,
-        initial_state: KVCache | None = ...,
-        output_final_state: Literal[False] = ...,
-    ) -> torch.Tensor: ...
-
+        self, x: Tensor, attn_mask: Tensor | None = ..., is_causal: bool = ..., return_routing: Literal[False] = ..., *,
+        output_final_state: Literal[False] = ..., **options: Unpack[_Options],
+    ) -> Tensor: ...  # fmt: skip
     @overload
     def forward(
-        self,
-        x: torch.Tensor,
-        attn_mask: torch.Tensor | None = ...,
-        is_causal: bool = ...,
-        *,
-        return_routing: Literal[True],
-        key_padding_mask: torch.Tensor | None = ...,
-        initial_state: KVCache | None = ...,
-        output_final_state: Literal[False] = ...,
-    ) -> tuple[torch.Tensor, HeadRouting]: ...
-
+        self, x: Tensor, attn_mask: Tensor | None = ..., is_causal: bool = ..., *, return_routing: Literal[True],
+        output_final_state: Literal[False] = ..., **options: Unpack[_Options],
+    ) -> tuple[Tensor, HeadRouting]: ...  # fmt: skip
     @overload
     def forward(
-        self,
-        x: torch.Tensor,
-        attn_mask: torch.Tensor | None = ...,
-        is_causal: bool = ...,
-        return_routing: Literal[False] = ...,
-        *,
-        key_padding_mask: torch.Tensor | None = ...,
-        initial_state: KVCache | None = ...,
-        output_final_state: Literal[True],
-    ) -> tuple[torch.Tensor, KVCache]: ...
-
+        self, x: Tensor, attn_mask: Tensor | None = ..., is_causal: bool = ..., return_routing: Literal[False] = ..., *,
+        output_final_state: Literal[True], **options: Unpack[_Options],
+    ) -> tuple[Tensor, KVCache]: ...  # fmt: skip
     @overload
     def forward(
-        self,
-        x: torch.Tensor,
-        attn_mask: torch.Tensor | None = ...,
-        is_causal: bool = ...,
-        *,
-        return_routing: Literal[True],
-        key_padding_mask: torch.Tensor | None = ...,
-        initial_state: KVCache | None = ...,
-        output_final_state: Literal[True],
-    ) -> tuple[torch.Tensor, HeadRouting, KVCache]: ...
-
+        self, x: Tensor, attn_mask: Tensor | None = ..., is_causal: bool = ..., *, return_routing: Literal[True],
+        output_final_state: Literal[True], **options: Unpack[_Options],
+    ) -> tuple[Tensor, HeadRouting, KVCache]: ...  # fmt: skip
     @overload
     def forward(
-        self,
-        x: torch.Tensor,
-        attn_mask: torch.Tensor | None = ...,
-        is_causal: bool = ...,
-        return_routing: Literal[False] = ...,
-        *,
-        key_padding_mask: torch.Tensor | None = ...,
-        initial_state: KVCache | None = ...,
-        output_final_state: bool,
-    ) -> torch.Tensor | tuple[torch.Tensor, KVCache]: ...
-
+        self, x: Tensor, attn_mask: Tensor | None = ..., is_causal: bool = ..., return_routing: Literal[False] = ..., *,
+        output_final_state: bool, **options: Unpack[_Options],
+    ) -> Tensor | tuple[Tensor, KVCache]: ...  # fmt: skip
     @overload
     def forward(
-        self,
-        x: torch.Tensor,
-        attn_mask: torch.Tensor | None = ...,
-        is_causal: bool = ...,
-        return_routing: bool = ...,
-        *,
-        key_padding_mask: torch.Tensor | None = ...,
-        initial_state: KVCache | None = ...,
-        output_final_state: bool = ...,
-    ) -> (
-        torch.Tensor
-        | tuple[torch.Tensor, HeadRouting]
-        | tuple[torch.Tensor, KVCache]
-        | tuple[torch.Tensor, HeadRouting, KVCache]
-    ): ...
+        self, x: Tensor, attn_mask: Tensor | None = ..., is_causal: bool = ..., return_routing: bool = ..., *,
+        output_final_state: bool = ..., **options: Unpack[_Options],
+    ) -> _Out: ...  # fmt: skip
 
     def forward(
         self,
@@ -458,31 +324,11 @@ class MoHAttention(nn.Module):
         key_padding_mask: torch.Tensor | None = None,
         initial_state: KVCache | None = None,
         output_final_state: bool = False,
-    ) -> (
-        torch.Tensor
-        | tuple[torch.Tensor, HeadRouting]
-        | tuple[torch.Tensor, KVCache]
-        | tuple[torch.Tensor, HeadRouting, KVCache]
-    ):
+    ) -> _Out:
         """Gated multi-head self-attention of x (B, N, dim) -> (B, N, dim_out) [, HeadRouting] [, KVCache].
 
-        The signature of timm's ``Attention.forward`` (plus ``return_routing`` and the keywords below), so the
-        layer drops into timm blocks unchanged.
-
-        Args:
-            x: tokens (B, N, dim).
-            attn_mask: as in ``scaled_dot_product_attention``: bool (True = may attend) or float (added to the
-                scores), broadcastable to (B, H, N, N); a query with nothing to attend to gets zero heads.
-            is_causal: token t attends only to tokens <= t (also when the layer was built with ``causal``).
-            return_routing: also return the :class:`HeadRouting`.
-            key_padding_mask: (B, N), bool True = padding (or float, added to those keys' scores), as in
-                ``nn.MultiheadAttention``.
-            initial_state: causal calls only: the :class:`attnbook.KVCache` of the tokens before x, or None.
-            output_final_state: causal calls only: also return the cache after the last token.
-
-        Returns:
-            out (B, N, dim_out); with ``return_routing`` and/or ``output_final_state`` the tuple
-            ``(out, routing)``, ``(out, cache)`` or ``(out, routing, cache)``.
+        timm's ``Attention.forward`` plus ``return_routing``; ``key_padding_mask`` (B, N), bool True = padding or float;
+        causal calls only: ``initial_state`` (a :class:`attnbook.KVCache`) and ``output_final_state``.
         """
         name = type(self).__name__
         causal = check_is_causal(is_causal, name=name) or self.causal
@@ -537,15 +383,8 @@ class MoHAttention(nn.Module):
         return out
 
     def step(self, x_t: torch.Tensor, state: KVCache | None = None) -> tuple[torch.Tensor, KVCache]:
-        """One token of causal MoH: x_t (B, dim) after the tokens held in ``state`` (a KV cache, or None).
-
-        The router gates the token's heads (they depend on the token alone) and its heads attend to every
-        cached key. Prefilling with ``forward(x, is_causal=True, output_final_state=True)`` and then stepping
-        gives the outputs of one causal forward over the whole sequence.
-
-        Returns:
-            ``(y_t (B, dim_out), new cache)``.
-        """
+        """One token of causal MoH: x_t (B, dim) after the tokens held in ``state`` (a KV cache, or None) ->
+        ``(y_t (B, dim_out), new cache)``, as a causal forward over the whole sequence gives it."""
         name = f"{type(self).__name__}.step"
         check_step_token(x_t, "x_t", name=name, width=self.dim, like=self.qkv.weight)
         x = x_t.unsqueeze(1)  # (B, 1, C)
@@ -599,53 +438,31 @@ class MoHAttention(nn.Module):
 
 
 def moh_load_balancing_loss(model: nn.Module, reduction: str = "mean") -> torch.Tensor:
-    """Gather the load-balancing losses of every :class:`MoHAttention` layer in ``model``.
+    """The load-balancing losses of every :class:`MoHAttention` layer in ``model``, after a training forward: add
+    ``beta * loss`` to the task loss (the MoH paper: beta = 0.01).
 
-    Call it after a training-mode forward and add ``beta * loss`` to the task loss (the MoH paper uses
-    beta = 0.01). Layers without routed heads have no such loss and are skipped.
-
-    ``reduction="mean"`` (default) averages over the layers that have routed heads: the value stays on the
-    scale of one layer's loss (``k`` when the heads are perfectly balanced), so one ``beta`` works whatever
-    the depth. ``reduction="sum"`` adds them up, as summing a class-level list of the losses would.
-
-    Raises ``ValueError`` if ``model`` contains no MoHAttention, or if a layer with routed heads has no loss
-    (no training forward since construction or since its last eval forward).
-
-    Returns:
-        a scalar tensor attached to the autograd graph; zero (on the model's device) when no layer has
-        routed heads.
+    ``reduction="mean"`` averages over the layers with routed heads (one ``beta`` for any depth), ``"sum"`` adds them
+    up; 0 when no layer has routed heads.
 
     Example:
         >>> import torch, attnbook
         >>> model = torch.nn.Sequential(attnbook.MoHAttention(32, num_heads=4, shared_head=1, routed_head=2))
         >>> out = model.train()(torch.randn(2, 6, 32))  # a training forward records each layer's loss
-        >>> loss = out.pow(2).mean() + 0.01 * attnbook.moh_load_balancing_loss(model)
-        >>> loss.backward()
-        >>> attnbook.moh_load_balancing_loss(model).shape
-        torch.Size([])
+        >>> (out.pow(2).mean() + 0.01 * attnbook.moh_load_balancing_loss(model)).backward()
     """
     where = "moh_load_balancing_loss"
     check_module(model, "model", name=where)
     check_choice(reduction, "reduction", ("mean", "sum"), name=where)
     layers = [(name, m) for name, m in model.named_modules() if isinstance(m, MoHAttention)]
-    check_found(
-        layers,
-        "model",
-        name=where,
-        expected="contain a MoHAttention layer",
-        got=f"a {type(model).__name__} without one",
-    )
+    got = f"a {type(model).__name__} without one"
+    check_found(layers, "model", name=where, expected="contain a MoHAttention layer", got=got)
     losses: list[torch.Tensor] = []
     for name, m in layers:
         if m.routed_head == 0:
             continue
-        check_found(
-            [] if m.load_balancing_loss is None else [m.load_balancing_loss],
-            f"layer {name or '<model>'!r}",
-            name=where,
-            expected="have run a forward in training mode (model.train()) before its loss is gathered",
-            got="no load-balancing loss",
-        )
+        expected = "have run a forward in training mode (model.train()) before its loss is gathered"
+        found = [] if m.load_balancing_loss is None else [m.load_balancing_loss]
+        check_found(found, f"layer {name or '<model>'!r}", name=where, expected=expected, got="no load-balancing loss")
         loss = cast(torch.Tensor, m.load_balancing_loss)  # not None: checked above
         if torch.is_grad_enabled() and loss.grad_fn is None and m.wg.weight.requires_grad:
             warnings.warn(

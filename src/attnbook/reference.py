@@ -98,11 +98,8 @@ def softmax_attention(
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """out_i = sum_j A_ij v_j with A_ij = exp(s_ij) / sum_j' exp(s_ij') over allowed j, s_ij = scale q_i . k_j + m_ij.
 
-    Masks as torch takes them: ``attn_mask`` bool (True = may attend) or float (m_ij, added; -inf forbids),
-    broadcastable to (B, H, N, M); ``key_padding_mask`` (B, M) bool (True = padding) or float (added to that
-    key's scores); ``is_causal``: j <= i. q (B,H,N,D), k (B,H,M,D), v (B,H,M,Dv) -> (B,H,N,Dv) float64 (and A
-    (B,H,N,M) with ``return_weights``). A row with no allowed key has all-zero weights. ``causal`` and
-    ``mask`` are the deprecated names of ``is_causal`` and ``attn_mask``.
+    The masks of :func:`attnbook.softmax_attention` (a row with no allowed key has zero weights). q (B,H,N,D),
+    k (B,H,M,D), v (B,H,M,Dv) -> (B,H,N,Dv) float64 (and A (B,H,N,M) with ``return_weights``).
 
     Example:
         >>> import torch, attnbook
@@ -193,11 +190,9 @@ def linear_attention(
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """out_i = sum_j A_ij v_j,  A_ij = phi(q_i).phi(k_j) / (sum_j' phi(q_i).phi(k_j') + eps) over allowed j.
 
-    The normalised N x M kernel matrix written out (Katharopoulos et al., ICML 2020, Eq. 4; eps in the
-    denominator as in fast-transformers). Allowed: every key that is not padded (``key_padding_mask`` (B, M),
-    True = padding, as in ``nn.MultiheadAttention``), and j <= i when ``is_causal``. q (B,H,N,D), k (B,H,M,D),
-    v (B,H,M,Dv) -> (B,H,N,Dv) float64 (and A (B,H,N,M) with ``return_weights``). ``causal`` is the deprecated
-    name of ``is_causal``.
+    The normalised N x M kernel matrix written out (Katharopoulos et al., ICML 2020, Eq. 4). Allowed: the keys
+    that ``key_padding_mask`` (B, M) does not pad, and j <= i when ``is_causal``. q (B,H,N,D), k (B,H,M,D),
+    v (B,H,M,Dv) -> (B,H,N,Dv) float64 (and A (B,H,N,M) with ``return_weights``).
 
     Example:
         >>> import torch
@@ -239,8 +234,7 @@ def linear_attention_loop(
 
         S_i = S_{i-1} + phi(k_i) v_i^T,  z_i = z_{i-1} + phi(k_i),  out_i = phi(q_i)^T S_i / (phi(q_i)^T z_i + eps)
 
-    q, k (B,H,N,D), v (B,H,N,Dv) -> (B,H,N,Dv) float64. Padded keys (``key_padding_mask`` (B, N) True, as in
-    ``nn.MultiheadAttention``) are skipped.
+    q, k (B,H,N,D), v (B,H,N,Dv) -> (B,H,N,Dv) float64; padded keys (``key_padding_mask`` (B, N)) are skipped.
 
     Example:
         >>> import torch
@@ -299,25 +293,17 @@ def moh_attention(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Mixture-of-head attention (Jin et al., arXiv:2410.11842) written out head by head, token by token.
 
-    ``out_t = sum_h g_{t,h} head_h(t) W_O^h + b_O`` where ``W_O^h`` are the columns of the output projection
-    that read head h (multi-head attention as a sum over heads) and, for token t,
+    ``out_t = sum_h g_{t,h} head_h(t) W_O^h + b_O``, ``W_O^h`` the columns of the output projection that read head
+    h, and for token t: shared heads 1..h_s ``g = a_1 h_s softmax(W_s x_t)``; routed heads (E = H - h_s) ``p =
+    softmax(W_r x_t)``, the k = ``routed_head`` largest kept with ``g_i = a_2 k p_i / max(sum_{j kept} p_j, eps)``,
+    the others 0; ``(a_1, a_2) = 2 softmax(W_h x_t)`` when there are both kinds of heads, else 1. The
+    load-balancing loss is ``E sum_i f_i P_i`` over the B*N tokens (f_i the fraction that keep head i, P_i the
+    mean of p_i).
 
-    * shared heads 1..h_s: ``g = a_1 h_s softmax(W_s x_t)`` (``= a_1`` when h_s = 1: a softmax over one
-      logit is 1);
-    * routed heads (E = H - h_s of them): ``p = softmax(W_r x_t)``; the k = ``routed_head`` largest are kept,
-      ``g_i = a_2 k p_i / max(sum_{j kept} p_j, eps)``, the others get 0;
-    * ``(a_1, a_2) = 2 softmax(W_h x_t)`` when there are both kinds of heads, else 1;
-    * load-balancing loss ``E sum_i f_i P_i`` over the T = B*N tokens: ``f_i`` the fraction of tokens that
-      keep routed head i, ``P_i`` the mean of ``p_i``.
-
-    Weights are given as matrices (``nn.Linear.weight``): ``qkv_weight`` (3 H D, C) with the q, k, v rows
-    of head h at ``h*D:(h+1)*D`` within each third, ``proj_weight`` (C_out, H D), ``wg`` = W_r (E, C),
-    ``wg_0`` = W_h (2, C), ``wg_1`` = W_s (h_s, C). ``q_norm``/``k_norm`` are callables on (..., D).
-    ``attn_mask`` (bool or float, broadcastable to (B, H, N, N)), ``key_padding_mask`` (B, N) and ``is_causal``
-    restrict each head's attention as in :func:`softmax_attention` (a query with nothing allowed gets a zero
-    head output). ``scale_norm``, a callable on (..., H D), normalises the gated heads before the output
-    projection (timm's ``scale_norm``); the output is then formed from the concatenation instead of as a sum
-    over heads. ``causal`` and ``mask`` are the deprecated names of ``is_causal`` and ``attn_mask``.
+    Weights as ``nn.Linear.weight`` matrices: ``qkv_weight`` (3 H D, C) (head h at rows ``h*D:(h+1)*D`` of each
+    third), ``proj_weight`` (C_out, H D), ``wg`` = W_r (E, C), ``wg_0`` = W_h (2, C), ``wg_1`` = W_s (h_s, C);
+    ``q_norm``, ``k_norm`` callables on (..., D); ``scale_norm`` a callable on (..., H D) applied to the gated
+    heads before the projection. The masks restrict each head as in :func:`softmax_attention`.
 
     Returns:
         ``(out, gates, loss)``: out (B, N, C_out), gates (B, N, H), loss () (0 without routed heads), float64.
@@ -428,11 +414,8 @@ def moh_layer(
     mask: torch.Tensor | None = None,
     causal: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """:func:`moh_attention` with the weights of an :class:`attnbook.MoHAttention` ``layer`` (read, not run).
-
-    ``is_causal`` defaults to the layer's own ``causal`` flag (``is_causal=True`` in a call to a non-causal
-    layer is causal too, as in the layer). Returns ``(out, gates, loss)`` in float64. ``mask`` and ``causal``
-    are the deprecated names of ``attn_mask`` and ``is_causal``.
+    """:func:`moh_attention` with the weights of an :class:`attnbook.MoHAttention` ``layer`` (read, not run):
+    ``(out, gates, loss)`` in float64. ``is_causal`` defaults to the layer's ``causal``, and is ORed with it.
 
     Example:
         >>> import torch, attnbook
@@ -511,16 +494,9 @@ def flow_attention(
 ) -> torch.Tensor | tuple[torch.Tensor, FlowStats]:
     """Flow-Attention (Wu et al., ICML 2022) term by term, with the N x M flow matrix written out.
 
-    Non-causal: I_i = (q~_i+eps).(sum_j k~_j+eps), O_j = (k~_j+eps).(sum_i q~_i+eps),
-    I^_i = (q~_i+eps).(sum_j k~_j/O_j+eps), O^_j = clamp((k~_j+eps).(sum_i q~_i/I_i+eps), -1, 1),
-    a_i = sigmoid(I^_i n/m), c_j = softmax_j(O^_j) m, out_i = sum_j a_i (q~_i.k~_j) / I_i c_j v_j.
-    Causal (N == M): a loop over positions, every sum over the prefix, divided by t_i = i + 1;
-    a_i = sigmoid(I^_i), c_j = exp(O^_j) / sum_{j'<=j} exp(O^_j') t_j, out_i = sum_{j<=i} a_i (q~_i.k~_j) /
-    (I_i t_i) c_j v_j. q~ = sigmoid(q), k~ = sigmoid(k).
-
-    q (B,H,N,D), k (B,H,M,D), v (B,H,M,Dv) -> (B,H,N,Dv) float64, and a FlowStats with ``return_flows``.
-    ``competition=False`` / ``allocation=False`` set c_j = 1 / a_i = 1 (the paper's ablations). ``causal`` is
-    the deprecated name of ``is_causal``.
+    The equations of :mod:`attnbook.flow`, out_i = sum_j a_i (q~_i.k~_j) / I_i c_j v_j; causal (N == M): a loop
+    over positions, every sum over the prefix and divided by t_i = i + 1. q (B,H,N,D), k (B,H,M,D), v (B,H,M,Dv)
+    -> (B,H,N,Dv) float64, and a FlowStats with ``return_flows``.
 
     Example:
         >>> import torch, attnbook
@@ -607,12 +583,8 @@ def mobile_attention(
 ) -> torch.Tensor | tuple[torch.Tensor, FlowStats]:
     """Mobile-Attention (Yao et al., ICML 2024) term by term: flow sums over the heads at each position.
 
-    I_hi = (q~_hi+eps).(sum_h' k~_h'i+eps), O_hj = (k~_hj+eps).(sum_h' q~_h'j+eps),
-    I^_hi = (q~_hi+eps).(sum_h' k~_h'i/O_h'i+eps),
-    O^_hj = clamp((k~_hj+eps).(sum_h' q~_h'j/I_h'j+eps), -1, 1),
-    a = sigmoid(I^ N/M), c_hj = softmax over j of O^_hj times M,
-    out_hi = sum_j a_hi (q~_hi.k~_hj) / I_hi c_hj v_hj.
-    q, k (B,H,N,D), v (B,H,N,Dv) -> (B,H,N,Dv) float64, and a FlowStats with ``return_flows``.
+    The equations of :mod:`attnbook.mobile`, out_hi = sum_j a_hi (q~_hi.k~_hj) / I_hi c_hj v_hj. q, k (B,H,N,D),
+    v (B,H,N,Dv) -> (B,H,N,Dv) float64, and a FlowStats with ``return_flows``.
 
     Example:
         >>> import torch, attnbook
@@ -660,8 +632,8 @@ def gated_linear_attention(
 
         S_t = diag(exp(g_t)) S_{t-1} + k_t v_t^T,    o_t = S_t^T (scale q_t)
 
-    q, k (B, H, N, D), v (B, H, N, Dv), g (B, H, N, D) or (B, H, N); S (B, H, D, Dv), zeros or ``initial_state``.
-    Returns o (B, H, N, Dv) [, the last S].
+    q, k (B, H, N, D), v (B, H, N, Dv), g (B, H, N, D) or (B, H, N), S from zeros or ``initial_state`` -> o
+    (B, H, N, Dv) [, the last S].
 
     Example:
         >>> import torch, attnbook
@@ -699,8 +671,8 @@ def delta_rule_attention(
 
         u_t = beta_t (v_t - S_{t-1}^T k_t),    S_t = S_{t-1} + k_t u_t^T,    o_t = S_t^T (scale q_t)
 
-    q, k (B, H, N, D), v (B, H, N, Dv), beta (B, H, N); S (B, H, D, Dv), zeros or ``initial_state``.
-    Returns o (B, H, N, Dv) [, the last S].
+    q, k (B, H, N, D), v (B, H, N, Dv), beta (B, H, N), S from zeros or ``initial_state`` -> o (B, H, N, Dv)
+    [, the last S].
 
     Example:
         >>> import torch, torch.nn.functional as F, attnbook
@@ -728,11 +700,8 @@ def delta_rule_attention(
 
 def recurrent_layer(layer: RecurrentAttention, x: torch.Tensor, *, key_padding_mask: Tensor | None = None) -> Tensor:
     """A :class:`attnbook.GatedLinearAttention` or :class:`attnbook.DeltaRuleAttention` layer evaluated literally in
-    float64 on x (B, N, C): its projections, gates and norms in float64 (on a float64 copy, unless the layer is
-    float64 already: then its own parameters receive the gradients), then the loop above.
-
-    A padded token (``key_padding_mask`` (B, N) True) writes nothing and keeps the state: its key and value are
-    zero, its decay 1 (g = 0) or its beta 0.
+    float64 on x (B, N, C) (a float64 copy, unless the layer is float64: then its parameters get the gradients). A
+    padded token (``key_padding_mask`` (B, N) True) has zero key and value and g = 0 or beta = 0.
 
     Example:
         >>> import torch, attnbook

@@ -3,30 +3,24 @@
     out_i = sum_j softmax_j(q_i . k_j * scale + m_ij) v_j,   scale = 1 / sqrt(D)
 
 Vaswani et al., "Attention Is All You Need", NeurIPS 2017. The fast path is torch's
-``scaled_dot_product_attention`` (flash / memory-efficient kernels where they apply), with its signature and
-its masks; the literal definition, with the N x M matrix written out, is
-:func:`attnbook.reference.softmax_attention`.
-
-Masks are torch's: ``attn_mask`` as in ``scaled_dot_product_attention`` (bool, True = may attend, or a float
-m_ij added to the scores, -inf forbidding), ``key_padding_mask`` as in ``nn.MultiheadAttention`` ((B, M),
-True = padding, or a float added to that key's scores), ``is_causal`` per call. Unlike SDPA, ``attn_mask`` and
-``is_causal`` may be combined, and a query with nothing to attend to gets zeros instead of NaN.
+``scaled_dot_product_attention`` (SDPA), with its signature and its masks; the literal definition is
+:func:`attnbook.reference.softmax_attention`. Unlike SDPA, ``attn_mask`` and ``is_causal`` may be combined, and
+``key_padding_mask`` is taken as ``nn.MultiheadAttention`` takes it ((B, M), True = padding, or a float added to
+that key's scores).
 
 Masked positions and non-finite numbers (the rule every masked entry point of the package follows):
 
-* A key that *no* query of its (batch, head) may attend to -- a padding position -- contributes nothing,
-  whatever its key and value hold (NaN and inf included): it is replaced by zeros before any arithmetic, and
-  gets zero gradients (:func:`zero_unseen_keys`). Zeroing is exact only for such keys: a key masked for some
-  queries but visible to others must keep its value for those others.
+* A key that *no* query of its (batch, head) may attend to (padding) contributes nothing, whatever it holds (NaN
+  included): it is replaced by zeros before any arithmetic (:func:`zero_unseen_keys`). A key masked for some
+  queries only keeps its value for the others.
 * A query with no key it may attend to returns zeros (and zero gradients), whatever it holds.
-* A NaN or inf in a *visible* input (a query with something to attend to, a key or value some query may
-  attend to) is never hidden: the outputs of the queries that attend to it are NaN (or inf), and the fused
-  kernels, which multiply zero weights by the values of masked keys, may carry it to other queries of the
-  same (batch, head) as well. It is never replaced by zeros.
+* A NaN or inf in a *visible* input is never hidden: the outputs of the queries that attend to it are NaN, and
+  the fused kernels, which multiply zero weights by masked values, may carry it to other queries of the same
+  (batch, head).
 
-Generation with a **KV cache** (:class:`KVCache`): the keys and values of every past token, which a new query
-attends to. :class:`SoftmaxAttention` prefills one from a prompt in one parallel call
-(``forward(x, output_final_state=True)``) and continues token by token (:meth:`SoftmaxAttention.step`).
+Generation keeps a **KV cache** (:class:`KVCache`) of every past token's keys and values: :class:`SoftmaxAttention`
+prefills one in one parallel call (``forward(x, output_final_state=True)``) and continues token by token
+(:meth:`SoftmaxAttention.step`).
 """
 
 from __future__ import annotations
@@ -55,13 +49,8 @@ __all__ = ["softmax_attention", "SoftmaxAttention", "KVCache", "zero_unseen_keys
 
 
 def zero_unseen_keys(k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """k and v with every key that no query may attend to replaced by zeros.
-
-    ``allowed`` (..., N, M) bool, broadcastable against the scores (B, H, N, M); k (B, H, M, D), v (B, H, M, Dv).
-    A masked key's score is excluded from the softmax, but the weighted sum still multiplies its weight 0 by its
-    value (0 * NaN = NaN), and additive masks add -inf to its score (NaN + -inf = NaN): zeroing the keys that
-    nobody sees is what makes garbage in padding harmless. Cost O(B H (N M + M (D + Dv))).
-    """
+    """k (B, H, M, D) and v (B, H, M, Dv) with every key that no query may attend to (``allowed`` (..., N, M) bool)
+    replaced by zeros: the weighted sum still multiplies a masked weight 0 by its value (0 * NaN = NaN)."""
     seen = allowed.any(dim=-2).unsqueeze(-1)  # (..., M, 1): some query may attend to key j
     return torch.where(seen, k, 0.0), torch.where(seen, v, 0.0)
 
@@ -83,30 +72,23 @@ def softmax_attention(
 
     ``out_i = sum_j softmax_j(scale * q_i . k_j + m_ij) v_j`` over the keys j that query i may attend to.
 
-    Cost: O(B H N M D) time; O(B H N M) memory for the weights on backends that materialise them
-    (the fused flash / memory-efficient kernels need only O(B H N) extra memory).
+    Cost: O(B H N M D) time; O(B H N M) memory on backends that materialise the weights (the fused flash /
+    memory-efficient kernels need O(B H N) extra memory).
 
     Args:
-        q: queries (B, H, N, D).
-        k: keys (B, H, M, D).
-        v: values (B, H, M, Dv).
-        attn_mask: as in ``scaled_dot_product_attention``: bool (True = may attend) or floating (added to the
-            scores; -inf forbids), broadcastable to (B, H, N, M). May be combined with ``is_causal``.
-        dropout_p: dropout probability on the attention weights, as in SDPA (applied whenever it is > 0: pass
-            0.0 in evaluation).
+        q, k, v: queries (B, H, N, D), keys (B, H, M, D), values (B, H, M, Dv).
+        attn_mask: as in SDPA: bool (True = may attend) or floating (added to the scores; -inf forbids),
+            broadcastable to (B, H, N, M). May be combined with ``is_causal``.
+        dropout_p: dropout on the attention weights, as in SDPA (whenever it is > 0: pass 0.0 in evaluation).
         is_causal: query i attends only to keys j <= i (top-left aligned when N != M, as in SDPA).
-        scale: multiplies the scores; defaults to 1 / sqrt(D). A positive number float32 holds as a normal
-            number (about 1.2e-38 to 3.4e38).
-        key_padding_mask: as in ``nn.MultiheadAttention``: (B, M), bool True = padding (the key is ignored), or
-            floating (added to that key's scores). Keys that no query may attend to contribute nothing, whatever
-            they hold (module docstring).
-        causal, mask: the deprecated names of ``is_causal`` and ``attn_mask`` (attnbook 0.1).
+        scale: multiplies the scores; default 1 / sqrt(D); a normal float32 number.
+        key_padding_mask: as in ``nn.MultiheadAttention``: (B, M), bool True = padding, or floating (added to
+            that key's scores).
+        causal, mask: the deprecated names of ``is_causal`` and ``attn_mask``.
 
     Returns:
-        (B, H, N, Dv) in the dtype of the inputs (under autocast: the autocast dtype, as SDPA). A query with no
-        key it may attend to gets zeros (and zero gradients), never NaN. SDPA's kernels form the scores and
-        the softmax in float32 for half-precision inputs. Twice differentiable only on SDPA's math backend
-        (``torch.nn.attention.sdpa_kernel(SDPBackend.MATH)``); the fused kernels raise on a second derivative.
+        (B, H, N, Dv) in the inputs' dtype (under autocast: the autocast dtype, as SDPA). A query with no key it
+        may attend to gets zeros, never NaN. Twice differentiable only on SDPA's math backend.
 
     Example:
         >>> import torch, attnbook
@@ -173,11 +155,8 @@ def _attend(
     dropout_p: float = 0.0,
     lower_right: bool = False,
 ) -> torch.Tensor:
-    """SDPA with the package's rules for masks: keys nobody sees are zeroed, empty rows are zero, and a query
-    with a NaN or inf that attends to something gives a NaN row (torch's CPU kernel returns zeros for it).
-
-    Masks validated: ``attn_mask`` 4-D (bool or float), ``key_padding_mask`` (B, M) (bool, True = padding, or
-    float). ``lower_right`` aligns the causal mask to the last key (queries continue a cache of keys)."""
+    """SDPA with the package's rules for masks: keys nobody sees are zeroed, empty rows are zero, and a query with a NaN
+    or inf that attends to something gives a NaN row. ``lower_right`` aligns the causal mask to the last key."""
     N, M = q.shape[-2], k.shape[-2]
     if attn_mask is None and key_padding_mask is None and not (causal and lower_right and N != M):
         # The fused kernels handle the causal mask themselves; every row has key 0, so none is empty.
@@ -211,8 +190,8 @@ _SHORT_KEYS = 64
 
 
 def _keep_broken_queries(q: torch.Tensor, out: torch.Tensor, M: int) -> torch.Tensor:
-    """``out`` with the row of every query holding a NaN or inf set to NaN, for short key lengths M (above,
-    SDPA does it). Elementwise, no host sync; O(B H N D), next to the attention's O(B H N M D)."""
+    """``out`` with the row of every query holding a NaN or inf set to NaN, for short key lengths M (above, SDPA
+    does it); elementwise, no host synchronisation."""
     if not tracing() and M >= _SHORT_KEYS:
         return out
     broken = ~torch.isfinite(q.detach()).all(dim=-1, keepdim=True)  # (B, H, N, 1)
@@ -222,16 +201,12 @@ def _keep_broken_queries(q: torch.Tensor, out: torch.Tensor, M: int) -> torch.Te
 class KVCache(NamedTuple):
     """The keys and values of the first ``t`` tokens of one softmax-attention layer: its decoding state.
 
-    A NamedTuple, so a pytree (``torch.compile`` and ``torch.export`` take and return it) whose length ``t`` is a
-    size of its tensors, not a number kept beside them: a graph compiled with dynamic shapes serves every t.
-    :meth:`extend` and :meth:`append` return a new cache with the rows concatenated (as Hugging Face's
-    ``DynamicCache`` does: O(t) a token, which the new query's O(t) attention costs anyway), and leave this one
-    as it was, so a generation can branch.
+    A NamedTuple (a pytree whose length ``t`` is a size of its tensors, so one dynamic graph serves every t);
+    :meth:`extend` and :meth:`append` return a new cache and leave this one as it was, so a generation can branch.
 
     Attributes:
-        keys: (B, H, t, D) keys of tokens 1..t, or None before the first token.
-        values: (B, H, t, Dv) values of tokens 1..t, or None before the first token.
-        padding: (B, t) bool, True where the token was padding (as a ``key_padding_mask``); None when none was.
+        keys, values: (B, H, t, D) and (B, H, t, Dv), or None before the first token.
+        padding: (B, t) bool, True where the token was padding; None when none was.
 
     Example:
         >>> import torch
@@ -257,8 +232,7 @@ class KVCache(NamedTuple):
         return KVCache()
 
     def extend(self, k: torch.Tensor, v: torch.Tensor, padding: torch.Tensor | None = None) -> KVCache:
-        """The cache with n more tokens: k (B, H, n, D), v (B, H, n, Dv); ``padding`` (B, n) bool, True = padding
-        (a ``key_padding_mask``: later queries will not attend to those tokens)."""
+        """The cache with n more tokens: k (B, H, n, D), v (B, H, n, Dv); ``padding`` (B, n) bool, True = padding."""
         if self.keys is None or self.values is None:  # contiguous, as the concatenations that follow are
             return KVCache(k.contiguous(), v.contiguous(), padding)
         if padding is not None or self.padding is not None:
@@ -283,12 +257,9 @@ def cached_attention(
     name: str,
     arg: str = "initial_state",
 ) -> tuple[torch.Tensor, KVCache]:
-    """Causal softmax attention of n new tokens that continue ``cache``: q, k (B, H, n, D), v (B, H, n, Dv).
-
-    The new keys are added to the cache, and query i of the new tokens attends to every cached key and to the
-    new keys up to its own: the causal mask aligned to the last key (for one new token, every key).
-    ``key_padding_mask`` (B, n) bool marks padded new tokens, which are remembered in the cache. Returns
-    (out (B, H, n, Dv), the new cache)."""
+    """Causal softmax attention of n new tokens that continue ``cache``: q, k (B, H, n, D), v (B, H, n, Dv) ->
+    (out (B, H, n, Dv), the cache with the new keys). Each new query attends to every cached key and to the new
+    keys up to its own; ``key_padding_mask`` (B, n) bool marks padded new tokens, remembered in the cache."""
     if cache is None:
         cache = KVCache.empty()
     else:
@@ -310,19 +281,8 @@ _NO_MASK_WITH_CACHE = (
 class SoftmaxAttention(ProjectedAttention[KVCache]):
     """Multi-head softmax attention with the module family's projections.
 
-    Args:
-        d_input, d_model, d_output, n_heads, drop_out: see :class:`attnbook.ProjectedAttention`
-            (dropout is applied after the output projection).
-        causal: every forward is causal (as if ``is_causal=True``): each position attends only to itself and
-            earlier positions.
-        device, dtype: of the parameters, as for torch's layers.
-
-    Shape:
-        ``forward(queries, keys=None, values=None, *, attn_mask=None, key_padding_mask=None, is_causal=False)``:
-        (B, L, d_input), (B, S, d_input), (B, S, d_input) -> (B, L, d_output); the masks as in
-        :func:`softmax_attention`. Causal self-attention also takes ``initial_state`` (a :class:`KVCache`) and
-        ``output_final_state=True`` (-> ``(y, KVCache)``); ``step(x_t, state)``: (B, d_input) -> ((B, d_output),
-        KVCache).
+    ``causal``: every forward is causal. Calls as :class:`attnbook.ProjectedAttention`, with the masks of
+    :func:`softmax_attention`; the state is a :class:`KVCache`.
 
     Example:
         >>> import torch, attnbook

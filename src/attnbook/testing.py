@@ -1,9 +1,6 @@
 """The one tolerance table and the one comparison against a float64 oracle, shared by tests, chapters and
-the exercise checkers.
-
-:data:`TOLERANCES` is keyed by dtype and always gives both ``rtol`` and ``atol`` (for
-``torch.testing.assert_close``): float32 allows for summation-order differences in reductions over a few
-thousand terms; the half types are compared with their own resolution in mind.
+the exercise checkers. :data:`TOLERANCES` gives ``rtol`` and ``atol`` per dtype: float32 allows for
+summation-order differences over a few thousand terms, the half types for their own resolution.
 
 Example:
     >>> import torch
@@ -61,16 +58,12 @@ def assert_matches_reference(
     baseline: Callable[..., torch.Tensor] | None = None,
     factor: float = 2.0,
 ) -> None:
-    """Outputs and every input gradient of ``fast_fn`` (run in ``dtype``) against ``ref_fn`` in float64.
+    """Outputs and every input gradient (for a random upstream gradient) of ``fast_fn`` run in ``dtype`` against
+    ``ref_fn`` in float64; an ``AssertionError`` says what differs.
 
-    The upstream gradient is random, so a gradient that is right only for ``sum()`` would not pass. Raises
-    ``AssertionError`` (from ``torch.testing.assert_close``) saying what differs.
-
-    ``baseline`` is for ill-conditioned problems, where the definition itself computed in ``dtype`` misses
-    the table's tolerance: a function computing the definition literally in its inputs' dtype (``ref_fn``
-    works in float64 whatever it is given). A tensor that misses the tolerance then still passes when its
-    largest error is at most ``factor`` times the baseline's, as FlashAttention's tests compare against a
-    low-precision reference.
+    ``baseline``, for ill-conditioned problems: the definition computed literally in its inputs' dtype. A tensor
+    that misses the tolerance still passes when its largest error is at most ``factor`` times the baseline's, as
+    FlashAttention's tests compare against a low-precision reference.
 
     Example:
         >>> import torch, attnbook
