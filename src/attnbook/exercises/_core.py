@@ -1,30 +1,9 @@
-"""The machinery behind every exercise checker: cases, comparisons, diagnoses, one-line results.
+"""The machinery behind every exercise checker: cases, random draws, comparisons, diagnoses, one-line results.
 
-The policies below hold for every checker, because they are implemented here once:
-
-* **Writes into the inputs are rejected.** Each call gets fresh copies of a case's inputs, and afterwards those
-  copies are compared with a saved copy, tensors nested in tuples, NamedTuples, lists and dicts included. A
-  function that changed one (``q /= ...``, ``sigmoid_``, ``masked_fill_``, ``add_`` on a state) is told which
-  argument it wrote into (``state.S``): in the student's own model the same code would corrupt the caller's
-  tensors.
-* **Any real number is a number:** ``int``, ``float``, numpy scalars (``np.int64`` from ``argmax``,
-  ``np.float32``), 0-d tensors and 0-d arrays; a Python number is accepted where a 0-d tensor is expected, a
-  list where a tuple is, a numpy array where a tensor is.
-* **Dtypes are named:** a tensor of the right shape in another floating dtype is reported as "has dtype
-  float32, expected float64", never as a difference between two equal-looking numbers.
-* **A diagnosis rests on evidence:** a known mistake is named only if the answer equals that wrong variant on
-  at least two cases on which the variant differs from the right answer, the failing case among them. One
-  degenerate case (a zero state, D = 2, B = 2) cannot name the wrong cause.
-* **An undefined expected value never passes:** if the right answer itself is NaN or infinite on a case (or a
-  number to compare with is), the checker says that the data are degenerate instead of accepting anything.
-* **Differences are shown:** two numbers that differ are printed with as many digits as it takes to see that
-  they differ (0.11841702, expected 0.11841699), with the difference itself for tensors ("off by 3e-08").
-* **Sizes are drawn at random on every call:** besides its fixed cases, a checker draws a few inputs of sizes
-  the statement does not mention (odd N up to a few hundred, other widths) from a fresh seed, which its label
-  prints (``random ..., seed 52311``); ``check("1.2", fn, seed=52311)`` draws the same inputs again. A table
-  of the fixed cases' answers cannot pass.
-* **A checker never raises:** the student's exceptions become the message, and so do the checker's own (an
-  answer of a type the checker did not foresee): :func:`exercise` wraps every registered checker.
+The policies that :mod:`attnbook.exercises` lists are implemented here, once: fresh copies of the inputs and
+writes into them (:func:`written_argument`), numbers of any type (:func:`as_number`), named dtypes and shown
+differences (:func:`compare`), diagnoses on the evidence of :data:`EVIDENCE` cases (:func:`check_function`),
+random sizes on every call (:class:`Draw`), and checkers that never raise (:func:`exercise`).
 """
 
 from __future__ import annotations
@@ -47,24 +26,6 @@ import torch
 
 from .._checks import check_int
 from ..testing import tol
-
-__all__ = [
-    "Result",
-    "Case",
-    "Diagnosis",
-    "as_number",
-    "Draw",
-    "draw_seed",
-    "generator",
-    "first_difference",
-    "compare",
-    "check_function",
-    "check_value",
-    "exercise",
-    "check",
-    "registered",
-]
-
 
 WIDTH = 72  # columns of output that fit inside an exercise box on the website
 EVIDENCE = 2  # cases on which an answer must equal a wrong variant before the variant is named
@@ -127,29 +88,18 @@ class Diagnosis:
 # --- random draws -----------------------------------------------------------------------------------------------
 
 
-def draw_seed(seed: int | None = None) -> int:
-    """``seed``, or a fresh one from the operating system's entropy when None: each call of a checker draws
-    other random inputs, and the seed in their labels draws the same ones again."""
-    if seed is None:
-        return secrets.randbelow(1_000_000)
-    return check_int(seed, "seed", name="exercises.check", minimum=0)
-
-
-def generator(seed: int) -> torch.Generator:
-    """A CPU generator seeded with ``seed`` (the global RNG is left alone)."""
-    return torch.Generator().manual_seed(int(seed))
-
-
 class Draw:
     """The random part of one call of a checker: sizes and tensors drawn from one seed, printed in the labels.
 
-    ``Draw(seed)`` draws from ``seed``, ``Draw()`` from a fresh one (:func:`draw_seed`); the global RNG is left
+    ``Draw(seed)`` draws from ``seed``, ``Draw()`` from a fresh one (the operating system's entropy), which each
+    call of a checker does: its labels print the seed that draws the same inputs again. The global RNG is left
     alone.
     """
 
     def __init__(self, seed: int | None = None):
-        self.seed = draw_seed(seed)
-        self.g = generator(self.seed)
+        seed = secrets.randbelow(1_000_000) if seed is None else seed
+        self.seed = check_int(seed, "seed", name="exercises.check", minimum=0)
+        self.g = torch.Generator().manual_seed(int(self.seed))
 
     def int(self, low: int, high: int, *, avoid: Sequence[int] = ()) -> int:
         """An integer in [low, high], uniformly, none of ``avoid`` (when the range has another)."""
@@ -176,12 +126,48 @@ class Draw:
     def randn(self, *shape: int, dtype: torch.dtype = torch.float64, scale: float = 1.0) -> torch.Tensor:
         return (scale * torch.randn(*shape, generator=self.g, dtype=torch.float64)).to(dtype)
 
+    def randns(self, count: int, *shape: int, dtype: torch.dtype = torch.float64, scale: float = 1.0) -> tuple:
+        """``count`` tensors of one shape drawn one after the other, as :meth:`randn` draws each."""
+        return tuple(self.randn(*shape, dtype=dtype, scale=scale) for _ in range(count))
+
     def rand(self, *shape: int) -> torch.Tensor:
         return torch.rand(*shape, generator=self.g, dtype=torch.float64)
 
     def label(self, text: str) -> str:
         """``text`` marked as drawn, with the seed that draws it again."""
         return f"{text} (random, seed {self.seed})"
+
+    def cases(self, make: Callable, *, long=(129, 300), short=(2, 40), over: int | None = None) -> list[Case]:
+        """Two cases of sizes the statement does not mention: a long one in float64 (length in ``long``) and a
+        short one in float32 (in ``short``). ``make(n, dtype)`` -> (args, label) or (args, label, larger); a case
+        larger than the fixed ones (``larger``, else n > ``over``) carries the note :data:`FIXED_SIZE`."""
+        cases = []
+        for n, dtype in ((self.int(*long), torch.float64), (self.int(*short), torch.float32)):
+            args, text, *larger = make(n, dtype)
+            larger = larger[0] if larger else over is not None and n > over
+            cases.append(Case(args, label=self.label(kind(dtype) + text), note=FIXED_SIZE if larger else None))
+        return cases
+
+    def labelled(self, label: Callable[..., str], fixed: Sequence[tuple], more: Sequence[tuple] = ()) -> list[Case]:
+        """Cases of the argument tuples ``fixed`` and then ``more`` (drawn here: their labels show the seed), each
+        labelled ``label(*args)``."""
+        return [Case(a, label=label(*a)) for a in fixed] + [Case(a, label=self.label(label(*a))) for a in more]
+
+
+def randn(seed: int, *shape: int, scale: float = 1.0, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    """A fixed case's tensor: ``scale`` times standard normal numbers drawn in float64 from ``seed``, in ``dtype``."""
+    return Draw(seed).randn(*shape, scale=scale, dtype=dtype)
+
+
+FIXED_SIZE = (
+    "these inputs are larger than the others: does something depend on a fixed size (a buffer made for the "
+    "chapter's sizes, a hard-coded arange)?"
+)
+
+
+def kind(dtype: torch.dtype) -> str:
+    """How a label starts to name a case's dtype: "float32 ", or nothing for float64."""
+    return "" if dtype == torch.float64 else f"{_dtype(dtype)} "
 
 
 # --- numbers and containers -------------------------------------------------------------------------------------
@@ -221,10 +207,6 @@ def _resolution(x) -> float:
     return 0.0 if isinstance(x, (int, np.integer)) else float(np.finfo(np.float64).eps)
 
 
-def _number(x: float) -> str:
-    return f"{x:.6g}"
-
-
 def _numbers(a: float, b: float) -> tuple[str, str]:
     """``a`` and ``b`` with 6 significant digits, or as many more as it takes to see that they differ."""
     for k in range(6, 18):
@@ -252,12 +234,12 @@ def _dtype(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
+def _6g(x: float) -> str:
+    return f"{x:.6g}"
+
+
 def _index(flat: int, shape: tuple[int, ...]) -> tuple[int, ...]:
-    out = []
-    for size in reversed(shape):
-        out.append(flat % size)
-        flat //= size
-    return tuple(reversed(out))
+    return tuple(int(i) for i in np.unravel_index(flat, shape))
 
 
 def first_difference(
@@ -286,7 +268,7 @@ def first_difference(
     shown_g, shown_e = _numbers(float(g[i]), float(e[i]))
     if bad_value[i]:
         return f"{at} is {shown_g} where {shown_e} was expected{of}".lstrip()
-    off = _number(float((g[i] - e[i]).abs()))
+    off = _6g(float((g[i] - e[i]).abs()))
     return f"{at} is {shown_g}, expected {shown_e} (off by {off}){of}".lstrip()
 
 
@@ -301,10 +283,6 @@ def _tolerance(expected, rtol, atol) -> tuple[float, float]:
     return (t["rtol"] if rtol is None else rtol), (t["atol"] if atol is None else atol)
 
 
-def _coarser(a: torch.dtype, b: torch.dtype) -> torch.dtype:
-    return a if torch.finfo(a).eps > torch.finfo(b).eps else b
-
-
 def _as_tensor(got, expected: torch.Tensor):
     """A numpy array as a tensor, a number as a 0-d tensor of ``expected``'s dtype (when that is 0-d)."""
     if isinstance(got, np.ndarray) and got.dtype.kind in "biuf":
@@ -316,10 +294,6 @@ def _as_tensor(got, expected: torch.Tensor):
         if value is not None:
             return torch.tensor(value, dtype=expected.dtype)
     return got
-
-
-def _is_sequence(x) -> bool:
-    return isinstance(x, (list, tuple))
 
 
 def _compare(got, expected, rtol, atol, path: str = "", equal_nan: bool = False) -> str | None:
@@ -344,7 +318,7 @@ def _compare(got, expected, rtol, atol, path: str = "", equal_nan: bool = False)
                 f"{_dtype(expected.dtype)}"
             )
         if got.dtype != expected.dtype and got.is_floating_point() and expected.is_floating_point():
-            t = _table(_coarser(got.dtype, expected.dtype))
+            t = _table(max(got.dtype, expected.dtype, key=lambda d: torch.finfo(d).eps))  # the coarser's
             diff = first_difference(got, expected, rtol=max(rtol, t["rtol"]), atol=max(atol, t["atol"]))
             dtypes = f"{_dtype(got.dtype)}, expected {_dtype(expected.dtype)}"
             if diff is None:
@@ -356,7 +330,7 @@ def _compare(got, expected, rtol, atol, path: str = "", equal_nan: bool = False)
         fields = getattr(expected, "_fields", None)
         if fields and isinstance(got, Mapping) and set(got) == set(fields):
             got = tuple(got[f] for f in fields)
-        if not _is_sequence(got) or len(got) != len(expected):
+        if not isinstance(got, (list, tuple)) or len(got) != len(expected):
             n = f" of {len(got)} items" if hasattr(got, "_fields") else ""
             names = ", ".join(fields or ()) or "items"
             return f"{label}is {_what(got)}{n}, expected a tuple of {len(expected)} ({names})"
@@ -376,7 +350,7 @@ def _compare(got, expected, rtol, atol, path: str = "", equal_nan: bool = False)
         r = max(rtol, 8 * _resolution(got))  # a float32 number is right to float32's precision
         if value != expected and not abs(value - expected) <= atol + r * abs(expected):
             shown_v, shown_e = _numbers(value, expected)
-            off = f" (off by {_number(abs(value - expected))})" if math.isfinite(value) else ""
+            off = f" (off by {_6g(abs(value - expected))})" if math.isfinite(value) else ""
             return f"{label}is {shown_v}, expected {shown_e}{off}"
         return None
     return None if got == expected else f"{label}is {got!r}, expected {expected!r}"
@@ -403,7 +377,7 @@ def _undefined(x) -> bool:
         return x.is_floating_point() and not bool(torch.isfinite(x).all())
     if isinstance(x, Mapping):
         return any(_undefined(v) for v in x.values())
-    if _is_sequence(x):
+    if isinstance(x, (list, tuple)):
         return any(_undefined(v) for v in x)
     value = as_number(x)
     return value is not None and not math.isfinite(value)
@@ -488,13 +462,6 @@ def written_argument(fn: Callable, args: tuple, kwargs: dict, saved_args: tuple,
     return None
 
 
-def in_place_message(name: str, argument: str, label: str) -> str:
-    return (
-        f"{name} wrote into its argument `{argument}` on {label}: in-place operations (`add_`, `/=`, "
-        "`masked_fill_`, ...) change the caller's tensors. Compute a new tensor instead."
-    )
-
-
 # --- calling the student's function on the cases ----------------------------------------------------------------
 
 _NOTHING = object()  # the answer gave nothing to compare on this case (it raised, or returned None)
@@ -539,7 +506,10 @@ def _run(fn: Callable, case: Case, want, name: str, rtol, atol) -> _Run:
     except Exception:  # an input the comparison does not understand: no verdict on writes
         argument = None
     if argument:
-        run.fatal = in_place_message(name, argument, case.label)
+        run.fatal = (
+            f"{name} wrote into its argument `{argument}` on {case.label}: in-place operations (`add_`, `/=`, "
+            "`masked_fill_`, ...) change the caller's tensors. Compute a new tensor instead."
+        )
     run.problem = compare(got, want, rtol=rtol, atol=atol, path="the result")
     return run
 
@@ -582,10 +552,6 @@ def _shows(d: Diagnosis, run: _Run) -> str | None:
     return seen.rstrip(".") if isinstance(seen, str) and seen else None
 
 
-def _checker_error(name: str, what: str, exc: Exception) -> Result:
-    return Result(False, f"{name}: the checker could not {what} ({type(exc).__name__}: {exc})")
-
-
 def check_function(
     fn: Callable,
     cases: Sequence[Case],
@@ -612,7 +578,8 @@ def check_function(
         try:
             want = expected(*_fresh(case.args), **_fresh(case.kwargs))
         except Exception as exc:
-            return _checker_error(name, f"compute the expected result on {case.label}", exc)
+            return Result(False, f"{name}: the checker could not compute the expected result on {case.label} "
+                          f"({type(exc).__name__}: {exc})")  # fmt: skip
         if _undefined(want):
             return Result(
                 False, f"{name}, on {case.label}: the expected result is undefined for these inputs (NaN or "
@@ -696,16 +663,16 @@ def check_value(
         return x == y or abs(x - y) <= atol + r * abs(y)
 
     if math.isfinite(value) and near(value, want):
-        return Result(True, f"{name}: {_number(value)} is right.")
+        return Result(True, f"{name}: {_6g(value)} is right.")
     # the exact value rounded, as a printed cell shows it (20.5 or 20.4636 for 20.46364...)
     shown = _rounded_to(value, want, max(8 * _resolution(answer), 1e-15), [w for w, _ in mistakes], digits)
     if shown is not None:
-        return Result(True, f"{name}: {value:.{shown}g} is right (the value, {_number(want)}, to {shown} digits).")
+        return Result(True, f"{name}: {value:.{shown}g} is right (the value, {_6g(want)}, to {shown} digits).")
     for wrong, meaning in mistakes:
         if math.isfinite(value) and near(value, wrong) and not near(wrong, want):
-            return Result(False, f"{name}: {_number(value)} is not right: {meaning}")
+            return Result(False, f"{name}: {_6g(value)} is not right: {meaning}")
     more = f" Hint: {hint}" if hint else ""
-    return Result(False, f"{name}: {_number(value)} is not right.{more}")
+    return Result(False, f"{name}: {_6g(value)} is not right.{more}")
 
 
 # --- the registry -----------------------------------------------------------------------------------------------

@@ -1,21 +1,12 @@
-"""Checkers for the exercises of chapter 2 (linear attention).
-
-* 2.1 ``linear_step(q, k, v, state)``: one token of causal linear attention as an RNN, state = (S, z).
-* 2.2 ``taylor_features(x)``: a feature map whose dot products are 1 + x.y + (x.y)^2 / 2.
-* 2.3 ``best_chunk(R, Dv)``: the chunk length ell that minimises the chunked algorithm's multiply-adds.
-* 2.4 ``relative_variance(x, y)``: Var / mean^2 of one positive random feature estimate of exp(x.y).
-* 2.5 (explore): the weight the second-order Taylor kernel puts on the right key of the retrieval toy at
-  β = 64, measured by rerunning the experiment on :func:`attnbook.viz.linear.retrieval_toy`.
-
-The step is compared with the recurrence of Katharopoulos et al. (ICML 2020, Eqs. 16-20), computed here in
-float64 exactly as :func:`attnbook.linear_attention_step` computes it; the feature map through the kernel it
-must produce (any ordering or packing of the features is fine); the formulas with their closed forms. Besides
-the fixed inputs, every call draws a few of sizes the statement does not mention (see :class:`Draw`).
-"""
+"""Checkers for chapter 2 (linear attention): 2.1 the recurrent step (Katharopoulos et al., ICML 2020, Eqs.
+16-20, as :func:`attnbook.linear_attention_step` computes it), 2.2 second-order Taylor features (judged by their
+kernel: any ordering or packing passes), 2.3 the best chunk length, 2.4 the relative variance of a positive random
+feature, 2.5 (explore) the Taylor kernel's weight on the right key of the retrieval toy."""
 
 from __future__ import annotations
 
 import math
+from functools import partial
 from typing import NamedTuple
 
 import numpy as np
@@ -23,35 +14,13 @@ import torch
 
 from .._checks import check_feature_widths, check_features
 from ..testing import tol
-from ._core import BadReturn, Case, Diagnosis, Draw, Result, check_function, check_value, exercise
-
-__all__ = [
-    "State",
-    "Step",
-    "linear_step_solution",
-    "check_linear_step",
-    "taylor_kernel",
-    "check_taylor_features",
-    "chunk_cost",
-    "check_best_chunk",
-    "check_relative_variance",
-    "check_taylor_selectivity",
-    "taylor_right_key",
-]
+from ._core import BadReturn, Case, Diagnosis, Draw, Result, check_function, check_value, exercise, randn
 
 EPS = 1e-6  # the eps of attnbook.linear_attention_step
 
 
 def _phi(x: torch.Tensor) -> torch.Tensor:
     return torch.where(x > 0, x + 1, torch.exp(x))  # elu(x) + 1
-
-
-def _gen(seed: int) -> torch.Generator:
-    return torch.Generator().manual_seed(seed)
-
-
-def _randn(*shape: int, seed: int) -> torch.Tensor:
-    return torch.randn(*shape, dtype=torch.float64, generator=_gen(seed))
 
 
 # --- 2.1 the recurrent step ----------------------------------------------------------------------------------
@@ -82,144 +51,78 @@ def linear_step_solution(q, k, v, state) -> Step:
     return Step(num / (den + EPS), State(S, z))
 
 
-def _readout_first(q, k, v, state):
-    S, z = state
-    fq, fk = _phi(q), _phi(k)
-    out = (fq[..., None, :] @ S).squeeze(-2) / ((fq * z).sum(-1, keepdim=True) + EPS)
-    return Step(out, State(S + fk[..., :, None] * v[..., None, :], z + fk))
-
-
-def _variant(*, out=None, S_outer=None, phi_q=True, update_z=True):
-    """The solution with one piece changed: how the output is formed, the outer product, phi on q, z's update."""
-
-    def step(q, k, v, state):
-        S, z = state
-        fq = _phi(q) if phi_q else q
-        fk = _phi(k)
-        S = S + (fk[..., :, None] * v[..., None, :] if S_outer is None else S_outer(fk, v))
-        z = z + fk if update_z else z
-        num = (fq[..., None, :] @ S).squeeze(-2)
-        den = (fq * z).sum(dim=-1, keepdim=True)
-        return Step(num / (den + EPS) if out is None else out(num, den, fq, z), State(S, z))
-
-    return step
-
-
-def _variant_map(phi):
-    """The solution with another feature map."""
-
-    def step(q, k, v, state):
-        S, z = state
-        fq, fk = phi(q), phi(k)
-        S = S + fk[..., :, None] * v[..., None, :]
-        z = z + fk
-        num = (fq[..., None, :] @ S).squeeze(-2)
-        return Step(num / ((fq * z).sum(dim=-1, keepdim=True) + EPS), State(S, z))
-
-    return step
+def _slip(q, k, v, state, *, phi=_phi, phi_q=True, outer=None, update_z=True, out=None, first=False, swap=False):
+    """The step with one piece changed: the feature map (or none on q), the outer product, z's update, the output's
+    formula, the readout ``first`` (before the update), the new state returned as (z, S)."""
+    S0, z0 = state
+    fq, fk = phi(q) if phi_q else q, phi(k)
+    S = S0 + (fk[..., :, None] * v[..., None, :] if outer is None else outer(fk, v))
+    z = z0 + fk if update_z else z0
+    rS, rz = (S0, z0) if first else (S, z)
+    num, den = (fq[..., None, :] @ rS).squeeze(-2), (fq * rz).sum(dim=-1, keepdim=True)
+    return Step(num / (den + EPS) if out is None else out(num, den, fq, rz), (z, S) if swap else State(S, z))
 
 
 _STEP_MISTAKES = [
-    Diagnosis(
-        "the state is updated after the readout: the output must be read from S_t and z_t, which already "
-        "contain token t (a query sees its own key, j <= t)",
-        _readout_first,
-    ),
-    Diagnosis(
-        "the output is not normalised: divide phi(q)^T S by phi(q)^T z + eps", _variant(out=lambda n, d, fq, z: n)
-    ),
-    Diagnosis(
-        "eps is added to the numerator too: it belongs in the denominator only",
-        _variant(out=lambda n, d, fq, z: (n + EPS) / (d + EPS)),
-    ),
-    Diagnosis(
-        "eps is added to every feature of z (phi(q)^T (z + eps)) instead of once to the denominator",
-        _variant(out=lambda n, d, fq, z: n / (fq * (z + EPS)).sum(-1, keepdim=True)),
-    ),
-    Diagnosis(
-        "the denominator has no eps: out = phi(q)^T S / (phi(q)^T z + eps) with eps = 1e-6, which keeps feature "
-        "maps that can be 0 (ReLU) from dividing by zero",
-        _variant(out=lambda n, d, fq, z: n / d),
-    ),
-    Diagnosis("the feature map is not applied to the query", _variant(phi_q=False)),
-    Diagnosis(
-        "the outer product is transposed: S holds phi(k) v^T, of shape (R, Dv), not v phi(k)^T",
-        _variant(S_outer=lambda fk, v: v[..., :, None] * fk[..., None, :]),
-    ),
-    Diagnosis("z is not updated: z_t = z_{t-1} + phi(k_t)", _variant(update_z=False)),
-    Diagnosis(
-        "the feature map is applied to the values too: S sums phi(k_j) v_j^T, with the values as they are",
-        _variant(S_outer=lambda fk, v: fk[..., :, None] * _phi(v)[..., None, :]),
-    ),
-    Diagnosis(
-        "the feature map is elu alone; it is elu(x) + 1, which keeps every feature positive",
-        _variant_map(lambda x: torch.where(x > 0, x, torch.expm1(x))),
-    ),
-    Diagnosis(
-        "the new state is returned as (z, S); it is (S, z), in the order it came in",
-        lambda q, k, v, state: Step(
-            linear_step_solution(q, k, v, state).out, linear_step_solution(q, k, v, state).state[::-1]
-        ),
-    ),
-]
+    Diagnosis("the state is updated after the readout: the output must be read from S_t and z_t, which already contain "
+              "token t (a query sees its own key, j <= t)", partial(_slip, first=True)),
+    Diagnosis("the output is not normalised: divide phi(q)^T S by phi(q)^T z + eps",
+              partial(_slip, out=lambda n, d, fq, z: n)),
+    Diagnosis("eps is added to the numerator too: it belongs in the denominator only",
+              partial(_slip, out=lambda n, d, fq, z: (n + EPS) / (d + EPS))),
+    Diagnosis("eps is added to every feature of z (phi(q)^T (z + eps)) instead of once to the denominator",
+              partial(_slip, out=lambda n, d, fq, z: n / (fq * (z + EPS)).sum(-1, keepdim=True))),
+    Diagnosis("the denominator has no eps: out = phi(q)^T S / (phi(q)^T z + eps) with eps = 1e-6, which keeps feature "
+              "maps that can be 0 (ReLU) from dividing by zero", partial(_slip, out=lambda n, d, fq, z: n / d)),
+    Diagnosis("the feature map is not applied to the query", partial(_slip, phi_q=False)),
+    Diagnosis("the outer product is transposed: S holds phi(k) v^T, of shape (R, Dv), not v phi(k)^T",
+              partial(_slip, outer=lambda fk, v: v[..., :, None] * fk[..., None, :])),
+    Diagnosis("z is not updated: z_t = z_{t-1} + phi(k_t)", partial(_slip, update_z=False)),
+    Diagnosis("the feature map is applied to the values too: S sums phi(k_j) v_j^T, with the values as they are",
+              partial(_slip, outer=lambda fk, v: fk[..., :, None] * _phi(v)[..., None, :])),
+    Diagnosis("the feature map is elu alone; it is elu(x) + 1, which keeps every feature positive",
+              partial(_slip, phi=lambda x: torch.where(x > 0, x, torch.expm1(x)))),
+    Diagnosis("the new state is returned as (z, S); it is (S, z), in the order it came in", partial(_slip, swap=True)),
+]  # fmt: skip
 
 
-def _state_after(n: int, B: int, H: int, D: int, Dv: int, seed: int, dtype=torch.float64) -> State:
-    k, v = _randn(n, B, H, D, seed=seed), _randn(n, B, H, Dv, seed=seed + 1)
+def _history(k: torch.Tensor, v: torch.Tensor, dtype=torch.float64) -> State:
+    """The state after the tokens k (n, B, H, D), v (n, B, H, Dv)."""
     S = (_phi(k)[..., :, None] * v[..., None, :]).sum(0)  # (B, H, D, Dv)
     return State(S.to(dtype), _phi(k).sum(0).to(dtype))  # (B, H, D, Dv), (B, H, D)
 
 
-def _token(B: int, H: int, D: int, Dv: int, seed: int, dtype=torch.float64):
-    return tuple(_randn(B, H, d, seed=seed + i).to(dtype) for i, d in enumerate((D, D, Dv)))  # q, k, v
-
-
-def _random_step_cases(draw: Draw) -> list[Case]:
-    """A token after a long history (65 to 300 tokens) and a float32 one, with widths D, Dv of 1 to 20."""
-    cases = []
-    for n, dtype in ((draw.int(65, 300), torch.float64), (draw.int(1, 9), torch.float32)):  # never an empty state
-        B, H, D, Dv = draw.int(1, 2), draw.int(1, 3), draw.int(1, 20, avoid=(3, 4, 8)), draw.int(1, 20)
-        k, v = draw.randn(n, B, H, D), draw.randn(n, B, H, Dv)
-        S = (_phi(k)[..., :, None] * v[..., None, :]).sum(0)  # (B, H, D, Dv)
-        state = State(S.to(dtype), _phi(k).sum(0).to(dtype))
-        kind = "" if dtype == torch.float64 else "float32, "
-        cases.append(
-            Case(
-                (*(draw.randn(B, H, d, dtype=dtype) for d in (D, D, Dv)), state),
-                label=draw.label(f"{kind}a token after {n} others, B = {B}, H = {H}, D = {D}, Dv = {Dv}"),
-            )
-        )
-    return cases
+def _token(B: int, H: int, D: int, Dv: int, seed: int, dtype=torch.float64, after: int = 0) -> tuple:
+    """q, k, v (B, H, D|Dv) of a token and the state after ``after`` others (S = 0, z = 0 when none)."""
+    q, k, v = (randn(seed + i, B, H, d, dtype=dtype) for i, d in enumerate((D, D, Dv)))
+    past = (randn(seed + 6, after, B, H, D), randn(seed + 7, after, B, H, Dv))
+    return q, k, v, _history(*past, dtype=dtype)
 
 
 def _step_cases(draw: Draw) -> list[Case]:
-    B, H, D = 2, 3, 4
-    zero = State(torch.zeros(B, H, D, D, dtype=torch.float64), torch.zeros(B, H, D, dtype=torch.float64))
-    f32 = torch.float32
-    after_6, after_3 = _state_after(6, B, H, D, D, seed=26), _state_after(3, 1, 2, 3, 5, seed=31)
-    after_64, after_5 = _state_after(64, 1, 2, 8, 6, seed=36), _state_after(5, 1, 1, 4, 4, seed=41, dtype=f32)
+    def token(n, dtype):  # a token after 65 to 300 others, or a float32 one; widths D, Dv of 1 to 20
+        B, H, D, Dv = draw.int(1, 2), draw.int(1, 3), draw.int(1, 20, avoid=(3, 4, 8)), draw.int(1, 20)
+        state = _history(draw.randn(n, B, H, D), draw.randn(n, B, H, Dv), dtype)
+        args = (*(draw.randn(B, H, d, dtype=dtype) for d in (D, D, Dv)), state)
+        return args, f"q, k, v of a token after {n} others, B = {B}, H = {H}, D = {D}, Dv = {Dv}"
+
     return [
-        Case((*_token(B, H, D, D, seed=20), zero), label="the first token (S = 0, z = 0), D = Dv = 4"),
-        Case((*_token(B, H, D, D, seed=23), after_6), label="a token after 6 others, D = Dv = 4"),
-        Case((*_token(1, 2, 3, 5, seed=28), after_3), label="a token after 3 others, D = 3, Dv = 5"),
-        Case((*_token(1, 2, 8, 6, seed=33), after_64), label="a token after 64 others, D = 8, Dv = 6"),
-        Case((*_token(1, 1, 4, 4, seed=38, dtype=f32), after_5), label="float32, a token after 5 others"),
-        *_random_step_cases(draw),
+        Case(_token(2, 3, 4, 4, seed=20), label="the first token (S = 0, z = 0), D = Dv = 4"),
+        Case(_token(2, 3, 4, 4, seed=23, after=6), label="a token after 6 others, D = Dv = 4"),
+        Case(_token(1, 2, 3, 5, seed=28, after=3), label="a token after 3 others, D = 3, Dv = 5"),
+        Case(_token(1, 2, 8, 6, seed=33, after=64), label="a token after 64 others, D = 8, Dv = 6"),
+        Case(_token(1, 1, 4, 4, seed=38, dtype=torch.float32, after=5), label="float32, a token after 5 others"),
+        *draw.cases(token, long=(65, 300), short=(1, 9)),  # never an empty state
     ]
 
 
 @exercise("2.1")
 def check_linear_step(fn, *, seed: int | None = None) -> Result:
-    """Exercise 2.1: ``fn(q, k, v, state)`` -> (out (B, H, Dv), (S (B, H, R, Dv), z (B, H, R))). ``seed`` draws the
-    random inputs of an earlier call again."""
+    """Exercise 2.1: ``fn(q, k, v, state)`` -> (out (B, H, Dv), (S (B, H, R, Dv), z (B, H, R)))."""
     return check_function(
-        fn,
-        _step_cases(Draw(seed)),
-        expected=linear_step_solution,
-        name="linear_step",
-        diagnoses=_STEP_MISTAKES,
+        fn, _step_cases(Draw(seed)), expected=linear_step_solution, name="linear_step", diagnoses=_STEP_MISTAKES,
         success="linear_step is right: the state takes the token in, then the query reads it (float32 too).",
-    )
+    )  # fmt: skip
 
 
 # --- 2.2 second-order Taylor features --------------------------------------------------------------------------
@@ -256,62 +159,44 @@ def _dots(x, y):
 
 
 _TAYLOR_MISTAKES = [
-    Diagnosis(
-        "the quadratic features are not divided by sqrt(2): their dot products give (x.y)^2 instead of (x.y)^2 / 2",
-        lambda x, y: 1 + _dots(x, y) + _dots(x, y) ** 2,
-    ),
-    Diagnosis(
-        "the quadratic features are divided by 2 instead of sqrt(2): their dot products give (x.y)^2 / 4",
-        lambda x, y: 1 + _dots(x, y) + _dots(x, y) ** 2 / 4,
-    ),
+    Diagnosis("the quadratic features are not divided by sqrt(2): their dot products give (x.y)^2 instead of (x.y)^2 / "
+              "2", lambda x, y: 1 + _dots(x, y) + _dots(x, y) ** 2),
+    Diagnosis("the quadratic features are divided by 2 instead of sqrt(2): their dot products give (x.y)^2 / 4",
+              lambda x, y: 1 + _dots(x, y) + _dots(x, y) ** 2 / 4),
     Diagnosis("the constant feature 1 is missing", lambda x, y: _dots(x, y) + _dots(x, y) ** 2 / 2),
-    Diagnosis(
-        "the quadratic features are the squares x_d^2 only; (x.y)^2 needs every product x_d x_e (the outer product)",
-        lambda x, y: 1 + _dots(x, y) + _dots(x * x, y * y) / 2,
-    ),
+    Diagnosis("the quadratic features are the squares x_d^2 only; (x.y)^2 needs every product x_d x_e (the outer "
+              "product)", lambda x, y: 1 + _dots(x, y) + _dots(x * x, y * y) / 2),
     Diagnosis("the linear features x are missing", lambda x, y: 1 + _dots(x, y) ** 2 / 2),
-    Diagnosis(
-        "only the pairs d <= e are kept, each once: (x.y)^2 holds every pair d != e twice (x_d x_e and x_e x_d), "
-        "so the packed off-diagonal products need a factor sqrt(2) (or keep all D^2 of them)",
-        lambda x, y: 1 + _dots(x, y) + (_dots(x, y) ** 2 + _dots(x * x, y * y)) / 4,
-    ),
-]
-
-
-def _random_taylor_cases(draw: Draw) -> list[Case]:
-    """x (N up to 300) and y of widths the statement does not mention, in float64 and in float32."""
-    cases = []
-    for n, dtype in ((draw.int(65, 300), torch.float64), (draw.int(1, 30), torch.float32)):
-        D, m = draw.int(2, 12, avoid=(3, 4, 5, 8)), draw.int(1, 300)
-        batch = [draw.int(1, 2) for _ in range(draw.int(0, 2))]
-        x, y = draw.randn(*batch, n, D, dtype=dtype), draw.randn(*batch, m, D, dtype=dtype)
-        kind = "" if dtype == torch.float64 else "float32 "
-        shape = ", ".join(str(b) for b in batch)
-        lead = f"{shape}, " if batch else ""
-        cases.append(Case((x, y), label=draw.label(f"{kind}x ({lead}{n}, {D}), y ({lead}{m}, {D})")))
-    return cases
+    Diagnosis("only the pairs d <= e are kept, each once: (x.y)^2 holds every pair d != e twice (x_d x_e and x_e x_d), "
+              "so the packed off-diagonal products need a factor sqrt(2) (or keep all D^2 of them)",
+              lambda x, y: 1 + _dots(x, y) + (_dots(x, y) ** 2 + _dots(x * x, y * y)) / 4),
+]  # fmt: skip
 
 
 def _taylor_cases(draw: Draw) -> list[Case]:
+    def xy(n, dtype):  # x (N up to 300) and y of widths the statement does not mention
+        D, m = draw.int(2, 12, avoid=(3, 4, 5, 8)), draw.int(1, 300)
+        batch = [draw.int(1, 2) for _ in range(draw.int(0, 2))]
+        lead = "".join(f"{b}, " for b in batch)
+        args = (draw.randn(*batch, n, D, dtype=dtype), draw.randn(*batch, m, D, dtype=dtype))
+        return args, f"x ({lead}{n}, {D}), y ({lead}{m}, {D})"
+
     return [
-        Case((_randn(5, 3, seed=40), _randn(4, 3, seed=41)), label="x (5, 3), y (4, 3)"),
-        Case((_randn(2, 3, 6, 4, seed=42), _randn(2, 3, 5, 4, seed=43)), label="x (2, 3, 6, 4), y (2, 3, 5, 4)"),
-        Case((_randn(3, 1, seed=44), _randn(2, 1, seed=45)), label="D = 1"),
-        Case((_randn(64, 8, seed=46), _randn(70, 8, seed=47)), label="x (64, 8), y (70, 8)"),
-        Case((_randn(2, 1, 64, 5, seed=48).float(), _randn(2, 1, 9, 5, seed=49).float()),
+        Case((randn(40, 5, 3), randn(41, 4, 3)), label="x (5, 3), y (4, 3)"),
+        Case((randn(42, 2, 3, 6, 4), randn(43, 2, 3, 5, 4)), label="x (2, 3, 6, 4), y (2, 3, 5, 4)"),
+        Case((randn(44, 3, 1), randn(45, 2, 1)), label="D = 1"),
+        Case((randn(46, 64, 8), randn(47, 70, 8)), label="x (64, 8), y (70, 8)"),
+        Case((randn(48, 2, 1, 64, 5, dtype=torch.float32), randn(49, 2, 1, 9, 5, dtype=torch.float32)),
              label="float32 x (2, 1, 64, 5), y (2, 1, 9, 5)"),
-        *_random_taylor_cases(draw),
+        *draw.cases(xy, long=(65, 300), short=(1, 30)),
     ]  # fmt: skip
 
 
 @exercise("2.2")
 def check_taylor_features(fn, *, seed: int | None = None) -> Result:
-    """Exercise 2.2: ``fn(x)`` (..., D) -> (..., R) with fn(x) . fn(y) = 1 + x.y + (x.y)^2 / 2. ``seed`` draws the
-    random inputs of an earlier call again."""
-    if not callable(fn):
-        return check_function(fn, [], expected=taylor_kernel, name="taylor_features")
+    """Exercise 2.2: ``fn(x)`` (..., D) -> (..., R) with fn(x) . fn(y) = 1 + x.y + (x.y)^2 / 2."""
     return check_function(
-        _kernel_of(fn),
+        _kernel_of(fn) if callable(fn) else fn,
         _taylor_cases(Draw(seed)),
         expected=taylor_kernel,
         name="taylor_features",
@@ -321,7 +206,7 @@ def check_taylor_features(fn, *, seed: int | None = None) -> Result:
     )
 
 
-# --- 2.3 the chunk length that minimises multiply-adds -----------------------------------------------------------
+# --- 2.3 the chunk length that minimises multiply-adds, 2.4 the relative variance of a positive random feature ---
 
 
 def chunk_cost(ell: float, N: int, R: int, Dv: int) -> float:
@@ -340,111 +225,73 @@ def _best(R, Dv):
 
 @exercise("2.3")
 def check_best_chunk(fn, *, seed: int | None = None) -> Result:
-    """Exercise 2.3: ``fn(R, Dv)`` -> the ell minimising :func:`chunk_cost`, sqrt(2 R Dv / (R + Dv)). ``seed``
-    draws the random widths of an earlier call again."""
-    shapes = ((16, 64), (64, 64), (256, 32), (1, 1), (8, 24))
-    cases = [Case((r, dv), label=f"R = {r}, Dv = {dv}") for r, dv in shapes]
+    """Exercise 2.3: ``fn(R, Dv)`` -> the ell minimising :func:`chunk_cost`, sqrt(2 R Dv / (R + Dv))."""
     draw = Draw(seed)
-    for _ in range(3):
-        r, dv = draw.log_int(2, 4096, avoid=(16, 64, 256, 8)), draw.log_int(2, 4096, avoid=(64, 32, 24))
-        cases.append(Case((r, dv), label=draw.label(f"R = {r}, Dv = {dv}")))
+    more = [
+        (draw.log_int(2, 4096, avoid=(16, 64, 256, 8)), draw.log_int(2, 4096, avoid=(64, 32, 24))) for _ in range(3)
+    ]
     return check_function(
-        fn,
-        cases,
-        expected=_best,
-        name="best_chunk",
+        fn, draw.labelled(lambda r, dv: f"R = {r}, Dv = {dv}", ((16, 64), (64, 64), (256, 32), (1, 1), (8, 24)), more),
+        expected=_best, name="best_chunk",
         diagnoses=[
-            Diagnosis(
-                "every ell x ell pair of a chunk is counted; only the ell (ell + 1) / 2 pairs j <= i are needed",
-                lambda r, dv: math.sqrt(r * dv / (r + dv)),
-            ),
+            Diagnosis("every ell x ell pair of a chunk is counted; only the ell (ell + 1) / 2 pairs j <= i are needed",
+                      lambda r, dv: math.sqrt(r * dv / (r + dv))),
             Diagnosis("the square root is missing: ell^2 = 2 R Dv / (R + Dv)", lambda r, dv: 2 * r * dv / (r + dv)),
-            Diagnosis(
-                "an in-chunk pair costs R + Dv (a score, R, and a weighted value, Dv), not R alone",
-                lambda r, dv: math.sqrt(2 * dv),
-            ),
-            Diagnosis(
-                "an in-chunk pair costs R + Dv (a score, R, and a weighted value, Dv), not Dv alone",
-                lambda r, dv: math.sqrt(2 * r),
-            ),
-            Diagnosis(
-                "ell = sqrt(R Dv): the in-chunk term grows like ell (R + Dv) / 2", lambda r, dv: math.sqrt(r * dv)
-            ),
-            Diagnosis(
-                "the minimiser is rounded to a whole number; the question asks for the real ell that sets F'(ell) = 0",
-                lambda r, dv: round(_best(r, dv)),
-            ),
-            Diagnosis(
-                "the ell (ell + 1) / 2 pairs were counted as ell^2 / 2 and the readout or update left out: "
-                "ell^2 (R + Dv) / 2 = R Dv gives the same ell* only by luck; count every term",
-                lambda r, dv: math.sqrt(r * dv / (r + dv)) * 2,
-            ),
+            Diagnosis("an in-chunk pair costs R + Dv (a score, R, and a weighted value, Dv), not R alone",
+                      lambda r, dv: math.sqrt(2 * dv)),
+            Diagnosis("an in-chunk pair costs R + Dv (a score, R, and a weighted value, Dv), not Dv alone",
+                      lambda r, dv: math.sqrt(2 * r)),
+            Diagnosis("ell = sqrt(R Dv): the in-chunk term grows like ell (R + Dv) / 2",
+                      lambda r, dv: math.sqrt(r * dv)),
+            Diagnosis("the minimiser is rounded to a whole number; the question asks for the real ell that sets "
+                      "F'(ell) = 0", lambda r, dv: round(_best(r, dv))),
+            Diagnosis("the ell (ell + 1) / 2 pairs were counted as ell^2 / 2 and the readout or update left out: ell^2 "
+                      "(R + Dv) / 2 = R Dv gives the same ell* only by luck; count every term",
+                      lambda r, dv: math.sqrt(r * dv / (r + dv)) * 2),
         ],
-        rtol=1e-6,
-        atol=0.0,
+        rtol=1e-6, atol=0.0,
         success="best_chunk is right: ell* = sqrt(2 R Dv / (R + Dv)), sqrt(D) = 8 for R = Dv = D = 64.",
-    )
+    )  # fmt: skip
 
 
-# --- 2.4 the relative variance of a positive random feature ------------------------------------------------------
-
-
-def _relative_variance(x: torch.Tensor, y: torch.Tensor) -> float:
-    return math.expm1(float(((x + y) ** 2).sum()))
+def _squared(u: torch.Tensor) -> float:
+    return float((u**2).sum())
 
 
 @exercise("2.4")
 def check_relative_variance(fn, *, seed: int | None = None) -> Result:
-    """Exercise 2.4: ``fn(x, y)`` -> Var[Z] / E[Z]^2 for Z = exp(w.x - |x|^2/2) exp(w.y - |y|^2/2), w ~ N(0, I).
-    ``seed`` draws the random vectors of an earlier call again."""
+    """Exercise 2.4: ``fn(x, y)`` -> Var[Z] / E[Z]^2 for Z = exp(w.x - |x|^2/2) exp(w.y - |y|^2/2), w ~ N(0, I)."""
+    x3, y3 = torch.tensor([[0.3, -0.2, 0.5], [0.1, 0.4, 0.2]], dtype=torch.float64)
     cases = [
-        Case((torch.tensor([0.3, -0.2, 0.5], dtype=torch.float64), torch.tensor([0.1, 0.4, 0.2], dtype=torch.float64)),
-             label="x = (0.3, -0.2, 0.5), y = (0.1, 0.4, 0.2)"),
-        Case((_randn(8, seed=50) * 0.4, _randn(8, seed=51) * 0.4), label="x, y in R^8"),
+        Case((x3, y3), label="x = (0.3, -0.2, 0.5), y = (0.1, 0.4, 0.2)"),
+        Case((randn(50, 8, scale=0.4), randn(51, 8, scale=0.4)), label="x, y in R^8"),
         Case((torch.zeros(2, dtype=torch.float64), torch.zeros(2, dtype=torch.float64)), label="x = y = 0"),
-        Case((_randn(64, seed=52) * 0.1, _randn(64, seed=53) * 0.1), label="x, y in R^64"),
-    ]  # fmt: skip
+        Case((randn(52, 64, scale=0.1), randn(53, 64, scale=0.1)), label="x, y in R^64"),
+    ]
     draw = Draw(seed)
     for _ in range(2):
         d, scale = draw.log_int(2, 400, avoid=(2, 3, 8, 64)), draw.uniform(0.2, 1.0)
         x, y = (draw.randn(d, scale=scale / math.sqrt(d)) for _ in range(2))  # |x + y|^2 about 2 scale^2
         cases.append(Case((x, y), label=draw.label(f"x, y in R^{d}")))
     return check_function(
-        fn,
-        cases,
-        expected=_relative_variance,
-        name="relative_variance",
+        fn, cases, expected=lambda x, y: math.expm1(_squared(x + y)), name="relative_variance",
         diagnoses=[
-            Diagnosis(
-                "this is E[Z^2] / E[Z]^2; the variance is E[Z^2] - E[Z]^2",
-                lambda x, y: math.exp(((x + y) ** 2).sum()),
-            ),
-            Diagnosis(
-                "this is the variance itself, not divided by the squared mean exp(2 x.y)",
-                lambda x, y: math.exp(2 * float(x @ y)) * math.expm1(float(((x + y) ** 2).sum())),
-            ),
-            Diagnosis(
-                "E[Z^2] came out as E[Z]^2, so there is no variance left: E[exp(2 w.u)] = exp(|2u|^2 / 2) = "
-                "exp(2 |u|^2), not exp(|u|^2)",
-                lambda x, y: 0.0,
-            ),
-            Diagnosis(
-                "|x + y|^2 became |x|^2 + |y|^2: the cross term 2 x.y is missing",
-                lambda x, y: math.expm1(float(x @ x + y @ y)),
-            ),
-            Diagnosis(
-                "it is |x - y|^2 in the exponent; w.x and w.y add: w.(x + y)",
-                lambda x, y: math.expm1(float(((x - y) ** 2).sum())),
-            ),
-            Diagnosis(
-                "the exponent is |x + y|, not squared: E[exp(w.u)] = exp(|u|^2 / 2)",
-                lambda x, y: math.expm1(float(((x + y) ** 2).sum()) ** 0.5),
-            ),
+            Diagnosis("this is E[Z^2] / E[Z]^2; the variance is E[Z^2] - E[Z]^2",
+                      lambda x, y: math.exp(_squared(x + y))),
+            Diagnosis("this is the variance itself, not divided by the squared mean exp(2 x.y)",
+                      lambda x, y: math.exp(2 * float(x @ y)) * math.expm1(_squared(x + y))),
+            Diagnosis("E[Z^2] came out as E[Z]^2, so there is no variance left: E[exp(2 w.u)] = exp(|2u|^2 / 2) = "
+                      "exp(2 |u|^2), not exp(|u|^2)", lambda x, y: 0.0),
+            Diagnosis("|x + y|^2 became |x|^2 + |y|^2: the cross term 2 x.y is missing",
+                      lambda x, y: math.expm1(_squared(x) + _squared(y))),
+            Diagnosis("it is |x - y|^2 in the exponent; w.x and w.y add: w.(x + y)",
+                      lambda x, y: math.expm1(_squared(x - y))),
+            Diagnosis("the exponent is |x + y|, not squared: E[exp(w.u)] = exp(|u|^2 / 2)",
+                      lambda x, y: math.expm1(_squared(x + y) ** 0.5)),
         ],
-        rtol=1e-6,
-        atol=1e-12,
+        rtol=1e-6, atol=1e-12,
         success="relative_variance is right: exp(|x + y|^2) - 1, which explodes for long, aligned x and y.",
-    )
+    )  # fmt: skip
 
 
 # --- 2.5 the Taylor kernel on the retrieval toy --------------------------------------------------------------
@@ -457,9 +304,8 @@ def _taylor_exact(x: torch.Tensor) -> torch.Tensor:
 
 
 def taylor_right_key(beta: float, *, kernel: str = "taylor", scaled: bool = True, measure: int = 1) -> float:
-    """The exercise's measurement: the mean weight on the right key of the retrieval toy at inverse temperature
-    ``beta`` (``measure=0``: the mean row entropy instead), for the Taylor kernel applied to x / D^(1/4)
-    (``scaled=False``: to x as it is), elu + 1 (``kernel="elu"``) or softmax (``kernel="softmax"``)."""
+    """The mean weight on the right key of the retrieval toy at inverse temperature ``beta`` (``measure=0``: the mean
+    row entropy), for the Taylor kernel on x / D^(1/4) (``scaled=False``: on x), elu + 1 or softmax (``kernel``)."""
     from .. import reference
     from ..viz.linear import retrieval_toy, selectivity  # deferred: viz imports the package
 
@@ -481,16 +327,11 @@ TAYLOR_PRINTED_DIGITS = 2  # the solution prints the weights with 2 decimals (0.
 
 @exercise("2.5")
 def check_taylor_selectivity(answer) -> Result:
-    """Exercise 2.5: the Taylor kernel's mean weight on the right key of the retrieval toy at β = 64.
-
-    The checker reruns the measurement (:func:`taylor_right_key`); the answer may be given as the cell prints it,
-    to 2 decimals (0.38), unless a known slip rounds to the same number."""
+    """Exercise 2.5: the Taylor kernel's mean weight on the right key of the retrieval toy at β = 64, measured again
+    (:func:`taylor_right_key`); as the cell prints it, to 2 decimals, too, unless a known slip rounds the same."""
     b = TAYLOR_BETA
     return check_value(
-        "2.5 weight on the right key",
-        answer,
-        taylor_right_key(b),
-        digits=TAYLOR_PRINTED_DIGITS,
+        "2.5 weight on the right key", answer, taylor_right_key(b), digits=TAYLOR_PRINTED_DIGITS,
         hint=f"apply taylor_features to x / D^(1/4) as the feature map of reference.linear_attention on q, k "
         f"times sqrt({b}), and take selectivity(weights)[1]",
         mistakes=[

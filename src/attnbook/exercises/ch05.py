@@ -1,32 +1,20 @@
-"""Checkers for the exercises of chapter 5 (mixture-of-head attention).
-
-* 5.1 (derive): the mean gate of a token's active heads, for h_s = 3 shared heads, h_r = 1 routed head and
-  a two-stage weight α_1 = 1.2; checked against a real :class:`attnbook.MoHAttention`.
-* 5.2 (implement): the top-h_r router, gates from router logits; checked against the layer's own router.
-* 5.3 (implement): the load-balancing loss from the router's probabilities; checked against the layer.
-* 5.4 (explore): how many routed heads the router still uses after training it on skewed tokens; checked
-  by rerunning the experiment with :mod:`attnbook.viz.moh`.
+"""Checkers for the exercises of chapter 5 (mixture-of-head attention): 5.1 the mean gate of a token's active
+heads, checked against a real :class:`attnbook.MoHAttention`; 5.2 the top-h_r router and 5.3 the
+load-balancing loss, checked against the layer's own; 5.4 (explore) how many routed heads the router still uses
+after training on skewed tokens, checked by rerunning the experiment with :mod:`attnbook.viz.moh`.
 """
 
 from __future__ import annotations
 
 import functools
 import math
+from functools import partial
 
 import torch
 import torch.nn.functional as F
 
 from ..moh import MoHAttention
-from ._core import Case, Diagnosis, Draw, Result, check_function, check_value, exercise
-
-__all__ = [
-    "check_mean_gate",
-    "check_top_k_gates",
-    "check_load_balancing_loss",
-    "check_heads_used",
-    "mean_gate_setting",
-    "SKEWED",
-]
+from ._core import FIXED_SIZE, Case, Diagnosis, Draw, Result, check_function, check_value, exercise
 
 # ----------------------------------------------------------------------------------------------- 5.1
 
@@ -38,14 +26,12 @@ def _mean_gate_from_the_layer() -> float:
     s, k, a_1 = mean_gate_setting["shared_head"], mean_gate_setting["routed_head"], mean_gate_setting["a_1"]
     layer = MoHAttention(4, num_heads=6, shared_head=s, routed_head=k, head_dim=2)
     x = torch.tensor([[[1.0, 0.0, 0.0, 0.0]]], dtype=torch.float64)  # (1, 1, C): one token
-    logit = math.log(a_1 / (2 - a_1))  # 2 softmax((logit, 0))_1 = α_1
     with torch.no_grad():
         layer.double()
         layer.wg_0.weight.zero_()
-        layer.wg_0.weight[0, 0] = logit
+        layer.wg_0.weight[0, 0] = math.log(a_1 / (2 - a_1))  # 2 softmax((logit, 0))_1 = α_1
         routing = layer.route(x)
-    active = routing.gates[routing.selected]  # the gates of the h_s + h_r active heads
-    return float(active.mean())
+    return float(routing.gates[routing.selected].mean())  # the gates of the h_s + h_r active heads
 
 
 @exercise("5.1")
@@ -54,10 +40,7 @@ def check_mean_gate(answer) -> Result:
     s, k, a_1 = mean_gate_setting["shared_head"], mean_gate_setting["routed_head"], mean_gate_setting["a_1"]
     a_2 = 2 - a_1
     return check_value(
-        "5.1 mean gate",
-        answer,
-        _mean_gate_from_the_layer(),
-        rtol=1e-6,
+        "5.1 mean gate", answer, _mean_gate_from_the_layer(), rtol=1e-6,
         hint="α_1 + α_2 = 2; the shared gates sum to α_1 h_s and the routed ones to α_2 h_r.",
         mistakes=[
             (1.0, "1 is the mean gate when h_s = h_r; here h_s = 3 and h_r = 1."),
@@ -66,120 +49,82 @@ def check_mean_gate(answer) -> Result:
             (a_1 * s + a_2 * k, "that is the sum of the active gates; divide by the h_s + h_r active heads."),
             ((a_1 * s + a_2 * k) / 2, "divide by the h_s + h_r active heads, not by the 2 stages."),
         ],
-    )
+    )  # fmt: skip
 
 
-# ----------------------------------------------------------------------------------------------- 5.2
+# ----------------------------------------------------------------------------------------------- 5.2 and 5.3
 
 
-def _router_gates(logits: torch.Tensor, k: int) -> torch.Tensor:
-    """The package's routed gates for router logits (..., E): a layer whose router W_r is the identity."""
-    E = logits.shape[-1]
-    layer = MoHAttention(E, num_heads=E, shared_head=0, routed_head=k, head_dim=1).to(logits.dtype)
+def _routed(x: torch.Tensor, k: int):
+    """The package's routing of router logits x (B, N, E) by a layer whose router W_r is the identity."""
+    E = x.shape[-1]
+    layer = MoHAttention(E, num_heads=E, shared_head=0, routed_head=k, head_dim=1).to(x.dtype)
     with torch.no_grad():
-        layer.wg.weight.copy_(torch.eye(E, dtype=logits.dtype))
-        x = logits.reshape(1, -1, E)  # (1, tokens, E)
-        return layer.route(x).gates.reshape(logits.shape)
+        layer.wg.weight.copy_(torch.eye(E, dtype=x.dtype))
+        return layer.route(x)
 
 
-def _kept(logits, k):
-    p = F.softmax(logits, dim=-1)
-    mask = torch.zeros_like(p, dtype=torch.bool).scatter(-1, p.topk(k, dim=-1).indices, True)
-    return p, mask
+def _top(p: torch.Tensor, k: int, largest: bool = True) -> torch.Tensor:
+    """(..., E) True at the k largest (or smallest) entries of each row of ``p``."""
+    return torch.zeros_like(p, dtype=torch.bool).scatter(-1, p.topk(k, dim=-1, largest=largest).indices, True)
 
 
-def _not_renormalised(logits, k):
-    p, mask = _kept(logits, k)
-    return torch.where(mask, p, 0) * k
-
-
-def _no_factor_k(logits, k):
-    p, mask = _kept(logits, k)
-    return torch.where(mask, p, 0) / (p * mask).sum(-1, keepdim=True)
-
-
-def _softmax_over_tokens(logits, k):
-    p = F.softmax(logits, dim=-2)
-    mask = torch.zeros_like(p, dtype=torch.bool).scatter(-1, p.topk(k, dim=-1).indices, True)
-    return torch.where(mask, p, 0) / (p * mask).sum(-1, keepdim=True) * k
-
-
-def _no_top_k(logits, k):
-    return F.softmax(logits, dim=-1) * k
-
-
-def _smallest_k(logits, k):
-    p = F.softmax(logits, dim=-1)
-    mask = torch.zeros_like(p, dtype=torch.bool).scatter(-1, p.topk(k, dim=-1, largest=False).indices, True)
-    return torch.where(mask, p, 0) / (p * mask).sum(-1, keepdim=True) * k
-
-
-def _zeros_not_minus_inf(logits, k):
-    p, mask = _kept(logits, k)
-    return F.softmax(torch.where(mask, logits, 0), dim=-1) * k
-
-
-def _raw_kept(logits, k):
-    p, mask = _kept(logits, k)
-    return torch.where(mask, p, 0)
-
-
-def _eps_in_sum(logits, k):
-    p, mask = _kept(logits, k)
+def _gates(logits, k, *, dim=-1, largest=True, top=True, zeros=False, renorm=True, times_k=True, eps=0.0):
+    """The gates with one piece changed: the softmax's dim, the k smallest kept, every head kept (``top=False``),
+    the unchosen logits set to 0 instead of -inf, no renormalising, no factor h_r, an eps in the sum."""
+    p = F.softmax(logits, dim=dim)
+    mask = _top(p, k, largest)
+    if zeros or not top:
+        return k * (F.softmax(torch.where(mask, logits, 0), dim=-1) if zeros else p)
     kept = torch.where(mask, p, 0)
-    return k * kept / (kept.sum(-1, keepdim=True) + 1e-6)
+    kept = kept / (kept.sum(-1, keepdim=True) + eps) if renorm else kept
+    return k * kept if times_k else kept
 
 
-def _eps_in_sum_late(logits, k):
-    p, mask = _kept(logits, k)
-    kept = torch.where(mask, p, 0)
-    return k * (kept / (kept.sum(-1, keepdim=True) + 1e-8))
+_not_renormalised = partial(_gates, renorm=False)
+_no_factor_k = partial(_gates, times_k=False)
+_softmax_over_tokens = partial(_gates, dim=-2)
+_no_top_k = partial(_gates, top=False)
+_smallest_k = partial(_gates, largest=False)
+_zeros_not_minus_inf = partial(_gates, zeros=True)
 
-
-FIXED_SIZE = "these inputs are larger than the others: does something depend on a fixed size (N, E)?"
 LARGE_LOGITS = (
     "every logit on these inputs is shifted by a constant, which changes no probability: subtract each row's "
     "largest logit before exp (torch.softmax does), or exp overflows to inf"
 )
+_EPS_IN_SUM = (
+    "an eps is added to the renormalising sum: the kept probabilities are positive, so their sum never is 0 and "
+    "needs no eps; with it the gates sum to a little less than h_r"
+)
 
 
-def _random_routing(draw: Draw, probabilities: bool) -> list[Case]:
+def _random_routing(draw: Draw, probabilities: bool):
     """Router logits (or probabilities) of sizes the statement does not mention: N up to 300, E of 2 to 24 heads
     with any h_r, in float64, and a small float32 one."""
-    cases = []
-    for n, dtype in ((draw.int(71, 300), torch.float64), (draw.int(1, 12), torch.float32)):
+
+    def routing(n, dtype):
         B, E = draw.int(1, 3), draw.int(2, 24, avoid=(4, 5, 6, 8, 16))
         k = draw.int(1, E)
         x = draw.randn(B, n, E, scale=draw.uniform(0.5, 3.0))
         x = (F.softmax(x, dim=-1) if probabilities else x).to(dtype)
-        kind = "" if dtype == torch.float64 else "float32 "
-        what = "probabilities" if probabilities else "logits"
-        cases.append(
-            Case(
-                (x, k), label=draw.label(f"{kind}{what} ({B}, {n}, {E}), h_r = {k}"), note=FIXED_SIZE if n > 9 else None
-            )
-        )
-    return cases
+        return (x, k), f"{'probabilities' if probabilities else 'logits'} ({B}, {n}, {E}), h_r = {k}"
+
+    return draw.cases(routing, long=(71, 300), short=(1, 12), over=9)
 
 
 def _gate_cases(draw: Draw | None = None) -> list[Case]:
-    draw = Draw(0) if draw is None else draw
-    g = torch.Generator().manual_seed(5)
-
-    def logits(*shape, scale=1.0, dtype=torch.float64):
-        return (scale * torch.randn(*shape, generator=g, dtype=torch.float64)).to(dtype)
-
+    draw, d = Draw(0) if draw is None else draw, Draw(5)
     return [
-        Case((logits(2, 5, 6), 2), label="logits (2, 5, 6), h_r = 2"),
-        Case((logits(1, 4, 8, scale=3.0), 3), label="logits (1, 4, 8), h_r = 3"),
-        Case((logits(3, 1, 4), 1), label="one token per sequence, h_r = 1"),
-        Case((logits(1, 3, 5), 5), label="h_r = E = 5 (every head chosen)"),
-        Case((logits(2, 64, 8, scale=2.0), 2), label="logits (2, 64, 8), h_r = 2", note=FIXED_SIZE),
-        Case((logits(1, 70, 16), 4), label="logits (1, 70, 16), h_r = 4", note=FIXED_SIZE),
-        Case((logits(1, 5, 6, dtype=torch.float32), 2), label="float32 logits (1, 5, 6), h_r = 2"),
-        Case((logits(2, 6, 8) + 800, 3), label="logits (2, 6, 8) shifted by 800, h_r = 3", note=LARGE_LOGITS),
+        Case((d.randn(2, 5, 6), 2), label="logits (2, 5, 6), h_r = 2"),
+        Case((d.randn(1, 4, 8, scale=3.0), 3), label="logits (1, 4, 8), h_r = 3"),
+        Case((d.randn(3, 1, 4), 1), label="one token per sequence, h_r = 1"),
+        Case((d.randn(1, 3, 5), 5), label="h_r = E = 5 (every head chosen)"),
+        Case((d.randn(2, 64, 8, scale=2.0), 2), label="logits (2, 64, 8), h_r = 2", note=FIXED_SIZE),
+        Case((d.randn(1, 70, 16), 4), label="logits (1, 70, 16), h_r = 4", note=FIXED_SIZE),
+        Case((d.randn(1, 5, 6, dtype=torch.float32), 2), label="float32 logits (1, 5, 6), h_r = 2"),
+        Case((d.randn(2, 6, 8) + 800, 3), label="logits (2, 6, 8) shifted by 800, h_r = 3", note=LARGE_LOGITS),
         Case(
-            (logits(1, 5, 6, dtype=torch.float32) + 100, 2),
+            (d.randn(1, 5, 6, dtype=torch.float32) + 100, 2),
             label="float32 logits shifted by 100, h_r = 2",
             note=LARGE_LOGITS,
         ),
@@ -189,114 +134,58 @@ def _gate_cases(draw: Draw | None = None) -> list[Case]:
 
 @exercise("5.2")
 def check_top_k_gates(fn, *, seed: int | None = None) -> Result:
-    """Exercise 5.2: ``top_k_gates(logits, k)``: logits (B, N, E) -> gates (B, N, E). ``seed`` draws the random
-    inputs of an earlier call again."""
+    """Exercise 5.2: ``top_k_gates(logits, k)``: logits (B, N, E) -> gates (B, N, E)."""
     return check_function(
-        fn,
-        _gate_cases(Draw(seed)),
-        expected=_router_gates,
+        fn, _gate_cases(Draw(seed)),
+        expected=lambda logits, k: _routed(logits.reshape(1, -1, logits.shape[-1]), k).gates.reshape(logits.shape),
         name="top_k_gates",
         success="top_k_gates matches the layer's router on all 11 inputs (up to 300 tokens, 24 heads, float32, "
         "logits shifted by a large constant).",
         diagnoses=[
             Diagnosis("the kept probabilities are not renormalised (divide by their sum)", _not_renormalised),
-            Diagnosis(
-                "the kept probabilities are neither renormalised nor multiplied by h_r: divide them by their sum, "
-                "then multiply by h_r",
-                _raw_kept,
-            ),
-            Diagnosis(
-                "an eps is added to the renormalising sum: the kept probabilities are positive, so their sum "
-                "never is 0 and needs no eps; with it the gates sum to a little less than h_r",
-                _eps_in_sum,
-            ),
-            Diagnosis(
-                "an eps is added to the renormalising sum: the kept probabilities are positive, so their sum "
-                "never is 0 and needs no eps; with it the gates sum to a little less than h_r",
-                _eps_in_sum_late,
-            ),
+            Diagnosis("the kept probabilities are neither renormalised nor multiplied by h_r: divide them by their "
+                      "sum, then multiply by h_r", partial(_gates, renorm=False, times_k=False)),
+            Diagnosis(_EPS_IN_SUM, partial(_gates, eps=1e-6)),
+            Diagnosis(_EPS_IN_SUM, partial(_gates, eps=1e-8)),
             Diagnosis("the factor h_r is missing: the gates sum to 1 instead of h_r", _no_factor_k),
             Diagnosis("the softmax runs over the tokens (dim=-2) instead of the heads (dim=-1)", _softmax_over_tokens),
             Diagnosis("every head keeps its gate: the top-h_r choice is missing", _no_top_k),
             Diagnosis("the h_r *least* probable heads are kept (largest=False)", _smallest_k),
-            Diagnosis(
-                "the unchosen logits are set to 0 instead of -inf before the softmax, so they still take probability",
-                _zeros_not_minus_inf,
-            ),
+            Diagnosis("the unchosen logits are set to 0 instead of -inf before the softmax, so they still take "
+                      "probability", _zeros_not_minus_inf),
         ],
-    )
-
-
-# ----------------------------------------------------------------------------------------------- 5.3
+    )  # fmt: skip
 
 
 def _package_loss(probs: torch.Tensor, k: int) -> torch.Tensor:
     """The layer's load-balancing loss for router probabilities (B, N, E): route their logarithms."""
-    E = probs.shape[-1]
-    layer = MoHAttention(E, num_heads=E, shared_head=0, routed_head=k, head_dim=1).to(probs.dtype)
-    with torch.no_grad():
-        layer.wg.weight.copy_(torch.eye(E, dtype=probs.dtype))
-        return layer.route(probs.log()).loss  # softmax(log p) = p
+    return _routed(probs.log(), k).loss  # softmax(log p) = p
 
 
-def _load(probs, k):
-    return torch.zeros_like(probs).scatter(-1, probs.topk(k, dim=-1).indices, 1.0)  # (B, N, E) one per choice
+def _loss(probs, k, *, power=1, top=None, counts=False, over_k=False, importance="probabilities"):
+    """E^power sum_e f_e P_e with one piece changed: the load from the ``top`` heads (not h_r), as ``counts``, or
+    divided by h_r; the importance of the chosen heads' probabilities only, or of the renormalised gates."""
+    E, p = probs.shape[-1], probs.flatten(0, -2)  # (B N, E)
+    load = _top(p, top or k).to(p.dtype)  # one per choice
+    f = load.sum(0) if counts else load.mean(0) / (k if over_k else 1)
+    if importance != "probabilities":
+        p = p * _top(p, k)
+        p = k * p / p.sum(-1, keepdim=True) if importance == "gates" else p
+    return E**power * (f * p.mean(0)).sum()
 
 
-def _counts_not_fractions(probs, k):
-    E = probs.shape[-1]
-    f = _load(probs, k).flatten(0, -2).sum(0)
-    return E * (f * probs.flatten(0, -2).mean(0)).sum()
-
-
-def _no_factor_e(probs, k):
-    f = _load(probs, k).flatten(0, -2).mean(0)
-    return (f * probs.flatten(0, -2).mean(0)).sum()
-
-
-def _importance_of_chosen_only(probs, k):
-    E = probs.shape[-1]
-    chosen = _load(probs, k)
-    f = chosen.flatten(0, -2).mean(0)
-    return E * (f * (probs * chosen).flatten(0, -2).mean(0)).sum()
-
-
-def _load_from_top_1(probs, k):
-    E = probs.shape[-1]
-    f = _load(probs, 1).flatten(0, -2).mean(0)
-    return E * (f * probs.flatten(0, -2).mean(0)).sum()
-
-
-def _factor_e_squared(probs, k):
-    E = probs.shape[-1]
-    f = _load(probs, k).flatten(0, -2).mean(0)
-    return E * E * (f * probs.flatten(0, -2).mean(0)).sum()
-
-
-def _load_over_k(probs, k):
-    E = probs.shape[-1]
-    f = _load(probs, k).flatten(0, -2).mean(0) / k
-    return E * (f * probs.flatten(0, -2).mean(0)).sum()
-
-
-def _first_sequence_only(probs, k):
-    return _package_loss(probs[:1], k)
-
-
-def _importance_of_gates(probs, k):
-    E = probs.shape[-1]
-    chosen = _load(probs, k)
-    gates = probs * chosen
-    gates = k * gates / gates.sum(-1, keepdim=True)
-    return E * (chosen.flatten(0, -2).mean(0) * gates.flatten(0, -2).mean(0)).sum()
+_counts_not_fractions = partial(_loss, counts=True)
+_no_factor_e = partial(_loss, power=0)
+_importance_of_chosen_only = partial(_loss, importance="chosen")
+_load_from_top_1 = partial(_loss, top=1)
+_factor_e_squared = partial(_loss, power=2)
 
 
 def _loss_cases(draw: Draw | None = None) -> list[Case]:
-    draw = Draw(0) if draw is None else draw
-    g = torch.Generator().manual_seed(7)
+    draw, d = Draw(0) if draw is None else draw, Draw(7)
 
     def probs(*shape, scale=1.0, dtype=torch.float64):
-        return F.softmax(scale * torch.randn(*shape, generator=g, dtype=torch.float64), dim=-1).to(dtype)
+        return F.softmax(d.randn(*shape, scale=scale), dim=-1).to(dtype)
 
     return [
         Case((probs(2, 6, 5), 2), label="probabilities (2, 6, 5), h_r = 2"),
@@ -311,31 +200,25 @@ def _loss_cases(draw: Draw | None = None) -> list[Case]:
 
 @exercise("5.3")
 def check_load_balancing_loss(fn, *, seed: int | None = None) -> Result:
-    """Exercise 5.3: ``load_balancing_loss(probs, k)``: probs (B, N, E) -> the scalar E sum_e f_e P_e. ``seed``
-    draws the random inputs of an earlier call again."""
+    """Exercise 5.3: ``load_balancing_loss(probs, k)``: probs (B, N, E) -> the scalar E sum_e f_e P_e."""
     return check_function(
-        fn,
-        _loss_cases(Draw(seed)),
-        expected=_package_loss,
-        name="load_balancing_loss",
+        fn, _loss_cases(Draw(seed)), expected=_package_loss, name="load_balancing_loss",
         success="load_balancing_loss matches the layer's loss on all 8 inputs (up to 3 x 300 tokens, float32).",
         diagnoses=[
-            Diagnosis("the load f_e is divided by h_r: it is the fraction of tokens, which sums to h_r", _load_over_k),
-            Diagnosis("only the first sequence is used: f_e and P_e average over all B N tokens", _first_sequence_only),
-            Diagnosis(
-                "the importance P_e averages the renormalised gates; it is the mean of the router's probabilities",
-                _importance_of_gates,
-            ),
+            Diagnosis("the load f_e is divided by h_r: it is the fraction of tokens, which sums to h_r",
+                      partial(_loss, over_k=True)),
+            Diagnosis("only the first sequence is used: f_e and P_e average over all B N tokens",
+                      lambda probs, k: _package_loss(probs[:1], k)),
+            Diagnosis("the importance P_e averages the renormalised gates; it is the mean of the router's "
+                      "probabilities", partial(_loss, importance="gates")),
             Diagnosis("the load counts tokens instead of taking their fraction (divide by B N)", _counts_not_fractions),
             Diagnosis("the factor E is missing (the loss should be h_r at balance)", _no_factor_e),
-            Diagnosis(
-                "the importance P_e averages only the chosen heads' probabilities; it is the mean of the whole softmax",
-                _importance_of_chosen_only,
-            ),
+            Diagnosis("the importance P_e averages only the chosen heads' probabilities; it is the mean of the whole "
+                      "softmax", _importance_of_chosen_only),
             Diagnosis("the load counts only each token's top-1 head instead of its top h_r", _load_from_top_1),
             Diagnosis("the factor is E^2 instead of E (E^2 goes with the mean over heads)", _factor_e_squared),
         ],
-    )
+    )  # fmt: skip
 
 
 # ----------------------------------------------------------------------------------------------- 5.4
@@ -361,14 +244,10 @@ def check_heads_used(answer) -> Result:
     """
     after, before, routed = _heads_used_after_training()
     return check_value(
-        "5.4 heads used",
-        answer,
-        after,
-        rtol=0.0,
-        atol=0.0,
+        "5.4 heads used", answer, after, rtol=0.0, atol=0.0,
         hint="count the routed heads whose load (the share of tokens choosing them) is above 0.",
         mistakes=[
             (before, f"{before} is the count before training; train the router first (train_router(...).state)."),
             (routed, f"{routed} is every routed head; count those whose load after training is above 0."),
         ],
-    )
+    )  # fmt: skip

@@ -1,15 +1,6 @@
-"""Checkers for the exercises of chapter 6 (head to head).
-
-* 6.1 (derive): the sequence length N* at which linear attention's matrix-product FLOPs equal softmax
-  attention's, for D = 32 and D_v = 64; checked against ``torch.utils.flop_counter`` on the package.
-* 6.2 (implement): a cost model worked out by hand, the matrix-product FLOPs of softmax and linear attention
-  for any (B, H, N, D, D_v); checked against the FLOPs torch counts when the package runs. A function that
-  measures (runs matrix products, e.g. under ``FlopCounterMode``) is rejected: it is a measurement, not a model.
-* 6.3 (explore): does a training step's time follow its operator count? Fit the race's times and predict
-  Mobile-Attention's; checked by refitting the same numbers, as they are and as the cell prints them.
-* 6.4 (explore): how many heads of a trained softmax model do the lookup; checked with
-  :func:`attnbook.lab.headtohead.lookup_share`.
-"""
+"""Checkers for chapter 6 (head to head): 6.1 the crossover N* and 6.2 a cost model worked out by hand, both
+checked against the FLOPs ``torch.utils.flop_counter`` counts on the package; 6.3 (explore) Mobile-Attention's
+step time predicted by a line through the race's times; 6.4 (explore) how many heads do the lookup."""
 
 from __future__ import annotations
 
@@ -17,6 +8,7 @@ import functools
 import math
 import statistics
 from collections.abc import Mapping
+from functools import partial
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -26,23 +18,16 @@ from .. import reference
 from ..linear import linear_attention
 from ._core import Case, Diagnosis, Draw, Result, as_number, check_function, check_value, exercise
 
-__all__ = ["check_crossover", "check_matmul_flops", "check_step_time_fit", "check_lookup_heads", "CROSSOVER"]
-
 CROSSOVER = {"D": 32, "Dv": 64}  # the widths of exercise 6.1
 
 _FUNCTIONS = {"softmax": reference.softmax_attention, "linear": linear_attention}
 
 
 def _counted_flops(mechanism: str, B: int, H: int, N: int, D: int, Dv: int) -> int:
-    """The matrix-product FLOPs torch counts while the package computes ``mechanism`` on these shapes.
-
-    Softmax is counted on its literal float64 definition (SDPA's fused kernel hides its products from the
-    counter on some backends); linear attention on :func:`attnbook.linear_attention` itself.
-    """
+    """The matrix-product FLOPs torch counts while the package computes ``mechanism`` on these shapes (softmax on
+    its literal float64 definition: SDPA's fused kernel hides its products from the counter on some backends)."""
     g = torch.Generator().manual_seed(0)
-    q = torch.randn(B, H, N, D, generator=g, dtype=torch.float64)
-    k = torch.randn(B, H, N, D, generator=g, dtype=torch.float64)
-    v = torch.randn(B, H, N, Dv, generator=g, dtype=torch.float64)
+    q, k, v = (torch.randn(B, H, N, d, generator=g, dtype=torch.float64) for d in (D, D, Dv))
     with FlopCounterMode(display=False) as counter:
         _FUNCTIONS[mechanism](q, k, v)
     return int(counter.get_total_flops())
@@ -63,10 +48,7 @@ def check_crossover(answer) -> Result:
     """Exercise 6.1: the crossover N* for D = 32, D_v = 64."""
     D, Dv = CROSSOVER["D"], CROSSOVER["Dv"]
     return check_value(
-        "6.1 crossover N*",
-        answer,
-        _crossover(D, Dv),
-        rtol=1e-9,
+        "6.1 crossover N*", answer, _crossover(D, Dv), rtol=1e-9,
         hint="softmax: 2 N^2 D + 2 N^2 D_v per head; linear: 4 N D D_v + 2 N D (the normaliser).",
         mistakes=[
             (D + 0.5, f"{D + 0.5:g} = D + 1/2 is the crossover for D_v = D; here D_v = {Dv}."),
@@ -74,75 +56,45 @@ def check_crossover(answer) -> Result:
             (4 * D * Dv / (D + Dv), "softmax's count is 2 N^2 (D + D_v); the factor 2 is on both sides."),
             (D * (2 * Dv + 1) / Dv, "softmax's count has both products, 2 N^2 D and 2 N^2 D_v."),
         ],
-    )
+    )  # fmt: skip
 
 
 # ----------------------------------------------------------------------------------------------- 6.2
 
 
-def _right(mechanism, B, H, N, D, Dv):
+def _flops(mechanism, B, H, N, D, Dv, *, fma=2, av=True, normaliser=True, dv_is_d=False, batch=True, heads=True):
+    """The matrix-product FLOPs with one piece changed: a multiply-add counted as ``fma`` FLOPs, softmax's product
+    with V or linear attention's normaliser left out, D for D_v, the batch or the heads left out."""
+    Dv = D if dv_is_d else Dv
     if mechanism == "softmax":
-        return B * H * (2 * N * N * D + 2 * N * N * Dv)
-    return B * H * (4 * N * D * Dv + 2 * N * D)
+        per_head = N * N * D + (N * N * Dv if av else 0)  # Q K^T, then A V
+    else:
+        per_head = 2 * N * D * Dv + (N * D if normaliser else 0)  # phi(K)^T V and phi(Q) S, then phi(Q) z
+    return (B if batch else 1) * (H if heads else 1) * fma * per_head
 
 
-def _half(mechanism, B, H, N, D, Dv):
-    return _right(mechanism, B, H, N, D, Dv) // 2
-
-
-def _no_value_product(mechanism, B, H, N, D, Dv):
-    if mechanism == "softmax":
-        return B * H * 2 * N * N * D
-    return _right(mechanism, B, H, N, D, Dv)
-
-
-def _no_normaliser(mechanism, B, H, N, D, Dv):
-    if mechanism == "linear":
-        return B * H * 4 * N * D * Dv
-    return _right(mechanism, B, H, N, D, Dv)
-
-
-def _d_for_dv(mechanism, B, H, N, D, Dv):
-    return _right(mechanism, B, H, N, D, D)
-
-
-def _per_head(mechanism, B, H, N, D, Dv):
-    return _right(mechanism, 1, 1, N, D, Dv)
-
-
-def _no_batch(mechanism, B, H, N, D, Dv):
-    return _right(mechanism, 1, H, N, D, Dv)
-
-
-def _no_heads(mechanism, B, H, N, D, Dv):
-    return _right(mechanism, B, 1, N, D, Dv)
+_half = partial(_flops, fma=1)
+_no_value_product = partial(_flops, av=False)
+_no_normaliser = partial(_flops, normaliser=False)
+_d_for_dv = partial(_flops, dv_is_d=True)
+_per_head = partial(_flops, batch=False, heads=False)
+_no_batch, _no_heads = partial(_flops, batch=False), partial(_flops, heads=False)
 
 
 def _flop_cases(draw: Draw | None = None) -> list[Case]:
     # No B = 2 (a forgotten B would look like a halved count), B != H, D_v != D where it matters; N up to 100, and
     # two shapes drawn on every call (N up to 300, widths the statement does not mention).
-    draw = Draw(0) if draw is None else draw
-    shapes = [
-        ("softmax", 1, 3, 10, 4, 6),
-        ("linear", 1, 3, 10, 4, 6),
-        ("softmax", 1, 1, 3, 2, 2),
-        ("linear", 1, 1, 3, 2, 2),
-        ("softmax", 3, 2, 64, 8, 5),
-        ("linear", 3, 2, 64, 8, 5),
-        ("softmax", 5, 4, 100, 6, 8),
-        ("linear", 5, 4, 100, 16, 4),
-    ]
+    draw, more = Draw(0) if draw is None else draw, []
     for mechanism, n in (("softmax", draw.int(101, 300)), ("linear", draw.int(101, 300))):
         B = draw.choice((1, 3))
         H = draw.choice([h for h in (1, 3, 4) if h != B])
         D = draw.int(3, 48, avoid=(4, 6, 8, 16))  # not 1: torch multiplies a width-1 q k^T without a product
-        Dv = draw.int(1, 48, avoid=(D,))
-        shapes.append((mechanism, B, H, n, D, Dv))
-    labels = [""] * (len(shapes) - 2) + [f" (random, seed {draw.seed})"] * 2
-    return [
-        Case((m, B, H, N, D, Dv), label=f"{m}, B = {B}, H = {H}, N = {N}, D = {D}, D_v = {Dv}{drawn}")
-        for (m, B, H, N, D, Dv), drawn in zip(shapes, labels, strict=True)
+        more.append((mechanism, B, H, n, D, draw.int(1, 48, avoid=(D,))))
+    fixed = [
+        (m, *shape) for shape in ((1, 3, 10, 4, 6), (1, 1, 3, 2, 2), (3, 2, 64, 8, 5)) for m in ("softmax", "linear")
     ]
+    fixed += [("softmax", 5, 4, 100, 6, 8), ("linear", 5, 4, 100, 16, 4)]
+    return draw.labelled(lambda m, B, H, N, D, Dv: f"{m}, B = {B}, H = {H}, N = {N}, D = {D}, D_v = {Dv}", fixed, more)
 
 
 # aten's matrix products, as FlopCounterMode knows them: a cost model worked out by hand runs none of them
@@ -151,8 +103,7 @@ _PRODUCTS = frozenset({"mm", "bmm", "addmm", "baddbmm", "addbmm", "matmul", "dot
 
 
 class _Products(TorchDispatchMode):
-    """Records the matrix products that run while it is active (nested modes such as FlopCounterMode, and meta
-    tensors, included: every tensor operation passes through it)."""
+    """Records the matrix products that run while it is active (under nested modes and on meta tensors too)."""
 
     def __init__(self):
         super().__init__()
@@ -186,21 +137,15 @@ def _recording(fn, ran: list[str]):
     return model
 
 
-def _expected_flops(mechanism, B, H, N, D, Dv):
-    return _counted_flops(mechanism, B, H, N, D, Dv)
-
-
 @exercise("6.2")
 def check_matmul_flops(fn, *, seed: int | None = None) -> Result:
     """Exercise 6.2: ``matmul_flops(mechanism, B, H, N, D, Dv)`` -> the FLOPs of the matrix products, worked out by
-    hand: a function that runs matrix products to count them is rejected. ``seed`` draws the random shapes of an
-    earlier call again."""
-    cases = _flop_cases(Draw(seed))
-    ran: list[str] = []
+    hand: a function that runs matrix products to count them is rejected."""
+    cases, ran = _flop_cases(Draw(seed)), []
     result = check_function(
         _recording(fn, ran) if callable(fn) else fn,
         cases,
-        expected=_expected_flops,
+        expected=_counted_flops,
         name="matmul_flops",
         success=f"matmul_flops matches torch's FLOP counter on all {len(cases)} shapes (N up to 300).",
         rtol=0.0,
@@ -223,21 +168,17 @@ def check_matmul_flops(fn, *, seed: int | None = None) -> Result:
 # ----------------------------------------------------------------------------------------------- 6.3
 
 
-def _fit(ops: Mapping[str, float], ms: Mapping[str, float], leave_out: str, *, dtype=torch.float64) -> float:
-    """Least-squares ms = a + b ops over every mechanism but ``leave_out``; the prediction for it."""
-    names = [n for n in ops if n != leave_out]
+def _line(ops, ms, names, at: float, *, dtype=torch.float64, lstsq=False, slope=False) -> float:
+    """The least-squares line ms = a + b ops through the mechanisms ``names`` (its closed form, or
+    ``torch.linalg.lstsq``), evaluated at ``at`` ops; its ``slope`` b instead."""
     x = torch.tensor([float(ops[n]) for n in names], dtype=dtype)
     y = torch.tensor([float(ms[n]) for n in names], dtype=dtype)
-    b = ((x - x.mean()) * (y - y.mean())).sum() / ((x - x.mean()) ** 2).sum()
-    a = y.mean() - b * x.mean()
-    return float(a + b * float(ops[leave_out]))
-
-
-def _fit_lstsq(ops, ms, names, at: float, *, dtype) -> float:
-    x = torch.tensor([float(ops[n]) for n in names], dtype=dtype)
-    y = torch.tensor([float(ms[n]) for n in names], dtype=dtype)
-    a, b = torch.linalg.lstsq(torch.stack([torch.ones_like(x), x], dim=1), y[:, None]).solution[:, 0]
-    return float(a + b * at)
+    if lstsq:
+        a, b = torch.linalg.lstsq(torch.stack([torch.ones_like(x), x], dim=1), y[:, None]).solution[:, 0]
+    else:
+        b = ((x - x.mean()) * (y - y.mean())).sum() / ((x - x.mean()) ** 2).sum()
+        a = y.mean() - b * x.mean()
+    return float(b if slope else a + b * at)
 
 
 def _numbers(table, name: str) -> tuple[dict[str, float] | None, str | None]:
@@ -248,12 +189,10 @@ def _numbers(table, name: str) -> tuple[dict[str, float] | None, str | None]:
     for key, value in table.items():
         number = as_number(value)
         if number is None:
+            what = f"{name}[{key!r}] is a {type(value).__name__}"
             if hasattr(value, "step_ms"):
-                return None, (
-                    f"{name}[{key!r}] is a {type(value).__name__}, not a number: pass its step_ms "
-                    "(race.summary(m).step_ms), as the exercise's cell does"
-                )
-            return None, f"{name}[{key!r}] is a {type(value).__name__}, expected a number"
+                return None, f"{what}, not a number: pass its step_ms (race.summary(m).step_ms), as the cell does"
+            return None, f"{what}, expected a number"
         out[str(key)] = float(number)
     return out, None
 
@@ -265,15 +204,9 @@ PRINTED_MS_DECIMALS = 1  # the exercise's cell prints the times with {ms[m]:5.1f
 def check_step_time_fit(answer, *, ops: Mapping[str, float], ms: Mapping[str, float]) -> Result:
     """Exercise 6.3: the step time of Mobile-Attention predicted from the others' (ops, ms) by a line.
 
-    The prediction is a fixed function of the numbers in ``ops`` and ``ms``; its tolerance is the spread
-    that arithmetic itself gives it, measured here: the fit computed in float32 (two ways) against float64,
-    so that a fit in torch's default float32 is right and the wrong fits, which differ by much more, are not.
-    A student may also fit the times as the cell prints them, rounded to :data:`PRINTED_MS_DECIMALS` decimals:
-    that fit is a fixed function of the same numbers too, and is accepted with the same tolerance. (Rounding
-    each time by up to half a unit of its last printed digit moves the prediction by up to
-    0.5 10^-decimals sum_i |w_i|, w_i the weights of the fitted line's prediction: often more than a one-digit
-    change of the answer, so the printed fit is computed, not allowed for by a wider tolerance.)
-    """
+    The tolerance is the spread arithmetic gives the fit, measured: float32 (two ways) against float64. The fit of
+    the times as the cell prints them (to :data:`PRINTED_MS_DECIMALS` decimals) is computed and accepted too: that
+    rounding moves the prediction by more than a one-digit change, so no wider tolerance could allow for it."""
     name = "6.3 predicted mobile ms/step"
     ops_, problem = _numbers(ops, "ops")
     ms_, problem = (None, problem) if problem else _numbers(ms, "ms")
@@ -281,22 +214,16 @@ def check_step_time_fit(answer, *, ops: Mapping[str, float], ms: Mapping[str, fl
         return Result(False, f"6.3: {problem}.")
     if "mobile" not in ops_ or set(ops_) != set(ms_) or len(ops_) < 3:
         return Result(False, "6.3: ops and ms must name the same mechanisms, mobile and at least two others")
-    others = [n for n in ops_ if n != "mobile"]
-    expected = _fit(ops_, ms_, "mobile")
+    others, at = [n for n in ops_ if n != "mobile"], ops_["mobile"]
+    expected = _line(ops_, ms_, others, at)
     if not math.isfinite(expected):
         return check_value(name, answer, expected)  # "undefined for these inputs": all the others' ops are equal
-    low = [
-        _fit(ops_, ms_, "mobile", dtype=torch.float32),
-        _fit_lstsq(ops_, ms_, others, ops_["mobile"], dtype=torch.float32),
-    ]
+    low = [_line(ops_, ms_, others, at, dtype=torch.float32, lstsq=lstsq) for lstsq in (False, True)]
     spread = max(abs(x - expected) for x in low) / max(abs(expected), 1e-12)
-    fit_all = _fit_lstsq(ops_, ms_, list(ops_), ops_["mobile"], dtype=torch.float64)
-    x = torch.tensor([ops_[n] for n in others], dtype=torch.float64)
-    y = torch.tensor([ms_[n] for n in others], dtype=torch.float64)
-    through_origin = float((x * y).sum() / (x * x).sum()) * ops_["mobile"]
-    b = float(((x - x.mean()) * (y - y.mean())).sum() / ((x - x.mean()) ** 2).sum())
+    b = _line(ops_, ms_, others, at, slope=True)
+    through_origin = sum(ops_[n] * ms_[n] for n in others) / sum(ops_[n] ** 2 for n in others) * at
     printed = {n: float(f"{t:.{PRINTED_MS_DECIMALS}f}") for n, t in ms_.items()}  # as the cell shows them
-    from_printed = _fit(ops_, printed, "mobile")
+    from_printed = _line(ops_, printed, others, at)
     judge = functools.partial(
         check_value,
         name,
@@ -306,10 +233,13 @@ def check_step_time_fit(answer, *, ops: Mapping[str, float], ms: Mapping[str, fl
         "evaluate it at mobile's operator count.",
         mistakes=[
             (ms_["mobile"], "that is mobile's measured time; the exercise asks what the fit predicts for it."),
-            (fit_all, "the fit includes mobile itself; fit the other mechanisms only, then predict mobile."),
+            (
+                _line(ops_, ms_, list(ops_), at, lstsq=True),
+                "the fit includes mobile itself; fit the other mechanisms only, then predict mobile.",
+            ),
             (through_origin, "the line goes through the origin; fit an intercept too (ms = intercept + slope * ops)."),
             (b, "that is the slope; predict intercept + slope * ops['mobile']."),
-            (b * ops_["mobile"], "the intercept is missing from the prediction intercept + slope * ops['mobile']."),
+            (b * at, "the intercept is missing from the prediction intercept + slope * ops['mobile']."),
             (statistics.fmean(ms_[n] for n in others), "that is the others' mean time; use the line's slope too."),
         ],
     )
@@ -331,13 +261,6 @@ def check_step_time_fit(answer, *, ops: Mapping[str, float], ms: Mapping[str, fl
 _ROUNDING = 1e-6  # a mean share this close to the threshold may be counted either way (float rounding only)
 
 
-def _lookup_means(model, tokens, task) -> torch.Tensor:
-    """Each head's mean lookup share over the probe sequences ``tokens``, (H,) float64."""
-    from ..lab.headtohead import lookup_share
-
-    return lookup_share(model, tokens, task).double().mean(0)
-
-
 @exercise("6.4")
 def check_lookup_heads(answer, *, model, tokens, task, threshold: float = 0.5) -> Result:
     """Exercise 6.4: heads of ``model`` whose mean lookup share on ``tokens`` is above ``threshold``.
@@ -346,24 +269,19 @@ def check_lookup_heads(answer, *, model, tokens, task, threshold: float = 0.5) -
     mean share is within float rounding (1e-6) of the threshold may be counted either way. A wrong
     count is told which head lies close to the threshold, if one does.
     """
-    from ..lab.headtohead import RecallTask, TinyModel
+    from ..lab.headtohead import RecallTask, TinyModel, lookup_share
 
-    name = "6.4 heads that do the lookup"
+    name, race = "6.4 heads that do the lookup", "race.curves[name][seed].model"
+    if isinstance(getattr(model, "model", None), TinyModel) and not isinstance(model, TinyModel):
+        return Result(False, f"6.4: model= is a {type(model).__name__}, not a model: pass its trained model, {race}, "
+                      "as the exercise's cell does.")  # fmt: skip
     if not isinstance(model, TinyModel):
-        if isinstance(getattr(model, "model", None), TinyModel):
-            return Result(
-                False, f"6.4: model= is a {type(model).__name__}, not a model: pass its trained model, "
-                "race.curves[name][seed].model, as the exercise's cell does."
-            )  # fmt: skip
-        return Result(
-            False,
-            f"6.4: model= must be a trained TinyModel (race.curves[name][seed].model), got a {type(model).__name__}.",
-        )
+        return Result(False, f"6.4: model= must be a trained TinyModel ({race}), got a {type(model).__name__}.")
     if not isinstance(tokens, torch.Tensor) or tokens.dim() != 2:
         return Result(False, "6.4: tokens= must be the (sequences, N) probe batch of the task (task.batch(...)[0]).")
     if not isinstance(task, RecallTask):
         return Result(False, f"6.4: task= must be the race's RecallTask, got a {type(task).__name__}.")
-    mean = _lookup_means(model, tokens, task)
+    mean = lookup_share(model, tokens, task).double().mean(0)  # (H,): each head's mean share over the probe
     on_edge = (mean - threshold).abs() <= _ROUNDING
     sure, borderline, heads = int(((mean > threshold) & ~on_edge).sum()), int(on_edge.sum()), int(mean.numel())
     value = as_number(answer)
@@ -378,12 +296,8 @@ def check_lookup_heads(answer, *, model, tokens, task, threshold: float = 0.5) -
     close = [h for h in range(heads) if 0 < abs(float(mean[h]) - threshold) <= 0.05]
     if abs(value - sure) == 1 and close:
         near = ", ".join(f"head {h} ({float(mean[h]):.3f})" for h in close)
-        return Result(
-            False, f"{name}: {value:g} is not right, by one: {near} lies close to one half; compare each head's "
-            "mean share with 0.5 itself (the mean over the same sequences is exact, no margin is allowed)."
-        )  # fmt: skip
-    return Result(
-        False,
-        f"{name}: {value:g} is not right. Hint: lookup_share(model, tokens, task) is (sequences, heads); average "
-        "over the sequences, then count the heads above one half.",
-    )
+        return Result(False, f"{name}: {value:g} is not right, by one: {near} lies close to one half; compare each "
+                      "head's mean share with 0.5 itself (the mean over the same sequences is exact, no margin is "
+                      "allowed).")  # fmt: skip
+    return Result(False, f"{name}: {value:g} is not right. Hint: lookup_share(model, tokens, task) is (sequences, "
+                  "heads); average over the sequences, then count the heads above one half.")  # fmt: skip
