@@ -672,6 +672,7 @@ def test_no_validation_outside_the_validation_module():
         "_module.py": 6,
         "mechanisms.py": 1,  # Mechanism.__call__ on a token-input entry: the entry has no q, k, v function
         "testing.py": 2,  # assert_matches_reference's baseline: re-raise of assert_close, its own AssertionError
+        "viz/static.py": 1,  # Explorer.__getattr__: AttributeError for a name that is not a control (the protocol)
     }
     root = Path(attnbook.__file__).parent
     found = {}

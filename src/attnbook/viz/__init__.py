@@ -15,15 +15,7 @@ from .plots import attention_heatmap, scaling_plot
 from .static import frame_slider
 from .style import COLOURS, book_style, colour, line_style, shared_scale
 
-__all__ = [
-    "attention_heatmap",
-    "scaling_plot",
-    "frame_slider",
-    "attention_maps_figure",
-    "feature_error_plot",
-    "relative_error",
-    "row_entropy",
-]
-__all__ += ["compute_routing", "train_router", "plot_routing", "routing_explorer"]
+__all__ = ["attention_heatmap", "scaling_plot", "frame_slider", "attention_maps_figure", "feature_error_plot"]
+__all__ += ["relative_error", "row_entropy", "compute_routing", "train_router", "plot_routing", "routing_explorer"]
 __all__ += ["make_toy_input", "compute_flow_state", "plot_flow", "flow_explorer"]
 __all__ += ["COLOURS", "colour", "line_style", "book_style", "shared_scale"]

@@ -7,22 +7,8 @@ turns each source's outgoing flow into a *competition* weight (a softmax over so
 incoming flow into an *allocation* gate (a sigmoid). Mobile-Attention (Yao et al., ICML 2024) moves the
 flow budget from the sequence axis to the head axis, so the heads at one position compete for it.
 
-Pure, tested compute functions
-
-- :func:`make_toy_input` -- a few tokens with a knob for how similar they are and how large q and k are;
-- :func:`compute_flow_state` -- everything the explorer shows, as a :class:`FlowPicture`, computed by
-  :func:`attnbook.flow_attention` / :func:`attnbook.mobile_attention` with ``return_flows=True``; only the
-  source -> sink edge matrix (N x M, toy sizes only) is formed here from their statistics;
-
-and views built on them
-
-- :func:`plot_flow` -- a matplotlib Figure: bipartite diagram (sources left, sinks right, edge width =
-  flow), bars of conserved outgoing flow and competition per source, of conserved incoming flow and
-  allocation per sink, and in head mode how the heads share each token's budget;
-- :func:`flow_explorer` -- an ipywidgets container (core widgets only, ipywidgets 7.7 and 8) with sliders
-  for the toy input, toggles for competition, allocation, causality and head mode;
-- :func:`default_figure` and :func:`explorer_frames` -- the static figure of the default state and frames
-  over one parameter for :func:`attnbook.viz.frame_slider`, so the website needs no kernel.
+:func:`compute_flow_state` gives a :class:`FlowPicture` of :func:`make_toy_input`'s tokens, :func:`plot_flow`
+draws it, :func:`flow_explorer` explores it live and :func:`explorer_frames` shows it on the website.
 """
 
 from __future__ import annotations
@@ -53,86 +39,57 @@ from .._checks import (
     check_subset,
     check_unbatched,
 )
-from .static import enable_slider_keys, figure_to_png, set_slider_range
-from .style import DPI, MIN_FONT, PAGE_WIDTH, book_style, colour
+from .plots import ABOVE, ON_TOP, RIGHT, field, page_figure, to_numpy, wrapped_panels
+from .static import Explorer, slider, status_html
+from .style import MIN_FONT, PAGE_WIDTH, book_style, colour
 
-__all__ = [
-    "FlowPicture",
-    "DEFAULTS",
-    "make_toy_input",
-    "compute_flow_state",
-    "plot_flow",
-    "default_figure",
-    "explorer_frames",
-    "explorer_summary",
-    "inactive_controls",
-    "flow_explorer",
-    "FlowExplorer",
-    "weight_maps",
-    "right_key_figure",
-    "lookup_share_figure",
-    "clamp_figure",
-    "accuracy_figure",
-]
+__all__ = ["FlowPicture", "DEFAULTS", "make_toy_input", "compute_flow_state", "plot_flow", "default_figure"]
+__all__ += ["explorer_frames", "explorer_summary", "inactive_controls", "flow_explorer", "FlowExplorer"]
+__all__ += ["weight_maps", "right_key_figure", "lookup_share_figure", "clamp_figure", "accuracy_figure"]
 
-# The explorer's starting point; default_figure() draws exactly this state.
-DEFAULTS = dict(
-    n_tokens=6,
-    similarity=0.3,
-    magnitude=3.0,
-    n_heads=4,
-    seed=0,
-    head=0,
-    causal=False,
-    competition=True,
-    allocation=True,
-    heads_compete=False,
-)
+# The explorer's starting point (the toy input, the head shown, the switches); default_figure() draws it.
+DEFAULTS = dict(n_tokens=6, similarity=0.3, magnitude=3.0, n_heads=4, seed=0, head=0)
+DEFAULTS |= dict(causal=False, competition=True, allocation=True, heads_compete=False)
 
 MAX_TOKENS = 64  # the edge matrix is (H, N, M): a picture, not a computation
+
+# The bounds of the explorer's numbers (floats) and ints; its other parameters are switches (True or False).
+_BOUNDS = {"n_tokens": (1, MAX_TOKENS), "similarity": (0.0, 1.0), "magnitude": (0.0, None), "n_heads": (1, None)}
+_BOUNDS |= {"seed": (0, None), "head": (0, None)}
+
+
+def _check(name: str, value, where: str):
+    """Explorer parameter ``name`` checked, with the one wording of :mod:`attnbook._checks`."""
+    if name not in _BOUNDS:
+        return check_bool(value, name, name=where)
+    low, high = _BOUNDS[name]
+    return (check_number if isinstance(low, float) else check_int)(value, name, name=where, minimum=low, maximum=high)
 
 
 @dataclass(frozen=True)
 class FlowPicture:
-    """Everything the flow explorer shows for one toy input, per head, as float64 CPU tensors.
+    """Everything the flow explorer shows for one toy input, per head, as float64 CPU tensors: sources are the M
+    keys, sinks the N queries, and ``edges @ v`` is the attention output."""
 
-    Sources are the M keys, sinks the N queries; ``edges @ v`` is the attention output.
-
-    Attributes:
-        mode: ``"flow"`` (tokens compete: Flow-Attention) or ``"mobile"`` (heads compete: Mobile-Attention).
-        causal, competition_on, allocation_on: the switches the picture was computed with.
-        incoming: (H, N) incoming flow I_i of each sink, as returned by the package.
-        outgoing: (H, M) outgoing flow O_j of each source.
-        conserved_incoming: (H, N) conserved incoming flow (drives the allocation).
-        conserved_outgoing: (H, M) conserved outgoing flow after the clamp to [-1, 1] (drives competition).
-        conserved_outgoing_raw: (H, M) the same before the clamp, when the package reports it, else None.
-        competition: (H, M) competition weight of each source; all ones when ``competition_on`` is False.
-        allocation: (H, N) allocation gate of each sink; all ones when ``allocation_on`` is False.
-        flow: (H, N, M) normalised flow phi(q_i) . phi(k_j) / (sink normaliser), zero above the diagonal
-            when causal.
-        edges: (H, N, M) the flow that reaches sink i from source j: allocation_i * flow_ij * competition_j.
-        output: (H, N, Dv) ``edges @ v``; with both factors on, equal to the package's output.
-        head_flow: head mode only, (N, H, H): at token n, the flow from key head g (source) to query head h
-            (sink), phi(q^h_n) . phi(k^g_n) / I^h_n -- the network Mobile-Attention conserves; else None.
-        computed_competition: (H, M) the competition weights the package computed, whether or not
-            ``competition_on`` (so a view can tell when ablating them changes nothing: all ones).
-    """
-
-    mode: str
-    causal: bool
+    mode: str  # "flow" (tokens compete: Flow-Attention) or "mobile" (heads compete: Mobile-Attention)
+    causal: bool  # causal, competition_on, allocation_on: the switches the picture was computed with
     competition_on: bool
     allocation_on: bool
-    incoming: torch.Tensor
-    outgoing: torch.Tensor
-    conserved_incoming: torch.Tensor
-    conserved_outgoing: torch.Tensor
-    conserved_outgoing_raw: torch.Tensor | None
-    competition: torch.Tensor
-    allocation: torch.Tensor
-    flow: torch.Tensor
-    edges: torch.Tensor
-    output: torch.Tensor
+    incoming: torch.Tensor  # (H, N) incoming flow I_i of each sink, as returned by the package
+    outgoing: torch.Tensor  # (H, M) outgoing flow O_j of each source
+    conserved_incoming: torch.Tensor  # (H, N) conserved incoming flow (drives the allocation)
+    conserved_outgoing: torch.Tensor  # (H, M) the same, outgoing, after the clamp to [-1, 1] (drives competition)
+    conserved_outgoing_raw: torch.Tensor | None  # (H, M) the same before the clamp, if the package reports it
+    competition: torch.Tensor  # (H, M) competition weight of each source; all ones when not competition_on
+    allocation: torch.Tensor  # (H, N) allocation gate of each sink; all ones when not allocation_on
+    flow: torch.Tensor  # (H, N, M) phi(q_i) . phi(k_j) / (sink normaliser), zero above the diagonal when causal
+    edges: torch.Tensor  # (H, N, M) the flow from source j to sink i: allocation_i * flow_ij * competition_j
+    output: torch.Tensor  # (H, N, Dv) edges @ v; with both factors on, equal to the package's output
+    # head mode only, (N, H, H): at token n the flow from key head g (source) to query head h (sink),
+    # phi(q^h_n) . phi(k^g_n) / I^h_n -- the network Mobile-Attention conserves; else None
     head_flow: torch.Tensor | None
+    # (H, M) the competition the package computed, even when ablated (a view can tell that ablating it changes
+    # nothing: all ones)
     computed_competition: torch.Tensor | None = None
 
     @property
@@ -164,26 +121,18 @@ def make_toy_input(
     Token t is ``x_t = s * base + sqrt(1 - s^2) * noise_t`` with one shared random ``base`` and independent
     ``noise_t`` (all standard normal in ``d_token`` dimensions), so ``similarity`` s = 0 gives unrelated
     tokens and s = 1 identical ones. Each head projects the tokens with its own random matrices; q and k are
-    multiplied by ``magnitude`` (how far the logits reach into the sigmoid's saturation), v is not.
-    Growing ``n_tokens`` keeps the earlier tokens unchanged.
-
-    Returns:
-        q, k of shape (1, H, N, d_head) and v of shape (1, H, N, d_head), on the CPU, in ``dtype``.
+    multiplied by ``magnitude`` (how far the logits reach into the sigmoid's saturation), v is not. More
+    tokens keep the earlier ones. Returns q, k, v, each (1, H, N, d_head), on the CPU, in ``dtype``.
     """
     where = "make_toy_input"
-    n_tokens = check_int(n_tokens, "n_tokens", name=where, minimum=1, maximum=MAX_TOKENS)
-    similarity = check_number(similarity, "similarity", name=where, minimum=0.0, maximum=1.0)
-    magnitude = check_number(magnitude, "magnitude", name=where, minimum=0.0)
-    n_heads = check_int(n_heads, "n_heads", name=where, minimum=1)
-    seed = check_int(seed, "seed", name=where, minimum=0)
+    toy = dict(n_tokens=n_tokens, similarity=similarity, magnitude=magnitude, n_heads=n_heads, seed=seed)
+    n_tokens, similarity, magnitude, n_heads, seed = (_check(name, value, where) for name, value in toy.items())
     d_head = check_int(d_head, "d_head", name=where, minimum=1)
     d_token = check_int(d_token, "d_token", name=where, minimum=1)
     check_dtype(dtype, "dtype", name=where)
     g = torch.Generator().manual_seed(int(seed))
     scale = 1.0 / math.sqrt(d_token)
-    wq, wk, wv = (
-        torch.randn(n_heads, d_token, d_head, generator=g, dtype=torch.float64) * scale for _ in range(3)
-    )  # (H, d_token, d_head)
+    wq, wk, wv = (torch.randn(n_heads, d_token, d_head, generator=g, dtype=torch.float64) * scale for _ in range(3))
     base = torch.randn(d_token, generator=g, dtype=torch.float64)
     # one row at a time, so that token t does not depend on how many tokens come after it
     noise = torch.stack([torch.randn(d_token, generator=g, dtype=torch.float64) for _ in range(n_tokens)])
@@ -212,31 +161,22 @@ def compute_flow_state(
     """The flow network of one small input, as computed by the package, for the explorer to draw.
 
     The statistics (incoming and outgoing flow, their conserved versions, competition, allocation) come from
-    ``attnbook.flow_attention(..., return_flows=True)``, or from ``attnbook.mobile_attention`` when
-    ``heads_compete``. Only the per-edge flow is formed here, which is why this is for toy sizes:
+    ``attnbook.flow_attention(..., return_flows=True)`` (``is_causal=causal``), or from
+    ``attnbook.mobile_attention`` when ``heads_compete`` (N == M, never causal). Only the per-edge flow is
+    formed here, which is why this is for toy sizes:
 
         flow_ij  = phi(q_i) . phi(k_j) / (I_i [t_i])          (zero for j > i when causal)
         edges_ij = allocation_i * flow_ij * competition_j,   output = edges @ v
 
-    Switching ``competition`` or ``allocation`` off sets that factor to one: the ablations of the
-    Flowformer paper (Wu et al., 2022, Sec. 4.4).
-
-    Args:
-        q, k, v: (H, N, D), (H, M, D), (H, M, Dv) or the same with a leading batch of 1.
-        causal: causal Flow-Attention (N == M); not available with ``heads_compete``.
-        competition, allocation: keep (True) or ablate (False) the two factors.
-        heads_compete: Mobile-Attention (flow sums over the heads at one position; N == M).
-
-    Returns:
-        a :class:`FlowPicture`.
+    ``q, k, v`` are (H, N, D), (H, M, D), (H, M, Dv) or the same with a leading batch of 1. Switching
+    ``competition`` or ``allocation`` off sets that factor to one: the ablations of the Flowformer paper (Wu
+    et al., 2022, Sec. 4.4).
     """
     import attnbook  # deferred: attnbook.viz must stay importable on its own
 
     where = "compute_flow_state"
-    causal = check_bool(causal, "causal", name=where)
-    competition = check_bool(competition, "competition", name=where)
-    allocation = check_bool(allocation, "allocation", name=where)
-    heads_compete = check_bool(heads_compete, "heads_compete", name=where)
+    switches = dict(causal=causal, competition=competition, allocation=allocation, heads_compete=heads_compete)
+    causal, competition, allocation, heads_compete = (check_bool(x, n, name=where) for n, x in switches.items())
     eps = check_eps(eps, name=where)
     q, k, v = (
         check_unbatched(x, label, name=where, layout=f"(H, {n}, D)")
@@ -245,56 +185,45 @@ def compute_flow_state(
     toy = " (it draws an (H, N, M) edge matrix and is meant for toy sizes)"
     check_max_size(q, "q", -2, MAX_TOKENS, name=where, label="N", why=toy)
     check_max_size(k, "k", -2, MAX_TOKENS, name=where, label="M", why=toy)
-    N = q.shape[-2]
     why = " (Mobile-Attention has no causal version)"
     check_exclusive(heads_compete, causal, "heads_compete", "causal", name=where, why=why)
     if heads_compete:
         _, stats = attnbook.mobile_attention(q, k, v, eps=eps, return_flows=True)
     else:
         _, stats = attnbook.flow_attention(q, k, v, is_causal=causal, eps=eps, return_flows=True)
-
-    qf = torch.sigmoid(_cpu64(q[0]))  # (H, N, D)
-    kf = torch.sigmoid(_cpu64(k[0]))  # (H, M, D)
-    incoming = _cpu64(stats.incoming[0])  # (H, N)
-    normaliser = incoming
+    measured = ("incoming", "outgoing", "conserved_incoming", "conserved_outgoing", "competition", "allocation")
+    s = {name: _cpu64(getattr(stats, name)[0]) for name in measured}  # (H, N) or (H, M)
+    qf, kf = torch.sigmoid(_cpu64(q[0])), torch.sigmoid(_cpu64(k[0]))  # (H, N, D), (H, M, D)
+    normaliser = s["incoming"]
     if causal:  # the causal flows are averages over the prefix: I_i carries a 1 / t_i
-        normaliser = incoming * torch.arange(1, N + 1, dtype=torch.float64)
+        normaliser = normaliser * torch.arange(1, q.shape[-2] + 1, dtype=torch.float64)
     flow = qf @ kf.transpose(-2, -1) / normaliser[..., None]  # (H, N, M)
     if causal:
         flow = flow.tril()
-    comp = computed = _cpu64(stats.competition[0])  # (H, M)
-    alloc = _cpu64(stats.allocation[0])  # (H, N)
+    computed = s["competition"]
     if not competition:
-        comp = torch.ones_like(comp)
+        s["competition"] = torch.ones_like(computed)
     if not allocation:
-        alloc = torch.ones_like(alloc)
-    edges = alloc[..., None] * flow * comp[:, None, :]  # (H, N, M)
-    output = edges @ _cpu64(v[0])  # (H, N, Dv)
+        s["allocation"] = torch.ones_like(s["allocation"])
+    edges = s["allocation"][..., None] * flow * s["competition"][:, None, :]  # (H, N, M)
     head_flow = None
     if heads_compete:  # at each token n: query head h receives from key head g
-        head_flow = torch.einsum("hnd,gnd->nhg", qf, kf) / incoming.transpose(0, 1)[..., None]  # (N, H, H)
+        head_flow = torch.einsum("hnd,gnd->nhg", qf, kf) / s["incoming"].transpose(0, 1)[..., None]  # (N, H, H)
     raw = getattr(stats, "conserved_outgoing_raw", None)
     return FlowPicture(
-        mode="mobile" if heads_compete else "flow",
-        causal=bool(causal),
-        competition_on=bool(competition),
-        allocation_on=bool(allocation),
-        incoming=incoming,
-        outgoing=_cpu64(stats.outgoing[0]),
-        conserved_incoming=_cpu64(stats.conserved_incoming[0]),
-        conserved_outgoing=_cpu64(stats.conserved_outgoing[0]),
+        "mobile" if heads_compete else "flow",
+        causal,
+        competition,
+        allocation,
         conserved_outgoing_raw=None if raw is None else _cpu64(raw[0]),
-        competition=comp,
-        allocation=alloc,
         flow=flow,
         edges=edges,
-        output=output,
+        output=edges @ _cpu64(v[0]),  # (H, N, Dv)
         head_flow=head_flow,
         computed_competition=computed,
+        **s,
     )
 
-
-# ----------------------------------------------------------------------------------------------- views
 
 # Sources and sinks are roles, not mechanisms: neutral browns and greys, so that the one mechanism colour
 # of attnbook.viz.style (Flow or Mobile, on the edges) stays the only colour that means a mechanism.
@@ -302,133 +231,84 @@ _SOURCE_COLOURS = ("#8c510a", "#dfc27d")  # conserved outgoing flow, competition
 _SINK_COLOURS = ("#4d4d4d", "#bababa")  # conserved incoming flow, allocation
 
 
-def _legend_above(ax, *, ncol: int, handlelength: float, **kwargs) -> None:
-    """A frameless legend just above ``ax``, as wide as it, filled column by column: it covers nothing."""
-    ax.legend(
-        loc="lower left",
-        bbox_to_anchor=(0.0, 1.0, 1.0, 0.1),
-        mode="expand",
-        ncol=ncol,
-        frameon=False,
-        borderaxespad=0.2,
-        handlelength=handlelength,
-        **kwargs,
-    )
-
-
-def _draw_bipartite(
-    ax,
-    weights: np.ndarray,
-    *,
-    source_size: np.ndarray,
-    sink_size: np.ndarray,
-    edge_colour: str,
-    title: str,
-) -> None:
-    """Sources (keys) on the left at x = 0, sinks (queries) on the right at x = 1; width proportional to weight."""
-    n_sinks, n_sources = weights.shape
+def _draw_bipartite(ax, state: FlowPicture, head: int) -> None:
+    """Sources (keys) on the left at x = 0, sinks (queries) on the right at x = 1, edges as wide as their flow in
+    the mechanism's colour, and each node's marker area its factor (competition / allocation; 1 = neutral)."""
+    weights = state.edges[head].numpy()  # (N, M)
     ys = lambda n: np.linspace(1.0, 0.0, n) if n > 1 else np.array([0.5])  # noqa: E731
-    y_src, y_snk = ys(n_sources), ys(n_sinks)
+    y_src, y_snk = ys(weights.shape[1]), ys(weights.shape[0])
     top = float(weights.max()) if weights.size and weights.max() > 0 else 1.0
     segments, widths, colours = [], [], []
-    edge_rgb = matplotlib.colors.to_rgb(edge_colour)
-    for i in range(n_sinks):
-        for j in range(n_sources):
-            w = float(weights[i, j]) / top
-            if w > 1e-3:  # exact zeros (causal: future sources) draw nothing
-                segments.append([(0.0, y_src[j]), (1.0, y_snk[i])])
-                widths.append(0.3 + 5.0 * w)
-                colours.append((*edge_rgb, 0.25 + 0.6 * w))
+    edge_rgb = matplotlib.colors.to_rgb(colour(state.mode))
+    for (i, j), w in np.ndenumerate(weights / top):
+        if w > 1e-3:  # exact zeros (causal: future sources) draw nothing
+            segments.append([(0.0, y_src[j]), (1.0, y_snk[i])])
+            widths.append(0.3 + 5.0 * w)
+            colours.append((*edge_rgb, 0.25 + 0.6 * w))
     # one collection instead of N * M lines: drawing stays fast enough for a live widget
-    ax.add_collection(
-        LineCollection(segments, linewidths=widths, colors=colours, capstyle="round", zorder=1, label="edges")
-    )
-    # marker area grows with the node's factor (competition / allocation); 1 = the neutral size
-    for x, y, size, fill in ((0.0, y_src, source_size, _SOURCE_COLOURS[0]), (1.0, y_snk, sink_size, _SINK_COLOURS[0])):
-        ax.scatter(
-            np.full(len(y), x), y, s=90 * np.clip(size, 0.05, None), color=fill, zorder=2, edgecolor="white", lw=0.5
-        )
+    edges = LineCollection(segments, linewidths=widths, colors=colours, capstyle="round", zorder=1, label="edges")
+    ax.add_collection(edges)
+    for x, y, factor, fill in (
+        (0.0, y_src, state.competition, _SOURCE_COLOURS[0]),
+        (1.0, y_snk, state.allocation, _SINK_COLOURS[0]),
+    ):
+        area = 90 * np.clip(factor[head].numpy(), 0.05, None)
+        ax.scatter(np.full(len(y), x), y, s=area, color=fill, zorder=2, edgecolor="white", lw=0.5)
     for j, y in enumerate(y_src):
         ax.text(-0.07, y, f"k{j}", ha="right", va="center", fontsize=MIN_FONT)
     for i, y in enumerate(y_snk):
         ax.text(1.07, y, f"q{i}", ha="left", va="center", fontsize=MIN_FONT)
-    ax.set_xlim(-0.3, 1.3)
-    ax.set_ylim(-0.06, 1.06)
+    ax.set(xlim=(-0.3, 1.3), ylim=(-0.06, 1.06))
     ax.axis("off")
-    ax.set_title(title, fontsize=10)
+    ax.set_title("flow from keys (sources)\nto queries (sinks)", fontsize=10)
 
 
-def _grouped_bars(
-    ax,
-    first: np.ndarray,
-    second: np.ndarray,
-    *,
-    labels: tuple[str, str],
-    colours,
-    xlabel: str,
-    clamp: bool = False,
-    raw: np.ndarray | None = None,
-) -> None:
-    """Two bars per node; the legend sits above the axes, where it cannot cover a bar."""
+def _grouped_bars(ax, state: FlowPicture, head: int, *, sources: bool) -> None:
+    """Two bars per node: per source the conserved outgoing flow (hatched: what the clamp cut off) and the
+    competition, per sink the conserved incoming flow and the allocation; the legend above the axes."""
+    if sources:
+        first, second, raw = state.conserved_outgoing, state.competition, state.conserved_outgoing_raw
+        labels, colours = ("Ô: conserved outgoing", "competition"), _SOURCE_COLOURS
+    else:
+        first, second, raw = state.conserved_incoming, state.allocation, None
+        labels, colours = ("Î: conserved incoming", "allocation"), _SINK_COLOURS
+    first, second, raw = first[head].numpy(), second[head].numpy(), None if raw is None else raw[head].numpy()
     x = np.arange(len(first))
     width = 0.4
-    bars_first = ax.bar(x - width / 2, first, width, color=colours[0], label=labels[0])
-    bars_second = ax.bar(x + width / 2, second, width, color=colours[1], label=labels[1], edgecolor=colours[0], lw=0.4)
-    handles = [bars_first]
-    if raw is not None:  # the part the clamp cut off, hatched
+    handles = [ax.bar(x - width / 2, first, width, color=colours[0], label=labels[0])]
+    second_bars = ax.bar(x + width / 2, second, width, color=colours[1], label=labels[1], edgecolor=colours[0], lw=0.4)
+    if raw is not None:
+        cut = f"{labels[0].split(':')[0]} before the clamp"
         handles.append(
-            ax.bar(
-                x - width / 2,
-                raw,
-                width,
-                color="none",
-                edgecolor=colours[0],
-                hatch="///",
-                lw=0.6,
-                label=f"{labels[0].split(':')[0]} before the clamp",
-            )
+            ax.bar(x - width / 2, raw, width, color="none", edgecolor=colours[0], hatch="///", lw=0.6, label=cut)
         )
-    handles.append(bars_second)
-    if clamp:
+    handles.append(second_bars)
+    if sources:
         handles.append(ax.axhline(1.0, color="black", lw=0.8, ls="--", label="clamp at 1"))
-    # above the axes, as wide as they are, filled column by column: it can neither cover a bar nor widen the page
-    _legend_above(ax, ncol=2, handlelength=1.4, handles=handles)
+    ax.legend(**ABOVE, ncol=2, handlelength=1.4, handles=handles)
     ax.set_xticks(x, [str(i) for i in x])
     ax.set_xlim(-0.6, len(first) - 0.4)
-    ax.set_xlabel(xlabel)
-    top = max(
-        float(np.max(first)),
-        float(np.max(second)),
-        1.0 if clamp else 0.0,
-        float(np.max(raw)) if raw is not None else 0.0,
-    )
-    ax.set_ylim(0.0, 1.08 * top)
+    ax.set_xlabel("source j (key)" if sources else "sink i (query)")
+    ax.set_ylim(0.0, 1.08 * max(first.max(), second.max(), 1.0 if sources else 0.0, 0.0 if raw is None else raw.max()))
     ax.grid(True, axis="y", alpha=0.3)
 
 
 def plot_flow(state: FlowPicture, *, head: int = 0, figsize: tuple[float, float] | None = None):
-    """Draw a :class:`FlowPicture` for one head; returns the matplotlib Figure (drawn for the book's page).
-
-    Panels: the bipartite flow diagram (keys = sources on the left, queries = sinks on the right, edge width
-    proportional to ``edges``, marker size to competition / allocation; edges in the mechanism's colour of
-    :mod:`attnbook.viz.style`); conserved outgoing flow and competition per source (dashed line: the clamp at
-    1); conserved incoming flow and allocation per sink; in head mode also each token's conserved outgoing
-    flow stacked over the heads (the heads share it). The figure is :data:`~attnbook.viz.style.PAGE_WIDTH`
-    wide with text of at least :data:`~attnbook.viz.style.MIN_FONT` points: the panels wrap onto two rows
-    instead of shrinking.
+    """Draw a :class:`FlowPicture` for one head, page wide: the flow network (keys = sources on the left,
+    queries = sinks on the right), conserved outgoing flow and competition per source, conserved incoming flow
+    and allocation per sink, and in head mode how the heads share each token's budget. Returns the Figure.
     """
     check_instance(state, "state", FlowPicture, name="plot_flow", what="a FlowPicture")
     head = check_int(head, "head", name="plot_flow", minimum=0, maximum=state.n_heads - 1)
     heads_mode = state.mode == "mobile"
-    switches = []
-    if state.causal:
-        switches.append("causal")
-    if not state.competition_on:
-        switches.append("no competition")
-    if not state.allocation_on:
-        switches.append("no allocation")
+    flags = {
+        "causal": state.causal,
+        "no competition": not state.competition_on,
+        "no allocation": not state.allocation_on,
+    }
+    switches = ", ".join(name for name, on in flags.items() if on)
     what = "Mobile-Attention: heads compete" if heads_mode else "Flow-Attention: tokens compete"
-    title = f"{what}, head {head} of {state.n_heads}" + (f" ({', '.join(switches)})" if switches else "")
+    title = f"{what}, head {head} of {state.n_heads}" + (f" ({switches})" if switches else "")
     with book_style():
         fig = plt.figure(figsize=figsize or (PAGE_WIDTH, 6.6 if heads_mode else 5.6))
         grid = fig.add_gridspec(2, 2, left=0.04, right=0.98, bottom=0.08, top=0.86, wspace=0.18, hspace=0.55)
@@ -439,33 +319,9 @@ def plot_flow(state: FlowPicture, *, head: int = 0, figsize: tuple[float, float]
             ax_flow = fig.add_subplot(grid[:, 0])
             ax_src, ax_snk = fig.add_subplot(grid[0, 1]), fig.add_subplot(grid[1, 1])
         fig.suptitle(title, fontsize=11)
-        _draw_bipartite(
-            ax_flow,
-            state.edges[head].numpy(),
-            source_size=state.competition[head].numpy(),
-            sink_size=state.allocation[head].numpy(),
-            edge_colour=colour(state.mode),
-            title="flow from keys (sources)\nto queries (sinks)",
-        )
-        raw = None if state.conserved_outgoing_raw is None else state.conserved_outgoing_raw[head].numpy()
-        _grouped_bars(
-            ax_src,
-            state.conserved_outgoing[head].numpy(),
-            state.competition[head].numpy(),
-            labels=("Ô: conserved outgoing", "competition"),
-            colours=_SOURCE_COLOURS,
-            xlabel="source j (key)",
-            clamp=True,
-            raw=raw,
-        )
-        _grouped_bars(
-            ax_snk,
-            state.conserved_incoming[head].numpy(),
-            state.allocation[head].numpy(),
-            labels=("Î: conserved incoming", "allocation"),
-            colours=_SINK_COLOURS,
-            xlabel="sink i (query)",
-        )
+        _draw_bipartite(ax_flow, state, head)
+        _grouped_bars(ax_src, state, head, sources=True)
+        _grouped_bars(ax_snk, state, head, sources=False)
         if heads_mode:
             _draw_head_shares(ax_heads, state, head)
     return fig
@@ -473,67 +329,34 @@ def plot_flow(state: FlowPicture, *, head: int = 0, figsize: tuple[float, float]
 
 def _draw_head_shares(ax, state: FlowPicture, head: int) -> None:
     """Each token's conserved outgoing flow stacked over the heads: Mobile-Attention's budget is per token."""
-    shares = (
-        state.conserved_outgoing_raw if state.conserved_outgoing_raw is not None else state.conserved_outgoing
-    ).numpy()  # (H, N)
+    raw = state.conserved_outgoing_raw
+    shares = (raw if raw is not None else state.conserved_outgoing).numpy()  # (H, N)
     H, N = shares.shape
-    bottom = np.zeros(N)
+    x, bottom = np.arange(N), np.zeros(N)
     shades = plt.get_cmap("cividis")(np.linspace(0.15, 0.95, H))  # heads are not mechanisms: one ramp
     for h in range(H):
-        ax.bar(
-            np.arange(N),
-            shares[h],
-            bottom=bottom,
-            color=shades[h],
-            edgecolor="black" if h == head else "white",
-            lw=1.2 if h == head else 0.3,
-            label=f"head {h}" + (" (shown)" if h == head else ""),
-        )
+        label, edge, lw = (f"head {h} (shown)", "black", 1.2) if h == head else (f"head {h}", "white", 0.3)
+        ax.bar(x, shares[h], bottom=bottom, color=shades[h], edgecolor=edge, lw=lw, label=label)
         bottom = bottom + shares[h]
     ax.axhline(H, color="black", lw=0.8, ls="--")
-    ax.set_xticks(np.arange(N), [str(j) for j in range(N)])
+    ax.set_xticks(x, [str(j) for j in range(N)])
     ax.set_xlim(-0.6, N - 0.4)
     ax.set_xlabel(f"token j: the H = {H} heads share its Ô (sum = H)")
     ax.set_ylim(0.0, 1.05 * max(H, float(bottom.max())))
-    _legend_above(ax, ncol=3, handlelength=1.0)
+    ax.legend(**ABOVE, ncol=3, handlelength=1.0)
 
 
-_CHECKS = {  # explorer parameter -> its validation (one wording, from attnbook._checks)
-    "n_tokens": lambda v, where: check_int(v, "n_tokens", name=where, minimum=1, maximum=MAX_TOKENS),
-    "similarity": lambda v, where: check_number(v, "similarity", name=where, minimum=0.0, maximum=1.0),
-    "magnitude": lambda v, where: check_number(v, "magnitude", name=where, minimum=0.0),
-    "n_heads": lambda v, where: check_int(v, "n_heads", name=where, minimum=1),
-    "seed": lambda v, where: check_int(v, "seed", name=where, minimum=0),
-    "head": lambda v, where: check_int(v, "head", name=where, minimum=0),
-    "causal": lambda v, where: check_bool(v, "causal", name=where),
-    "competition": lambda v, where: check_bool(v, "competition", name=where),
-    "allocation": lambda v, where: check_bool(v, "allocation", name=where),
-    "heads_compete": lambda v, where: check_bool(v, "heads_compete", name=where),
-}
-
-
-def _params(where: str = "flow explorer", **overrides) -> dict:
+def _params(where: str, **overrides) -> dict:
     check_subset(sorted(overrides), "parameters", sorted(DEFAULTS), name=where)
-    p = {**DEFAULTS, **overrides}
-    p = {name: _CHECKS[name](value, where) for name, value in p.items()}
+    p = {name: _check(name, value, where) for name, value in {**DEFAULTS, **overrides}.items()}
     check_int(p["head"], "head", name=where, minimum=0, maximum=p["n_heads"] - 1, why=" (n_heads - 1)")
     return p
 
 
-def _state_from(params: dict) -> FlowPicture:
-    q, k, v = make_toy_input(
-        params["n_tokens"], params["similarity"], params["magnitude"], params["n_heads"], params["seed"]
-    )
-    heads = params["heads_compete"]
-    return compute_flow_state(
-        q,
-        k,
-        v,
-        causal=params["causal"] and not heads,
-        competition=params["competition"],
-        allocation=params["allocation"],
-        heads_compete=heads,
-    )
+def _state_from(p: dict) -> FlowPicture:
+    toy = make_toy_input(*(p[name] for name in ("n_tokens", "similarity", "magnitude", "n_heads", "seed")))
+    switches = {name: p[name] for name in ("competition", "allocation", "heads_compete")}
+    return compute_flow_state(*toy, causal=p["causal"] and not p["heads_compete"], **switches)
 
 
 def default_figure(**overrides):
@@ -559,18 +382,14 @@ _INVISIBLE = 5e-3  # a change of half a percent of a bar's height: no pixel of t
 
 
 def inactive_controls(params: dict, state: FlowPicture) -> dict[str, str]:
-    """The explorer's controls that cannot change the picture in this state, each with the reason.
+    """The explorer's controls (parameter names of :data:`DEFAULTS`) that cannot change the picture in this
+    state, each with the reason, which the explorer prints under the controls it greys out.
 
-    The explorer greys these out and prints the reasons under the controls, so that no control looks dead
-    without an explanation. Keys are parameter names of :data:`DEFAULTS`.
-
-    - ``causal`` in head mode: Mobile-Attention has no causal form.
-    - ``head`` with one head.
+    - ``causal`` in head mode: Mobile-Attention has no causal form; ``head`` with one head.
     - At similarity 1 every token is the same vector, so every source sends, and every sink receives, the
-      same flow in every head (all Ô and Î equal 1, competition 1, up to the normaliser's eps, which stays
-      invisible over the explorer's magnitudes 0.25..4): ``magnitude``, ``seed``, ``n_heads`` and ``head``
-      change nothing in Flow mode. In head mode the heads still differ (their projections do), so
-      only with a single head is the picture fixed.
+      same flow in every head (all Ô and Î equal 1, competition 1, up to the normaliser's eps, invisible over
+      the explorer's magnitudes 0.25..4): ``magnitude``, ``seed``, ``n_heads`` and ``head`` change nothing in
+      Flow mode. In head mode the heads still differ (their projections do): only one head fixes the picture.
     - ``competition`` whenever every competition weight of the head shown is 1 (identical tokens, or a clamp
       that cuts every source's Ô to 1): ablating it multiplies by 1.
     """
@@ -611,43 +430,28 @@ def inactive_controls(params: dict, state: FlowPicture) -> dict[str, str]:
 def explorer_summary(state: FlowPicture, *, head: int = 0, inactive: dict[str, str] | None = None) -> str:
     """One-line HTML summary of a state: the conservation sums and what the clamp did, for one head; then, if
     ``inactive`` is given (from :func:`inactive_controls`), why each greyed-out control cannot act."""
-    H, N, M = state.n_heads, state.n_sinks, state.n_sources
+    H, N, M = state.edges.shape
     raw = state.conserved_outgoing_raw
+    conserved = raw if raw is not None else state.conserved_outgoing
     clipped = "" if raw is None else f", clamp clips {int((raw[head] > 1).sum())} of {M} sources"
     if state.mode == "mobile":
-        per_token = (raw if raw is not None else state.conserved_outgoing).sum(0)  # (M,)
+        per_token = conserved.sum(0)  # (M,)
         budget = f"Σ<sub>heads</sub> Ô per token: {per_token.min():.3f} … {per_token.max():.3f} (H = {H})"
     elif state.causal:
         budget = "causal: conservation holds for every prefix"
     else:
-        total = (raw if raw is not None else state.conserved_outgoing)[head].sum()
         budget = (
-            f"Σ<sub>j</sub> Ô<sub>j</sub> = {total:.3f} (N = {N}), Σ<sub>i</sub> Î<sub>i</sub> = "
+            f"Σ<sub>j</sub> Ô<sub>j</sub> = {conserved[head].sum():.3f} (N = {N}), Σ<sub>i</sub> Î<sub>i</sub> = "
             f"{state.conserved_incoming[head].sum():.3f} (M = {M})"
         )
-    notes = "".join(
-        f"<br>⊘ <b>{_LABELS[name]}</b> is greyed out: {reason}." for name, reason in (inactive or {}).items()
-    )
-    return (
-        f"<div style='font-family:sans-serif;font-size:0.9em;line-height:1.4'>head {head}: {budget}{clipped}; "
-        f"competition {state.competition[head].min():.2f} … {state.competition[head].max():.2f}, "
-        f"allocation {state.allocation[head].min():.2f} … {state.allocation[head].max():.2f}{notes}</div>"
-    )
+    comp, alloc = state.competition[head], state.allocation[head]
+    text = f"head {head}: {budget}{clipped}; competition {comp.min():.2f} … {comp.max():.2f}, "
+    return status_html(text + f"allocation {alloc.min():.2f} … {alloc.max():.2f}", inactive or {}, _LABELS)
 
 
 # the explorer's visible label of each parameter (its widget's description)
-_LABELS = {
-    "n_tokens": "tokens",
-    "similarity": "similarity",
-    "magnitude": "magnitude",
-    "n_heads": "heads",
-    "seed": "seed",
-    "head": "head shown",
-    "competition": "competition",
-    "allocation": "allocation",
-    "causal": "causal",
-    "heads_compete": "mode",
-}
+_LABELS = {name: name for name in DEFAULTS} | dict(n_tokens="tokens", n_heads="heads", head="head shown")
+_LABELS["heads_compete"] = "mode"
 _MODES = [("Flow: tokens compete", False), ("Mobile: heads compete", True)]
 
 
@@ -657,63 +461,37 @@ class FlowExplorer(widgets.VBox):
     explorer: _FlowController
 
 
-class _FlowController:
+class _FlowController(Explorer):
     """The controls and the callback behind :func:`flow_explorer` (kept off the widget itself)."""
 
     def __init__(self, p: dict):
         w = widgets
-        # continuous_update=False: one redraw when a drag ends, not a queue of them on a slow kernel
-        slider = dict(style={"description_width": "initial"}, continuous_update=False)
-        self.controls = {
-            "n_tokens": w.IntSlider(value=p["n_tokens"], min=2, max=12, description="tokens", **slider),
-            "similarity": w.FloatSlider(
-                value=p["similarity"], min=0.0, max=1.0, step=0.05, description="similarity", **slider
-            ),
+        # wide enough for the whole label in every front-end (the default width cut "Flow" off)
+        wide = {"description_width": "initial", "button_width": "190px"}
+        magnitude = min(max(p["magnitude"], 0.25), 4.0)
+        controls = {
+            "n_tokens": slider(w.IntSlider, "tokens", p["n_tokens"], 2, 12),
+            "similarity": slider(w.FloatSlider, "similarity", p["similarity"], 0.0, 1.0, step=0.05),
             # from 0.25: at magnitude 0 every q and k is 0, every token alike, and the picture is fixed; up to 4:
             # beyond, sigmoid features near 0 let the normaliser's eps (1e-6) move the picture by percents
-            "magnitude": w.FloatSlider(
-                value=min(max(p["magnitude"], 0.25), 4.0),
-                min=0.25,
-                max=4.0,
-                step=0.25,
-                description="magnitude",
-                **slider,
-            ),
-            "n_heads": w.IntSlider(value=p["n_heads"], min=1, max=6, description="heads", **slider),
-            "seed": w.IntSlider(value=p["seed"], min=0, max=20, description="seed", **slider),
-            "head": w.IntSlider(
-                value=p["head"], min=0, max=max(p["n_heads"] - 1, 0), description="head shown", **slider
-            ),
+            "magnitude": slider(w.FloatSlider, "magnitude", magnitude, 0.25, 4.0, step=0.25),
+            "n_heads": slider(w.IntSlider, "heads", p["n_heads"], 1, 6),
+            "seed": slider(w.IntSlider, "seed", p["seed"], 0, 20),
+            "head": slider(w.IntSlider, "head shown", p["head"], 0, max(p["n_heads"] - 1, 0)),
             "competition": w.Checkbox(value=p["competition"], description="competition", indent=False),
             "allocation": w.Checkbox(value=p["allocation"], description="allocation", indent=False),
             "causal": w.Checkbox(value=p["causal"] and not p["heads_compete"], description="causal", indent=False),
-            # wide enough for the whole label in every front-end (the default width cut "Flow" off)
-            "heads_compete": w.ToggleButtons(
-                options=_MODES,
-                value=p["heads_compete"],
-                description="mode",
-                style={"description_width": "initial", "button_width": "190px"},
-            ),
+            "heads_compete": w.ToggleButtons(options=_MODES, value=p["heads_compete"], description="mode", style=wide),
         }
-        self.summary = w.HTML(value="")
-        # shown at the size it is drawn for (the page's width at DPI), never stretched to the output area
-        self.image = w.Image(
-            format="png", value=b"", layout=w.Layout(width=f"{PAGE_WIDTH * DPI:.0f}px", max_width="100%")
-        )
+        super().__init__(controls)
+        self.summary = self.status  # explorer_summary() of the state shown
         self.causal_choice = p["causal"]  # what the student ticked; head mode shows False without forgetting it
         self.state: FlowPicture | None = None
-        self.inactive: dict[str, str] = {}
-        self.renders = 0
-        self._busy = False
-        c = self.controls
+        c = controls
         self.column_right = w.VBox([c["n_heads"], c["seed"], c["head"]])  # holds "head shown" (re-ranged)
-        self.layout = [
-            w.HBox([w.VBox([c["n_tokens"], c["similarity"], c["magnitude"]]), self.column_right]),
-            w.HBox([c["competition"], c["allocation"], c["causal"]]),
-            c["heads_compete"],
-            self.summary,
-            self.image,
-        ]
+        sliders = w.HBox([w.VBox([c["n_tokens"], c["similarity"], c["magnitude"]]), self.column_right])
+        switches = w.HBox([c["competition"], c["allocation"], c["causal"]])
+        self.layout = [sliders, switches, c["heads_compete"], self.status, self.image]
         for control in c.values():
             control.observe(self._on_change, names="value")
         self.render()
@@ -723,77 +501,47 @@ class _FlowController:
         return {name: control.value for name, control in self.controls.items()}
 
     def _on_change(self, change) -> None:
-        if self._busy:  # a value the explorer set itself (a clamped range, the causal box in head mode)
+        if self.busy:  # a value the explorer set itself (a clamped range, the causal box in head mode)
             return
         if change["owner"] is self.controls["causal"]:
             self.causal_choice = bool(change["new"])
         self.render()
 
     def render(self) -> None:
-        self._busy = True
+        self.busy = True
         try:
             c = self.controls
-            heads_mode = c["heads_compete"].value
-            head = set_slider_range(c["head"], 0, max(c["n_heads"].value - 1, 0), container=self.column_right)
-            if head is not c["head"]:  # a new slider: ipywidgets 8's End key would stop at the old maximum
-                head.observe(self._on_change, names="value")
-                c["head"] = head
-            c["causal"].value = False if heads_mode else self.causal_choice
+            self.rerange("head", 0, max(c["n_heads"].value - 1, 0), self.column_right, self._on_change)
+            c["causal"].value = False if c["heads_compete"].value else self.causal_choice
             params = self.params
             self.state = _state_from(params)
-            self.inactive = inactive_controls(params, self.state)
-            for name, control in c.items():
-                control.disabled = name in self.inactive
+            inactive = inactive_controls(params, self.state)
             fig = plot_flow(self.state, head=params["head"])
             try:
-                # the fixed layout keeps everything inside the canvas (tests: assert_readable), so no tight crop,
-                # which would draw the figure twice
-                self.image.value = figure_to_png(fig, dpi=DPI, tight=False)
+                self.show(fig, inactive, explorer_summary(self.state, head=params["head"], inactive=inactive))
             finally:
                 plt.close(fig)
-            self.summary.value = explorer_summary(self.state, head=params["head"], inactive=self.inactive)
-            self.renders += 1
         finally:
-            self._busy = False
+            self.busy = False
 
 
 def flow_explorer(**overrides) -> FlowExplorer:
-    """The live flow-allocation explorer: an ``ipywidgets.VBox`` (core widgets only; ipywidgets 7.7 and 8).
-
-    Sliders for the toy input (tokens, similarity, magnitude, heads, seed) and the head shown, checkboxes
-    for competition, allocation and causality, and a toggle between Flow-Attention (tokens compete) and
-    Mobile-Attention (heads compete). Every change recomputes :func:`compute_flow_state` and redraws
-    :func:`plot_flow` as PNG bytes into an ``Image`` widget, which renders in every supported front-end
-    (JupyterLab 4, Notebook 7, the classic notebook with ipywidgets 7.7.1 as on Colab). The range of "head
-    shown" follows "heads"; controls that cannot change the picture in the current state are disabled and the
-    summary line says why (:func:`inactive_controls`).
-
-    ``overrides`` set the starting state (names of :data:`DEFAULTS`). The controller behind the box (its
-    ``controls``, ``state``, ``inactive`` and ``render``) is the box's ``explorer`` attribute.
+    """The live flow-allocation explorer (:class:`attnbook.viz.static.Explorer`), starting at :data:`DEFAULTS`
+    changed by ``overrides``: sliders for the toy input and the head shown, checkboxes for competition,
+    allocation and causality, a toggle between Flow (tokens compete) and Mobile (heads compete), and
+    :func:`plot_flow` of the state. The range of "head shown" follows "heads"; controls that cannot change the
+    picture are disabled (:func:`inactive_controls`). The box's ``explorer`` holds the controls and the state.
     """
-    controller = _FlowController(_params("flow_explorer", **overrides))
-    enable_slider_keys()  # Notebook 7: the arrow keys would select cells instead of moving the sliders
-    box = FlowExplorer(children=controller.layout)
-    box.explorer = controller
-    return box
+    return _FlowController(_params("flow_explorer", **overrides)).box(FlowExplorer)
 
 
-# --------------------------------------------------------------------- figures of chapters 3 and 4
-#
-# Each takes plain numbers (tensors, arrays, (mean, low, high) spans), so that a chapter computes what it
-# shows in a visible cell and hands the drawing to one call. Every figure is PAGE_WIDTH wide, its text at
-# least MIN_FONT points; each is closed before it is returned, so that a notebook shows it once (as the
-# cell's result), never a second time through the inline backend.
+# Chapters 3 and 4's figures take plain numbers, so that a chapter computes what it shows in a visible cell and
+# hands the drawing to one call.
 
 _NEUTRALS = ("#4d4d4d", "#8c510a", "#bababa", "#dfc27d")  # settings that are not mechanisms
 
 
-def _np(x) -> np.ndarray:
-    if isinstance(x, torch.Tensor):
-        return x.detach().to("cpu", torch.float64).numpy()
-    return np.asarray(x, dtype=np.float64)
-
-
+@page_figure
 def weight_maps(
     maps: dict,
     *,
@@ -804,62 +552,41 @@ def weight_maps(
     ylabel: str = "query i (sink)",
     title: str | None = None,
 ):
-    """Weight matrices side by side on one colour scale, each cell labelled with its value.
-
-    Args:
-        maps: title -> an (N, M) matrix (tensor or array); two per row, wrapping onto more rows.
-        decimals: digits of the printed values.
-        annotate: print every value in its cell (small matrices); exact zeros (masked entries) stay blank.
-        row_sums: print each row's sum at its right ("Σ 0.78").
-        xlabel, ylabel: the axes' names; title: the figure's.
-
-    Returns:
-        the matplotlib Figure.
-    """
+    """Weight matrices (``maps``: title -> (N, M)) two per row on one colour scale; ``annotate`` prints each
+    value (``decimals`` digits) in its cell, exact zeros (masked entries) left blank, and ``row_sums`` each
+    row's sum at its right ("Σ 0.78")."""
     where = "weight_maps"
     check_sequence(maps, "maps", name=where, mapping=True, minimum=1, item="matrix")
     decimals = check_int(decimals, "decimals", name=where, minimum=0, maximum=4)
-    arrays = {str(name): _np(m) for name, m in maps.items()}
+    arrays = {str(name): to_numpy(m) for name, m in maps.items()}
     for name, m in arrays.items():
         check_int(m.ndim, f"maps[{name!r}].dim()", name=where, minimum=2, maximum=2)
-    scale = {"vmin": 0.0, "vmax": max(float(np.nanmax(m)) for m in arrays.values()) or 1.0}
-    cols = 1 if len(arrays) == 1 else 2
-    rows = math.ceil(len(arrays) / cols)
+    vmax = max(float(np.nanmax(m)) for m in arrays.values()) or 1.0
     side = max(m.shape[0] for m in arrays.values())
-    height = 0.9 + rows * (2.6 if side <= 4 else 3.0)
-    with book_style():
-        fig, axes = plt.subplots(rows, cols, figsize=(PAGE_WIDTH, height), squeeze=False)
-        fig.subplots_adjust(left=0.1, right=0.86 if not row_sums else 0.84, wspace=0.55 if row_sums else 0.3,
-                            bottom=0.6 / height, top=1 - (0.75 if title else 0.4) / height, hspace=0.5)  # fmt: skip
-        image = None
-        for ax, (name, m) in zip(axes.flat, arrays.items(), strict=False):
-            image = ax.imshow(m, cmap="viridis", aspect="auto", interpolation="nearest", **scale)
-            n, k = m.shape
-            if annotate:
-                for (i, j), value in np.ndenumerate(m):
-                    if value == 0:  # a masked entry (causal): left blank
-                        continue
-                    dark = value < 0.6 * scale["vmax"]
-                    ax.text(j, i, f"{value:.{decimals}f}", ha="center", va="center", fontsize=MIN_FONT,
-                            color="white" if dark else "black")  # fmt: skip
-            if row_sums:
-                for i in range(n):
-                    ax.text(k - 0.4, i, f"Σ {m[i].sum():.{decimals}f}", ha="left", va="center", fontsize=MIN_FONT)
-            step = 1 if max(n, k) <= 8 else max(1, max(n, k) // 6)
-            ax.set_xticks(range(0, k, step))
-            ax.set_yticks(range(0, n, step))
-            ax.set_xlabel(xlabel)
-            ax.set_ylabel(ylabel)
-            ax.set_title(name)
-        for ax in list(axes.flat)[len(arrays) :]:
-            ax.set_visible(False)
-        fig.colorbar(image, ax=axes.ravel().tolist(), fraction=0.035, pad=0.12 if row_sums else 0.04)
-        if title:
-            fig.suptitle(title)
-    plt.close(fig)  # shown once, by the cell's result (not again by the inline backend)
+    fig, axes = wrapped_panels(len(arrays), 2.6 if side <= 4 else 3.0, extra=0.9)
+    height = fig.get_figheight()
+    fig.subplots_adjust(left=0.1, right=0.86 if not row_sums else 0.84, wspace=0.55 if row_sums else 0.3,
+                        bottom=0.6 / height, top=1 - (0.75 if title else 0.4) / height, hspace=0.5)  # fmt: skip
+    for ax, (name, m) in zip(axes.flat, arrays.items(), strict=False):
+        image = ax.imshow(m, cmap="viridis", aspect="auto", interpolation="nearest", vmin=0.0, vmax=vmax)
+        n, k = m.shape
+        for (i, j), value in np.ndenumerate(m):
+            if annotate and value != 0:  # an exact zero is a masked entry (causal): left blank
+                ax.text(j, i, f"{value:.{decimals}f}", ha="center", va="center", fontsize=MIN_FONT,
+                        color="white" if value < 0.6 * vmax else "black")  # fmt: skip
+        for i in range(n) if row_sums else ():
+            ax.text(k - 0.4, i, f"Σ {m[i].sum():.{decimals}f}", ha="left", va="center", fontsize=MIN_FONT)
+        step = 1 if max(n, k) <= 8 else max(1, max(n, k) // 6)
+        ax.set_xticks(range(0, k, step))
+        ax.set_yticks(range(0, n, step))
+        ax.set(xlabel=xlabel, ylabel=ylabel, title=name)
+    fig.colorbar(image, ax=axes.ravel().tolist(), fraction=0.035, pad=0.12 if row_sums else 0.04)
+    if title:
+        fig.suptitle(title)
     return fig
 
 
+@page_figure
 def right_key_figure(
     betas: Sequence[float],
     shares: dict,
@@ -868,161 +595,119 @@ def right_key_figure(
     bound: Sequence[float] | None = None,
     uniform: float | None = None,
 ):
-    """The weight a query puts on its right key against the inverse temperature beta (log scale).
-
-    Args:
-        betas: the inverse temperatures.
-        shares: label -> the mean weight on the right key at each beta.
-        mechanisms: label -> the mechanism whose colour it gets (default: the label itself); labels that map
-            to the same mechanism get different markers.
-        bound: the best any shared reweighting by factors within e could reach (dashed grey).
-        uniform: 1 / N, the weight of a uniform average (dotted).
-    """
+    """The mean weight a query puts on its right key (``shares``: label -> one per beta) against the inverse
+    temperature beta (log scale), in the colour of ``mechanisms[label]`` (default: the label; curves of one
+    mechanism get different markers), with ``bound`` (the best any shared reweighting by factors within e could
+    reach, dashed) and ``uniform`` (1 / N, dotted)."""
     where = "right_key_figure"
     check_sequence(betas, "betas", name=where, minimum=1, item="beta")
     check_sequence(shares, "shares", name=where, mapping=True, minimum=1, item="curve")
     mechanisms = dict(mechanisms or {})
-    markers = ["o", "s", "^", "D"]
     used: dict[str, int] = {}
-    with book_style():
-        fig, ax = plt.subplots(figsize=(PAGE_WIDTH, 3.6))
-        fig.subplots_adjust(left=0.1, right=0.7, bottom=0.16, top=0.95)
-        for label, values in shares.items():
-            m = mechanisms.get(label, label)
-            n = used[m] = used.get(m, -1) + 1
-            ax.plot(betas, _np(values), color=colour(m), marker=markers[n % 4], lw=1.6,
-                    mfc="white" if n else colour(m), label=label)  # fmt: skip
-        if bound is not None:
-            ax.plot(betas, _np(bound), color="#777777", ls=(0, (4, 2)), lw=1.2, label="bound for Flow")
-        if uniform is not None:
-            ax.axhline(uniform, color="black", ls=":", lw=1.0, label=f"uniform 1/N = {uniform:.2f}")
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(list(betas), [f"{b:g}" for b in betas])
-        ax.set_xlabel("inverse temperature β (q and k scaled by √β)")
-        ax.set_ylabel("weight on the right key")
-        ax.set_ylim(0.0, 1.05)
-        ax.grid(True, alpha=0.3)
-        ax.legend(loc="center left", bbox_to_anchor=(1.02, 0.5), frameon=False)
-    plt.close(fig)  # shown once, by the cell's result (not again by the inline backend)
+    fig, ax = plt.subplots(figsize=(PAGE_WIDTH, 3.6))
+    fig.subplots_adjust(left=0.1, right=0.7, bottom=0.16, top=0.95)
+    for label, values in shares.items():
+        m = mechanisms.get(label, label)
+        n = used[m] = used.get(m, -1) + 1  # the n-th curve in this colour: the n-th marker, hollow after the first
+        style = dict(color=colour(m), marker="os^D"[n % 4], mfc="white" if n else colour(m))
+        ax.plot(betas, to_numpy(values), lw=1.6, label=label, **style)
+    if bound is not None:
+        ax.plot(betas, to_numpy(bound), color="#777777", ls=(0, (4, 2)), lw=1.2, label="bound for Flow")
+    if uniform is not None:
+        ax.axhline(uniform, color="black", ls=":", lw=1.0, label=f"uniform 1/N = {uniform:.2f}")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(list(betas), [f"{b:g}" for b in betas])
+    ax.set(xlabel="inverse temperature β (q and k scaled by √β)", ylabel="weight on the right key", ylim=(0.0, 1.05))
+    ax.grid(True, alpha=0.3)
+    ax.legend(**RIGHT)
     return fig
 
 
-def _get(demo, name: str):
-    return demo[name] if isinstance(demo, dict) else getattr(demo, name)
+_TICK_LABELS = {"linear": "elu + 1", "flow": "Flow", "mobile": "Mobile"}
 
 
+@page_figure
 def lookup_share_figure(live: Sequence, recorded: Sequence | None = None):
-    """Rescaling against training on chapter 2's retrieval toy: the weight on the right key, per toy shape.
-
-    One panel per toy shape (a :class:`attnbook.lab.claims.LookupShareDemo` of ``live``, matched by shape in
-    ``recorded``, the recording's ``demos``). Per mechanism: the best over every rescaling of q and k, then
-    after training W_q, W_k live (its steps) and recorded (its steps); the dotted line is a uniform average.
-    """
-    where = "lookup_share_figure"
-    check_sequence(live, "live", name=where, minimum=1, item="demo")
-    by_shape = {(_get(d, "n_tokens"), _get(d, "dim")): d for d in (recorded or [])}
-    with book_style():
-        fig, axes = plt.subplots(1, len(live), figsize=(PAGE_WIDTH, 3.7), squeeze=False)
-        fig.subplots_adjust(left=0.09, right=0.98, bottom=0.14, top=0.74, wspace=0.25)
-        handles = {}
-        for ax, demo in zip(axes[0], live, strict=True):
-            shape = (_get(demo, "n_tokens"), _get(demo, "dim"))
-            rec = by_shape.get(shape)
-            names = list(_get(demo, "rescaled"))
-            width = 0.26
-            for i, m in enumerate(names):
-                kinds = [("best rescaling", max(_get(demo, "rescaled")[m]), 0.35, "")]
-                kinds.append((f"trained, {_get(demo, 'steps')} steps (live)", _get(demo, "trained")[m], 0.65, ""))
-                if rec is not None:
-                    kinds.append((f"trained, {_get(rec, 'steps')} steps (recorded)", _get(rec, "trained")[m], 1.0, ""))
-                for j, (kind, value, alpha, _) in enumerate(kinds):
-                    x = i + (j - (len(kinds) - 1) / 2) * width
-                    bar = ax.bar(x, value, width * 0.92, color=colour(m), alpha=alpha, edgecolor="black", lw=0.4)
-                    handles.setdefault(kind, bar)
-                    ax.text(x, value + 0.02, f"{value:.2f}", ha="center", va="bottom", fontsize=MIN_FONT)
-            ax.axhline(1.0 / shape[0], color="black", ls=":", lw=1.0)
-            labels = {"linear": "elu + 1", "flow": "Flow", "mobile": "Mobile"}
-            ax.set_xticks(range(len(names)), [labels.get(m, m) for m in names])
-            ax.set_ylim(0.0, 1.12)
-            ax.set_title(f"{shape[0]} keys, D = {shape[1]} (uniform: {1 / shape[0]:.2f})")
-            ax.grid(True, axis="y", alpha=0.3)
-        axes[0][0].set_ylabel("weight on the right key")
-        fig.legend(list(handles.values()), list(handles), loc="upper center", ncol=2, frameon=False,
-                   bbox_to_anchor=(0.5, 1.0))  # fmt: skip
-    plt.close(fig)  # shown once, by the cell's result (not again by the inline backend)
+    """Rescaling against training on chapter 2's retrieval toy: per toy shape (a ``LookupShareDemo`` of ``live``,
+    matched by shape in the ``recorded`` demos) and mechanism, the weight on the right key at the best rescaling
+    of q and k, and after training W_q, W_k live and recorded; dotted: a uniform average."""
+    check_sequence(live, "live", name="lookup_share_figure", minimum=1, item="demo")
+    by_shape = {(field(d, "n_tokens"), field(d, "dim")): d for d in (recorded or [])}
+    fig, axes = plt.subplots(1, len(live), figsize=(PAGE_WIDTH, 3.7), squeeze=False)
+    fig.subplots_adjust(left=0.09, right=0.98, bottom=0.14, top=0.74, wspace=0.25)
+    handles, width = {}, 0.26
+    for ax, demo in zip(axes[0], live, strict=True):
+        shape = (field(demo, "n_tokens"), field(demo, "dim"))
+        runs = [(demo, "live", 0.65)] + ([(by_shape[shape], "recorded", 1.0)] if shape in by_shape else [])
+        names = list(field(demo, "rescaled"))
+        for i, m in enumerate(names):
+            kinds = [("best rescaling", max(field(demo, "rescaled")[m]), 0.35)]
+            kinds += [(f"trained, {field(r, 'steps')} steps ({k})", field(r, "trained")[m], a) for r, k, a in runs]
+            for j, (kind, value, alpha) in enumerate(kinds):
+                x = i + (j - (len(kinds) - 1) / 2) * width
+                bar = ax.bar(x, value, width * 0.92, color=colour(m), alpha=alpha, edgecolor="black", lw=0.4)
+                handles.setdefault(kind, bar)
+                ax.text(x, value + 0.02, f"{value:.2f}", ha="center", va="bottom", fontsize=MIN_FONT)
+        ax.axhline(1.0 / shape[0], color="black", ls=":", lw=1.0)
+        ax.set_xticks(range(len(names)), [_TICK_LABELS.get(m, m) for m in names])
+        ax.set_ylim(0.0, 1.12)
+        ax.set_title(f"{shape[0]} keys, D = {shape[1]} (uniform: {1 / shape[0]:.2f})")
+        ax.grid(True, axis="y", alpha=0.3)
+    axes[0][0].set_ylabel("weight on the right key")
+    fig.legend(list(handles.values()), list(handles), ncol=2, **ON_TOP)
     return fig
 
 
+@page_figure
 def clamp_figure(samples: dict, *, clamp: float = 1.0):
-    """Histograms of the conserved outgoing flow before the clamp (log scale), one per setting, with the clamp.
-
-    Args:
-        samples: label -> the values of Ô (any shape), e.g. ``"N = M = 256"``.
-        clamp: the clamp's upper bound (dashed): everything to its right is cut to it.
-    """
-    where = "clamp_figure"
-    check_sequence(samples, "samples", name=where, mapping=True, minimum=1, item="setting")
-    values = {str(k): _np(v).ravel() for k, v in samples.items()}
+    """Histograms of the conserved outgoing flow Ô before the clamp (``samples``: label -> values, any shape),
+    log scale, and the ``clamp`` (dashed) that cuts everything to its right."""
+    check_sequence(samples, "samples", name="clamp_figure", mapping=True, minimum=1, item="setting")
+    values = {str(k): to_numpy(v).ravel() for k, v in samples.items()}
     low = min(float(v.min()) for v in values.values())
     high = max(float(v.max()) for v in values.values())
     edges = np.geomspace(max(low, 1e-3) * 0.9, high * 1.1, 60)
-    with book_style():
-        fig, ax = plt.subplots(figsize=(PAGE_WIDTH, 3.4))
-        fig.subplots_adjust(left=0.1, right=0.97, bottom=0.16, top=0.8)
-        for i, (label, v) in enumerate(values.items()):
-            cut = float((v > clamp).mean())
-            ax.hist(v, bins=edges, histtype="step", lw=1.6, color=_NEUTRALS[i % len(_NEUTRALS)],
-                    weights=np.full(v.shape, 1.0 / v.size), label=f"{label}: {cut:.0%} cut")  # fmt: skip
-        ax.axvline(clamp, color="black", ls="--", lw=1.0, label=f"clamp at {clamp:g}")
-        ax.set_xscale("log")
-        ticks = [t for t in (0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 20, 50) if edges[0] <= t <= edges[-1]]
-        ax.set_xticks(ticks, [f"{t:g}" for t in ticks])
-        ax.xaxis.set_minor_formatter(NullFormatter())
-        ax.set_xlabel("conserved outgoing flow Ô of a source, before the clamp")
-        ax.set_ylabel("share of sources")
-        ax.grid(True, alpha=0.3)
-        _legend_above(ax, ncol=2, handlelength=1.6)
-    plt.close(fig)  # shown once, by the cell's result (not again by the inline backend)
+    fig, ax = plt.subplots(figsize=(PAGE_WIDTH, 3.4))
+    fig.subplots_adjust(left=0.1, right=0.97, bottom=0.16, top=0.8)
+    for i, (label, v) in enumerate(values.items()):
+        share = np.full(v.shape, 1.0 / v.size)
+        label = f"{label}: {float((v > clamp).mean()):.0%} cut"
+        ax.hist(v, bins=edges, histtype="step", lw=1.6, color=_NEUTRALS[i % len(_NEUTRALS)], weights=share, label=label)
+    ax.axvline(clamp, color="black", ls="--", lw=1.0, label=f"clamp at {clamp:g}")
+    ax.set_xscale("log")
+    ticks = [t for t in (0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 20, 50) if edges[0] <= t <= edges[-1]]
+    ax.set_xticks(ticks, [f"{t:g}" for t in ticks])
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.set(xlabel="conserved outgoing flow Ô of a source, before the clamp", ylabel="share of sources")
+    ax.grid(True, alpha=0.3)
+    ax.legend(**ABOVE, ncol=2, handlelength=1.6)
     return fig
 
 
+@page_figure
 def accuracy_figure(
-    rows: Sequence,
-    *,
-    chance: float | None = None,
-    majority: float | None = None,
-    xlabel: str = "held-out accuracy",
+    rows: Sequence, *, chance: float | None = None, majority: float | None = None, xlabel: str = "held-out accuracy"
 ):
-    """Horizontal bars of accuracy per variant: the live run (light) and the recording (full), each with the
-    range over its seeds, and dotted lines at chance and at the majority class.
-
-    Args:
-        rows: ``(label, mechanism, live_span, recorded_span)`` per variant; a span is ``(mean, low, high)`` or
-            None; ``mechanism`` gives the colour.
-        chance, majority: where to draw the reference lines.
-    """
-    where = "accuracy_figure"
-    check_sequence(rows, "rows", name=where, minimum=1, item="row")
-    with book_style():
-        fig, ax = plt.subplots(figsize=(PAGE_WIDTH, 1.3 + 0.5 * len(rows)))
-        fig.subplots_adjust(left=0.36, right=0.97, bottom=0.3 if len(rows) < 5 else 0.16, top=0.85)
-        handles = {}
-        for i, (_label, mechanism, live, recorded) in enumerate(rows):
-            y = len(rows) - 1 - i
-            for offset, span, alpha, kind in ((0.18, live, 0.4, "live run"), (-0.18, recorded, 1.0, "recorded")):
-                if span is None:
-                    continue
+    """Horizontal bars of accuracy per variant, ``rows`` of ``(label, mechanism, live_span, recorded_span)``
+    (a span: ``(mean, low, high)`` or None): the live run light, the recording full, in the mechanism's colour,
+    with the range over the seeds, and lines at ``chance`` and at the ``majority`` class."""
+    check_sequence(rows, "rows", name="accuracy_figure", minimum=1, item="row")
+    fig, ax = plt.subplots(figsize=(PAGE_WIDTH, 1.3 + 0.5 * len(rows)))
+    fig.subplots_adjust(left=0.36, right=0.97, bottom=0.3 if len(rows) < 5 else 0.16, top=0.85)
+    handles = {}
+    for i, (_label, mechanism, live, recorded) in enumerate(rows):
+        y = len(rows) - 1 - i
+        for offset, span, alpha, kind in ((0.18, live, 0.4, "live run"), (-0.18, recorded, 1.0, "recorded")):
+            if span is not None:
                 mean, lo, hi = span
                 bar = ax.barh(y + offset, mean, 0.34, color=colour(mechanism), alpha=alpha, edgecolor="black", lw=0.4)
                 ax.errorbar(mean, y + offset, xerr=[[mean - lo], [hi - mean]], color="black", lw=1.0, capsize=2)
                 handles.setdefault(kind, bar)
-        for value, style_, name in ((chance, ":", "chance"), (majority, (0, (4, 2)), "majority class")):
-            if value is not None:
-                handles[f"{name} {value:.2f}"] = ax.axvline(value, color="black", ls=style_, lw=1.0)
-        ax.set_yticks(range(len(rows)), [r[0] for r in reversed(rows)])
-        ax.set_xlabel(xlabel)
-        ax.set_xlim(0.0, 1.0)
-        ax.grid(True, axis="x", alpha=0.3)
-        _legend_above(ax, ncol=2, handlelength=1.6, handles=list(handles.values()), labels=list(handles))
-    plt.close(fig)  # shown once, by the cell's result (not again by the inline backend)
+    for value, style_, name in ((chance, ":", "chance"), (majority, (0, (4, 2)), "majority class")):
+        if value is not None:
+            handles[f"{name} {value:.2f}"] = ax.axvline(value, color="black", ls=style_, lw=1.0)
+    ax.set_yticks(range(len(rows)), [r[0] for r in reversed(rows)])
+    ax.set(xlabel=xlabel, xlim=(0.0, 1.0))
+    ax.grid(True, axis="x", alpha=0.3)
+    ax.legend(**ABOVE, ncol=2, handlelength=1.6, handles=list(handles.values()), labels=list(handles))
     return fig

@@ -1,14 +1,12 @@
-"""Figures for chapter 2 (linear attention): attention maps side by side, and random-feature error curves.
-
-Pure functions (:func:`row_entropy`, :func:`relative_error`) are tested; the ``*_figure`` / ``*_plot``
-functions draw them with matplotlib, and :func:`temperature_explorer` is the chapter's live explorer of the
-inverse temperature beta.
-"""
+"""Chapter 2 (linear attention): a retrieval toy, how selective attention maps are, attention maps side by side,
+random-feature error curves and :func:`temperature_explorer`, the live explorer of the inverse temperature."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 
+import ipywidgets as widgets
 import matplotlib.pyplot as plt
 import torch
 
@@ -24,18 +22,12 @@ from .._checks import (
     check_square,
     check_tensor,
 )
-from .plots import attention_heatmap, scaling_plot
-from .style import PAGE_WIDTH, shared_scale
+from .plots import attention_heatmap, scaling_plot, to_numpy
+from .static import figure_to_png
+from .style import DPI, PAGE_WIDTH, shared_scale
 
-__all__ = [
-    "retrieval_toy",
-    "selectivity",
-    "row_entropy",
-    "relative_error",
-    "attention_maps_figure",
-    "feature_error_plot",
-    "temperature_explorer",
-]
+__all__ = ["retrieval_toy", "selectivity", "row_entropy", "relative_error", "attention_maps_figure"]
+__all__ += ["feature_error_plot", "temperature_explorer"]
 
 
 def retrieval_toy(
@@ -43,13 +35,9 @@ def retrieval_toy(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """A toy retrieval task: query i is a noisy copy of key i, so the right attention map is the diagonal.
 
-    Keys and values are standard normal; ``q_i = k_i + noise * e_i``. Queries and keys are then rescaled to
-    length ``dim ** 0.25``, so that ``q_i . k_j / sqrt(D)`` is their cosine similarity: multiplying both by
-    ``sqrt(s)`` multiplies the softmax scores by ``s`` (an inverse temperature). The same seed gives the same
-    numbers on every device (drawn on the CPU).
-
-    Returns:
-        q, k, v, each of shape (1, 1, n_tokens, dim) on the CPU in ``dtype``.
+    Keys and values are standard normal, ``q_i = k_i + noise * e_i``; queries and keys are rescaled to length
+    ``dim ** 0.25``, so that ``q_i . k_j / sqrt(D)`` is their cosine similarity and scaling both by ``sqrt(s)``
+    scales the softmax scores by ``s``. Returns q, k, v, each (1, 1, n_tokens, dim), drawn on the CPU.
     """
     n_tokens = check_int(n_tokens, "n_tokens", name="retrieval_toy", minimum=1)
     dim = check_int(dim, "dim", name="retrieval_toy", minimum=1)
@@ -64,21 +52,15 @@ def retrieval_toy(
 
 
 def selectivity(weights: torch.Tensor) -> tuple[float, float]:
-    """(mean row entropy, mean weight on the diagonal) of square attention weights (..., N, N).
-
-    For :func:`retrieval_toy` the diagonal is the right key: a perfect look-up has entropy 0 and diagonal 1,
-    a uniform map entropy log N and diagonal 1/N.
-    """
+    """(mean row entropy, mean weight on the diagonal) of square attention weights (..., N, N): for
+    :func:`retrieval_toy`, (0, 1) for a perfect look-up, (log N, 1/N) for a uniform map."""
     check_square(weights, "weights", name="selectivity")
     return row_entropy(weights).mean().item(), weights.diagonal(dim1=-2, dim2=-1).mean().item()
 
 
 def row_entropy(weights: torch.Tensor) -> torch.Tensor:
-    """Entropy -sum_j w_ij log w_ij of each row of non-negative weights (..., N, M) -> (..., N), in nats.
-
-    0 log 0 counts as 0. A one-hot row has entropy 0, a uniform row over M keys log M: the lower, the more
-    selective the attention. Rows are used as given (normalise them first).
-    """
+    """Entropy -sum_j w_ij log w_ij (0 log 0 = 0) of each row of non-negative weights (..., N, M) -> (..., N),
+    in nats: 0 for a one-hot row, log M for a uniform one. Rows are used as given (normalise them first)."""
     check_tensor(weights, "weights", name="row_entropy", floating=False)
     check_dims(weights, "weights", 1, name="row_entropy", layout="(..., N, M)", at_least=True)
     w = weights.to(torch.promote_types(weights.dtype, torch.float32))
@@ -94,8 +76,7 @@ def relative_error(approx: torch.Tensor, exact: torch.Tensor) -> torch.Tensor:
     check_same_shape(approx, exact, "approx", "exact", name="relative_error")
     check_nonzero(exact, "exact", name="relative_error", why=" (the relative error would be undefined)")
     a, e = approx.to(torch.float64), exact.to(torch.float64)
-    norm = e.norm()
-    return (a - e).norm() / norm
+    return (a - e).norm() / e.norm()
 
 
 def attention_maps_figure(
@@ -110,11 +91,9 @@ def attention_maps_figure(
 ):
     """One heat map per entry of ``maps`` (title -> (N, M) weights), in a grid of panels; returns the Figure.
 
-    The figure is drawn for the book's page (``width``, default :data:`attnbook.viz.style.PAGE_WIDTH`
-    inches): at most ``ncols`` panels per row (default 2, the book's limit), further panels wrap onto the
-    next row instead of shrinking. ``shared=True`` puts every map on one colour scale, 0 to the largest
-    weight of all maps (:func:`attnbook.viz.shared_scale`), with one colour bar, so that the panels can be
-    compared; otherwise each panel has its own scale and bar. ``panel_width`` (inches per panel) overrides ``width``.
+    The figure is ``width`` inches wide (default :data:`attnbook.viz.style.PAGE_WIDTH`, or ``panel_width`` per
+    panel) with at most ``ncols`` panels per row (default 2), further panels wrapping onto the next row.
+    ``shared=True`` puts every map on one colour scale from 0 with one colour bar, so that they can be compared.
     ``labels`` names the tokens (tick labels on both axes, for square maps of self-attention).
     """
     check_count(maps, "maps", name="attention_maps_figure", item="map")
@@ -124,20 +103,15 @@ def attention_maps_figure(
     nrows = -(-n // ncols)
     if panel_width is not None:
         width = check_number(panel_width, "panel_width", name="attention_maps_figure", minimum=0.5) * ncols
-    elif width is None:
-        width = PAGE_WIDTH
     else:
-        width = check_number(width, "width", name="attention_maps_figure", minimum=1.0)
+        width = PAGE_WIDTH if width is None else check_number(width, "width", name="attention_maps_figure", minimum=1.0)
     panel = width / ncols
     height = nrows * (0.9 * panel + 0.35) + (0.35 if suptitle else 0.0)
     fig, axes = plt.subplots(nrows, ncols, figsize=(width, height), squeeze=False)
-    scale = shared_scale(*[_as_numpy(w) for w in maps.values()]) if shared else {}
-    used = []
-    for ax, (title, weights) in zip(axes.flat, maps.items(), strict=False):
-        attention_heatmap(
-            weights, ax=ax, title=title, vmax=scale.get("vmax"), colorbar=not shared, queries=labels, keys=labels
-        )
-        used.append(ax)
+    vmax = shared_scale(*[to_numpy(w) for w in maps.values()])["vmax"] if shared else None
+    used = list(axes.flat)[:n]
+    for ax, (title, weights) in zip(used, maps.items(), strict=True):
+        attention_heatmap(weights, ax=ax, title=title, vmax=vmax, colorbar=not shared, queries=labels, keys=labels)
     for ax in list(axes.flat)[n:]:
         ax.remove()
     if suptitle:
@@ -154,12 +128,6 @@ def attention_maps_figure(
     return fig
 
 
-def _as_numpy(w):
-    if isinstance(w, torch.Tensor):
-        return w.detach().to("cpu", torch.float64).numpy()
-    return w
-
-
 def feature_error_plot(
     num_features: Sequence[int],
     errors: Mapping[str, Sequence[float]],
@@ -169,27 +137,15 @@ def feature_error_plot(
     ylabel: str = "relative error",
     styles: Mapping[str, dict] | None = None,
 ):
-    """Log-log plot of an approximation error against the number of random features R; returns the Axes.
-
-    A guide line proportional to R^(-1/2) (the Monte Carlo rate) goes through the first point of the first
-    series. ``styles``: ``plot`` keyword arguments per series, as in :func:`attnbook.viz.scaling_plot`.
-    """
+    """Log-log plot of an approximation error against the number of random features R, with a guide at the Monte
+    Carlo rate R^(-1/2) (``styles`` as in :func:`attnbook.viz.scaling_plot`); returns the Axes."""
     check_count(errors, "errors", name="feature_error_plot", item="series")
     n = len(num_features)
     for name, ys in errors.items():
         why = " (one per feature count R)"
         check_count(ys, f"errors[{name!r}]", name="feature_error_plot", minimum=n, maximum=n, item="value", why=why)
-    return scaling_plot(
-        num_features,
-        errors,
-        ylabel=ylabel,
-        ax=ax,
-        title=title,
-        reference_slopes=[-0.5],
-        xlabel="number of random features R",
-        variable="R",
-        styles=styles,
-    )
+    guide = dict(reference_slopes=[-0.5], xlabel="number of random features R", variable="R")
+    return scaling_plot(num_features, errors, ylabel=ylabel, ax=ax, title=title, styles=styles, **guide)
 
 
 def temperature_explorer(
@@ -199,39 +155,18 @@ def temperature_explorer(
     lowest: float = 0.5,
     highest: float = 128.0,
 ):
-    """A live explorer of attention maps against the inverse temperature beta (needs a running kernel).
-
-    ``maps_at(beta)`` gives the maps to show (title -> (N, M) weights), for example the softmax and
-    elu + 1 weights of :func:`retrieval_toy` with q and k scaled by sqrt(beta); they are drawn by
-    :func:`attention_maps_figure` on one colour scale. The slider, labelled "β", moves beta from ``lowest`` to
-    ``highest`` in steps of a factor sqrt(2), starting at ``value``. The figure goes into an
-    ``ipywidgets.Image`` as PNG bytes, which every supported front-end shows (an ``Output`` widget stays empty
-    in the classic notebook with ipywidgets 7.7.1). The static page shows a frame slider instead.
-
-    Returns:
-        an ``ipywidgets.VBox`` holding the slider and the image.
-    """
-    import math
-
-    import ipywidgets as widgets
-
-    from .static import figure_to_png
-    from .style import DPI
-
+    """A live explorer of attention maps against the inverse temperature beta: ``maps_at(beta)`` gives the maps
+    (title -> (N, M) weights), drawn by :func:`attention_maps_figure` on one colour scale into an ``Image``;
+    the slider "β" moves beta from ``lowest`` to ``highest`` by factors of sqrt(2), starting at ``value``.
+    Returns an ``ipywidgets.VBox`` of the slider and the image."""
     name = "temperature_explorer"
     check_callable(maps_at, "maps_at", name=name, what="a callable beta -> {title: weights}")
     lowest = check_number(lowest, "lowest", name=name, minimum=0.0, strict_minimum=True)
     highest = check_number(highest, "highest", name=name, minimum=lowest, strict_minimum=True, why=" (lowest)")
     value = check_number(value, "value", name=name, minimum=lowest, maximum=highest)
-    slider = widgets.FloatLogSlider(
-        value=value,
-        base=2,
-        min=math.log2(lowest),
-        max=math.log2(highest),
-        step=0.5,
-        description="β",
-        continuous_update=False,
-    )
+    lo, hi = math.log2(lowest), math.log2(highest)
+    slider = widgets.FloatLogSlider(value=value, base=2, min=lo, max=hi, step=0.5, description="β")
+    slider.continuous_update = False
     image = widgets.Image(format="png")
 
     def draw(beta: float) -> None:

@@ -1,32 +1,19 @@
 """Chapter 4's figures (Mobile-Attention, heads that compete): what small heads can say, and what head
-competition changes.
-
-Each takes plain numbers (tensors, arrays, (mean, low, high) spans), so that the chapter computes what it shows
-in a visible cell and hands the drawing to one call. Every figure is PAGE_WIDTH wide and its text at least
-MIN_FONT points, and is closed from pyplot before it is returned: a notebook shows it once, as the cell's
-result (an open figure would also be flushed by the inline backend on a page's first figure, a second copy).
-"""
+competition changes. Each takes plain numbers, so that the chapter computes what it shows in a visible cell."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import matplotlib.pyplot as plt
-import numpy as np
 import torch
 
 from .. import mechanisms as _mechanisms
 from .._checks import check_int, check_sequence
-from .style import PAGE_WIDTH, book_style, colour
+from .plots import ON_TOP, RIGHT, page_figure, to_numpy, wrapped_panels
+from .style import PAGE_WIDTH, colour
 
 __all__ = ["head_outputs_figure", "output_sizes", "output_growth_figure", "head_width_figure"]
-
-
-def _np(x) -> np.ndarray:
-    if isinstance(x, torch.Tensor):
-        return x.detach().to("cpu", torch.float64).numpy()
-    return np.asarray(x, dtype=np.float64)
 
 
 def output_sizes(
@@ -72,48 +59,37 @@ def output_sizes(
     return sizes
 
 
+@page_figure
 def head_outputs_figure(
     outputs: dict, *, mechanism: str | dict, anchors: dict | None = None, ranks: dict | None = None
 ):
-    """Every query's output of heads of width 2, as points in the plane of the two value coordinates.
-
-    Args:
-        outputs: panel title -> an (N, 2) tensor of one head's outputs; two panels per row.
-        mechanism: whose colour the points get: one mechanism for every panel, or panel title -> mechanism.
-        anchors: panel title -> (2, 2): the head's two fixed vectors (linear attention's mixtures lie on the
-            segment between them), drawn as crosses joined by a line.
-        ranks: panel title -> the effective rank of the centred points, printed in the panel's title.
-    """
+    """Every query's output of a head of width 2 (``outputs``: title -> (N, 2)), as points in the plane, in the
+    colour of ``mechanism`` (one, or title -> mechanism); ``anchors`` (title -> (2, 2)): the head's two fixed
+    vectors, between which linear attention's mixtures lie; ``ranks``: the effective rank, in the title."""
     where = "head_outputs_figure"
     check_sequence(outputs, "outputs", name=where, mapping=True, minimum=1, item="head")
-    cols = 1 if len(outputs) == 1 else 2
-    rows = math.ceil(len(outputs) / cols)
-    with book_style():
-        fig, axes = plt.subplots(rows, cols, figsize=(PAGE_WIDTH, 0.6 + 3.0 * rows), squeeze=False)
-        fig.subplots_adjust(left=0.12, right=0.97, bottom=0.12 if rows == 1 else 0.07, top=0.76 if rows == 1 else 0.88,
-                            wspace=0.35, hspace=0.55)  # fmt: skip
-        for ax, (name, points) in zip(axes.flat, outputs.items(), strict=False):
-            p = _np(points)
-            check_int(p.shape[-1], f"outputs[{name!r}].shape[-1]", name=where, minimum=2, maximum=2)
-            m = mechanism if isinstance(mechanism, str) else mechanism[name]
-            ax.scatter(p[:, 0], p[:, 1], s=10, color=colour(m), alpha=0.7, label="one query's output")
-            if anchors is not None and name in anchors:
-                a = _np(anchors[name])
-                ax.plot(a[:, 0], a[:, 1], color="black", lw=0.8, marker="x", ms=7, label="the two fixed vectors")
-            rank = "" if ranks is None or name not in ranks else f"\neffective rank {float(ranks[name]):.2f}"
-            ax.set_title(f"{name}{rank}")
-            ax.set_xlabel("output coordinate 1")
-            ax.set_ylabel("coordinate 2")
-            ax.ticklabel_format(style="sci", scilimits=(-2, 3))
-            ax.grid(True, alpha=0.3)
-        for ax in list(axes.flat)[len(outputs) :]:
-            ax.set_visible(False)
-        handles, labels = axes[0][0].get_legend_handles_labels()
-        fig.legend(handles, labels, loc="upper center", ncol=2, frameon=False, bbox_to_anchor=(0.5, 1.0))
-    plt.close(fig)  # shown once, as the cell's result (see the module docstring)
+    fig, axes = wrapped_panels(len(outputs), 3.0, extra=0.6)
+    one_row = len(axes) == 1
+    fig.subplots_adjust(left=0.12, right=0.97, bottom=0.12 if one_row else 0.07, top=0.76 if one_row else 0.88,
+                        wspace=0.35, hspace=0.55)  # fmt: skip
+    for ax, (name, points) in zip(axes.flat, outputs.items(), strict=False):
+        p = to_numpy(points)
+        check_int(p.shape[-1], f"outputs[{name!r}].shape[-1]", name=where, minimum=2, maximum=2)
+        m = mechanism if isinstance(mechanism, str) else mechanism[name]
+        ax.scatter(p[:, 0], p[:, 1], s=10, color=colour(m), alpha=0.7, label="one query's output")
+        if anchors is not None and name in anchors:
+            a = to_numpy(anchors[name])
+            ax.plot(a[:, 0], a[:, 1], color="black", lw=0.8, marker="x", ms=7, label="the two fixed vectors")
+        rank = "" if ranks is None or name not in ranks else f"\neffective rank {float(ranks[name]):.2f}"
+        ax.set(title=f"{name}{rank}", xlabel="output coordinate 1", ylabel="coordinate 2")
+        ax.ticklabel_format(style="sci", scilimits=(-2, 3))
+        ax.grid(True, alpha=0.3)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, ncol=2, **ON_TOP)
     return fig
 
 
+@page_figure
 def output_growth_figure(
     lengths: Sequence[int],
     sizes: dict,
@@ -121,75 +97,61 @@ def output_growth_figure(
     reference: Sequence[float] | None = None,
     reference_label: str = "grows like N",
 ):
-    """How large an attention layer's output is against the sequence length N, per mechanism (log-log).
-
-    Args:
-        lengths: the sequence lengths N.
-        sizes: mechanism -> the output's size at each length (for example the RMS of the layer's output over
-            the RMS of its input).
-        reference: a guide line (dotted), e.g. proportional to N, labelled ``reference_label``.
-    """
+    """How large an attention layer's output is (``sizes``: mechanism -> e.g. output RMS over input RMS at each
+    length) against the sequence length N, log-log, with a dotted guide ``reference`` (e.g. proportional to N)."""
     where = "output_growth_figure"
     check_sequence(lengths, "lengths", name=where, minimum=2, item="length")
     check_sequence(sizes, "sizes", name=where, mapping=True, minimum=1, item="mechanism")
-    with book_style():
-        fig, ax = plt.subplots(figsize=(PAGE_WIDTH, 3.4))
-        fig.subplots_adjust(left=0.1, right=0.72, bottom=0.16, top=0.95)
-        for m, values in sizes.items():
-            ax.plot(lengths, _np(values), marker="o", lw=1.6, color=colour(m), label=m)
-        if reference is not None:
-            ax.plot(lengths, _np(reference), color="black", ls=":", lw=1.0, label=reference_label)
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_xticks(list(lengths), [str(n) for n in lengths])
-        ax.set_xlabel("sequence length N")
-        ax.set_ylabel("output size / input size")
-        ax.grid(True, alpha=0.3, which="both")
-        ax.legend(loc="center left", bbox_to_anchor=(1.02, 0.5), frameon=False)
-    plt.close(fig)  # shown once, as the cell's result (see the module docstring)
+    fig, ax = plt.subplots(figsize=(PAGE_WIDTH, 3.4))
+    fig.subplots_adjust(left=0.1, right=0.72, bottom=0.16, top=0.95)
+    for m, values in sizes.items():
+        ax.plot(lengths, to_numpy(values), marker="o", lw=1.6, color=colour(m), label=m)
+    if reference is not None:
+        ax.plot(lengths, to_numpy(reference), color="black", ls=":", lw=1.0, label=reference_label)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xticks(list(lengths), [str(n) for n in lengths])
+    ax.set(xlabel="sequence length N", ylabel="output size / input size")
+    ax.grid(True, alpha=0.3, which="both")
+    ax.legend(**RIGHT)
     return fig
 
 
+@page_figure
 def head_width_figure(live: dict, recorded: dict | None = None, *, chance: float | None = None):
-    """Accuracy and the heads' effective rank against the head width D, per mechanism: the live run (hollow
-    markers, thin) and the recording (filled, thick), each with the range over its seeds.
-
-    Args:
-        live, recorded: ``[mechanism][D] -> {"accuracy": span, "rank": span}``, as
-            :func:`attnbook.lab.claims.head_width_spans` gives them (``recorded`` None: live only).
-        chance: the accuracy of a guess (dotted).
-    """
+    """Accuracy and the heads' effective rank against the head width D, per mechanism, with the range over the
+    seeds: ``live`` hollow and thin, ``recorded`` (or None) filled and thick, each ``[mechanism][D] ->
+    {"accuracy": span, "rank": span}`` (:func:`attnbook.lab.claims.head_width_spans`); ``chance`` dotted."""
     where = "head_width_figure"
     check_sequence(live, "live", name=where, mapping=True, minimum=1, item="mechanism")
-    with book_style():
-        fig, (ax_acc, ax_rank) = plt.subplots(1, 2, figsize=(PAGE_WIDTH, 3.6))
-        fig.subplots_adjust(left=0.09, right=0.98, bottom=0.15, top=0.76, wspace=0.3)
-        sources = [(live, "live", "white", 1.0)] + ([(recorded, "recorded", None, 2.0)] if recorded else [])
-        widths: set[int] = set()
-        for spans, kind, face, lw in sources:
-            for m, per_width in spans.items():
-                ds = sorted(per_width)
-                widths.update(ds)
-                for ax, key in ((ax_acc, "accuracy"), (ax_rank, "rank")):
-                    mean = [per_width[d][key][0] for d in ds]
-                    err = [[per_width[d][key][0] - per_width[d][key][1] for d in ds],
-                           [per_width[d][key][2] - per_width[d][key][0] for d in ds]]  # fmt: skip
-                    ax.errorbar(ds, mean, yerr=err, color=colour(m), marker="o", mfc=face or colour(m), lw=lw,
-                                capsize=2, label=f"{m}, {kind}")  # fmt: skip
-        ds = sorted(widths)
-        ax_rank.plot(ds, [d - 1 for d in ds], color="#777777", ls=":", lw=1.0, label="D - 1: linear's limit")
-        if chance is not None:
-            ax_acc.axhline(chance, color="black", ls=":", lw=1.0, label=f"chance {chance:.3f}")
-        for ax, label in ((ax_acc, "recall accuracy"), (ax_rank, "effective rank of a head")):
-            ax.set_xscale("log", base=2)
-            ax.set_xticks(ds, [str(d) for d in ds])
-            ax.set_xlabel("head width D (H = C / D heads)")
-            ax.set_ylabel(label)
-            ax.grid(True, alpha=0.3)
-        ax_acc.set_ylim(0.0, 1.05)
-        handles, labels = ax_acc.get_legend_handles_labels()
-        limit = [(h, s) for h, s in zip(*ax_rank.get_legend_handles_labels(), strict=True) if s.startswith("D - 1")]
-        handles, labels = handles + [h for h, _ in limit], labels + [s for _, s in limit]
-        fig.legend(handles, labels, loc="upper center", ncol=3, frameon=False, bbox_to_anchor=(0.5, 1.0))
-    plt.close(fig)  # shown once, as the cell's result (see the module docstring)
+    fig, (ax_acc, ax_rank) = plt.subplots(1, 2, figsize=(PAGE_WIDTH, 3.6))
+    fig.subplots_adjust(left=0.09, right=0.98, bottom=0.15, top=0.76, wspace=0.3)
+    sources = [(live, "live", "white", 1.0)] + ([(recorded, "recorded", None, 2.0)] if recorded else [])
+    widths: set[int] = set()
+    for spans, kind, face, lw in sources:
+        for m, per_width in spans.items():
+            ds = sorted(per_width)
+            widths.update(ds)
+            for ax, key in ((ax_acc, "accuracy"), (ax_rank, "rank")):
+                mean, low, high = ([per_width[d][key][i] for d in ds] for i in range(3))
+                err = [
+                    [a - b for a, b in zip(mean, low, strict=True)],
+                    [b - a for a, b in zip(mean, high, strict=True)],
+                ]
+                ax.errorbar(ds, mean, yerr=err, color=colour(m), marker="o", mfc=face or colour(m), lw=lw, capsize=2,
+                            label=f"{m}, {kind}")  # fmt: skip
+    ds = sorted(widths)
+    ax_rank.plot(ds, [d - 1 for d in ds], color="#777777", ls=":", lw=1.0, label="D - 1: linear's limit")
+    if chance is not None:
+        ax_acc.axhline(chance, color="black", ls=":", lw=1.0, label=f"chance {chance:.3f}")
+    for ax, label in ((ax_acc, "recall accuracy"), (ax_rank, "effective rank of a head")):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(ds, [str(d) for d in ds])
+        ax.set(xlabel="head width D (H = C / D heads)", ylabel=label)
+        ax.grid(True, alpha=0.3)
+    ax_acc.set_ylim(0.0, 1.05)
+    handles, labels = ax_acc.get_legend_handles_labels()
+    limit = [(h, s) for h, s in zip(*ax_rank.get_legend_handles_labels(), strict=True) if s.startswith("D - 1")]
+    handles, labels = handles + [h for h, _ in limit], labels + [s for _, s in limit]
+    fig.legend(handles, labels, ncol=3, **ON_TOP)
     return fig

@@ -1,24 +1,12 @@
-"""The head-routing explorer for chapter 5 (mixture-of-head attention, MoH).
+"""The head-routing explorer for chapter 5: mixture-of-head attention (MoH; Jin et al., "MoH: Multi-Head
+Attention as Mixture-of-Head Attention", arXiv 2410.11842).
 
-Jin et al., "MoH: Multi-Head Attention as Mixture-of-Head Attention", arXiv 2410.11842.
-
-A small :class:`attnbook.MoHAttention` routes a batch of tokens to its heads. The pure compute functions
-(tested) build that module and read the routing straight from its forward pass
-(``forward(x, return_routing=True)``); the views draw it:
-
-- :func:`compute_routing` -- the gates (token x head), the heads each token activates, the load of every
-  routed head against the balanced target, and the load-balancing loss, as a :class:`RoutingState`;
-- :func:`train_router` -- a few optimiser steps on the router alone, with the load-balancing loss, returning
-  the loss and the loads after every step (a :class:`RouterTraining`), so the load can be seen evening out;
-- :func:`plot_routing` -- one matplotlib ``Figure`` of a state (and, optionally, of its training so far);
-- :func:`routing_explorer` -- the live ipywidgets explorer (core widgets only: ipywidgets 7.7 and 8);
-- :func:`default_figure` and :func:`training_frames` -- the static figure and the pre-rendered frames the
-  website shows in place of the live widget;
-- :func:`fraction_curve` and :func:`fraction_figure` -- quality against the fraction of heads each token
-  activates (the MoH paper's claim), from a live :func:`attnbook.lab.claims.moh_study` or its recording.
-
-The tokens are Gaussian around a shared mean direction (``offset``), as real token embeddings tend to be:
-the shared component gives a freshly initialised router a preference for a few heads, which is the
+A small :class:`attnbook.MoHAttention` routes a batch of tokens to its heads. :func:`compute_routing` reads the
+routing from its forward pass (``return_routing=True``) and :func:`train_router` trains the router alone with
+the load-balancing loss; :func:`plot_routing` draws a routing, :func:`routing_explorer` explores it live and
+:func:`training_frames` shows it on the website. :func:`fraction_figure` draws quality against the fraction
+of heads each token activates (the MoH paper's claim). The tokens are Gaussian around a shared mean direction
+(``offset``), as real token embeddings tend to be: it gives a fresh router a preference for a few heads, the
 imbalance the load-balancing loss exists to remove.
 """
 
@@ -48,62 +36,38 @@ from .._checks import (
     check_tensor,
 )
 from ..moh import MoHAttention
-from .static import enable_slider_keys, figure_to_png, set_slider_range
+from .static import Explorer, figure_to_png, slider, status_html
 from .style import DPI, PAGE_WIDTH, book_style, colour
 
-__all__ = [
-    "RoutingState",
-    "RouterTraining",
-    "compute_routing",
-    "load_imbalance",
-    "train_router",
-    "plot_routing",
-    "default_figure",
-    "training_frames",
-    "routing_explorer",
-    "RoutingExplorer",
-    "fraction_curve",
-    "fraction_figure",
-]
+__all__ = ["RoutingState", "RouterTraining", "compute_routing", "load_imbalance", "train_router", "plot_routing"]
+__all__ += ["default_figure", "training_frames", "routing_explorer", "RoutingExplorer", "fraction_curve"]
+__all__ += ["fraction_figure"]
 
 _ROUTER_LAYERS = ("wg", "wg_0", "wg_1")  # MoH's router: routed heads, shared-vs-routed split, shared heads
+_SETTINGS = ("n_heads", "shared", "top_k", "temperature", "seed")  # of a RoutingState, as compute_routing takes them
+_RECORDED = ("losses", "loads", "imbalances")  # what RouterTraining records at every step
 
 
 @dataclass(frozen=True)
 class RoutingState:
-    """One routing of ``tokens`` by ``module``, read from its forward pass (CPU float64 copies).
+    """One routing of ``tokens`` by ``module``: CPU float64 copies of the :class:`attnbook.HeadRouting` its
+    forward pass returns, nothing recomputed. The per-token matrices are the first sequence's; load and loss
+    are over all tokens."""
 
-    Everything here comes from the :class:`attnbook.HeadRouting` that ``module(tokens, return_routing=True)``
-    returns; nothing about the routing is recomputed by the widget. With more than one sequence in
-    ``tokens`` the per-token matrices are those of the first; load and loss are over all tokens.
-
-    Attributes:
-        module: the :class:`attnbook.MoHAttention` that routed the tokens (in training mode).
-        tokens: (1, N, C) the routed tokens.
-        n_heads, shared, top_k, temperature, seed: the settings it was built with.
-        gates: (N, H) the weight of every head for every token (0 for heads a token does not use).
-        selected: (N, H) bool, the heads each token activates (shared heads always).
-        routed_probs: (N, E) the router's softmax over the E = H - shared routed heads.
-        load: (E,) fraction of the tokens that activate each routed head; sums to ``top_k``.
-        target: the balanced load ``top_k / E`` (every routed head equally busy).
-        loss: the load-balancing loss of this routing (0 when there are no routed heads).
-        step: router optimiser steps taken since :func:`compute_routing`.
-    """
-
-    module: nn.Module
-    tokens: torch.Tensor
-    n_heads: int
+    module: nn.Module  # the attnbook.MoHAttention that routed the tokens (in training mode)
+    tokens: torch.Tensor  # (1, N, C) the routed tokens
+    n_heads: int  # n_heads, shared, top_k, temperature, seed: the settings it was built with
     shared: int
     top_k: int
     temperature: float
     seed: int
-    gates: torch.Tensor
-    selected: torch.Tensor
-    routed_probs: torch.Tensor
-    load: torch.Tensor
-    target: float
-    loss: float
-    step: int = 0
+    gates: torch.Tensor  # (N, H) the weight of every head for every token (0 for heads a token does not use)
+    selected: torch.Tensor  # (N, H) bool, the heads each token activates (shared heads always)
+    routed_probs: torch.Tensor  # (N, E) the router's softmax over the E = H - shared routed heads
+    load: torch.Tensor  # (E,) fraction of the tokens that activate each routed head; sums to top_k
+    target: float  # the balanced load top_k / E (every routed head equally busy)
+    loss: float  # the load-balancing loss of this routing (0 when there are no routed heads)
+    step: int = 0  # router optimiser steps taken since compute_routing
 
     @property
     def routed(self) -> int:
@@ -118,23 +82,14 @@ class RoutingState:
 
 @dataclass(frozen=True)
 class RouterTraining:
-    """What :func:`train_router` recorded: index 0 is before the first step, index s after step s.
+    """What :func:`train_router` recorded: index 0 is before the first step, index s after step s."""
 
-    Attributes:
-        losses: (S + 1,) the load-balancing loss.
-        loads: (S + 1, E) the load of every routed head.
-        imbalances: (S + 1,) :func:`load_imbalance` of each load.
-        target: the balanced load ``top_k / E``.
-        top_k: k, the balanced value of the loss.
-        state: the routing after the last step.
-    """
-
-    losses: np.ndarray
-    loads: np.ndarray
-    imbalances: np.ndarray
-    target: float
-    top_k: int
-    state: RoutingState
+    losses: np.ndarray  # (S + 1,) the load-balancing loss
+    loads: np.ndarray  # (S + 1, E) the load of every routed head
+    imbalances: np.ndarray  # (S + 1,) load_imbalance of each load
+    target: float  # the balanced load top_k / E
+    top_k: int  # k, the balanced value of the loss
+    state: RoutingState  # the routing after the last step
 
     @property
     def steps(self) -> int:
@@ -142,26 +97,16 @@ class RouterTraining:
 
     def then(self, later: RouterTraining) -> RouterTraining:
         """This training followed by ``later`` (which must start where this one ended)."""
-        return RouterTraining(
-            losses=np.concatenate([self.losses, later.losses[1:]]),
-            loads=np.concatenate([self.loads, later.loads[1:]]),
-            imbalances=np.concatenate([self.imbalances, later.imbalances[1:]]),
-            target=later.target,
-            top_k=later.top_k,
-            state=later.state,
-        )
+        joined = (np.concatenate([getattr(self, name), getattr(later, name)[1:]]) for name in _RECORDED)
+        return RouterTraining(*joined, later.target, later.top_k, later.state)
 
 
 def load_imbalance(load, top_k: int) -> float:
     """The fraction of all head choices that would have to move to another head to balance the load.
 
-    ``sum_e max(load_e - k/E, 0) / k``: 0 when every routed head is chosen by the same share of tokens,
-    approaching 1 - k/E when all tokens choose the same k heads.
-
-    Args:
-        load: (E,) the share of tokens that chose each routed head (``HeadRouting.load``): a tensor or a
-            sequence of finite numbers >= 0 (none: a layer without routed heads, balanced, 0).
-        top_k: the routed heads each token chooses, an int from 1 to E (0 when E = 0).
+    ``sum_e max(load_e - k/E, 0) / k`` of ``load`` (E,), the share of tokens that chose each routed head (a
+    tensor or numbers >= 0; empty for a layer without routed heads: 0), and ``top_k`` = k in 1..E (0 when E = 0):
+    0 when every routed head is chosen by the same share of tokens, 1 - k/E when all tokens choose the same k.
     """
     name = "load_imbalance"
     if not isinstance(load, torch.Tensor):
@@ -178,32 +123,14 @@ def load_imbalance(load, top_k: int) -> float:
         check_int(top_k, "top_k", name=name, minimum=0, maximum=0, why=" (there are no routed heads)")
         return 0.0
     top_k = check_int(top_k, "top_k", name=name, minimum=1, maximum=E, why=" (the routed heads)")
-    target = top_k / load.numel()
-    return float((load - target).clamp_min(0).sum() / top_k)
-
-
-def _check_settings(n_heads, shared, top_k, temperature, *, name: str) -> tuple[int, int, int, float]:
-    """MoH's head rules (``attnbook._checks.check_moh_heads``: n_heads, shared, top_k are the layer's
-    num_heads, shared_head, routed_head) and a positive, finite temperature."""
-    where = f"{name} (n_heads, shared, top_k are MoH's num_heads, shared_head, routed_head)"
-    H, S, K = check_moh_heads(n_heads, shared, top_k, name=where)
-    temperature = check_number(temperature, "temperature", name=name, minimum=0.0, strict_minimum=True)
-    return H, S, K, temperature
+    return float((load - top_k / E).clamp_min(0).sum() / top_k)
 
 
 def _clone(module: nn.Module) -> nn.Module:
-    """A deep copy of ``module`` that leaves behind tensors still attached to an autograd graph.
-
-    After a training forward an MoH layer keeps its load-balancing loss, a non-leaf tensor, which
-    ``copy.deepcopy`` refuses to copy; the copy gets None in its place (its next forward sets it again).
-    """
-    memo = {
-        id(value): None
-        for m in module.modules()
-        for value in vars(m).values()
-        if isinstance(value, torch.Tensor) and not value.is_leaf
-    }
-    return copy.deepcopy(module, memo)
+    """A deep copy of ``module`` without the tensors attached to an autograd graph (a training forward leaves
+    its loss on the layer, which ``copy.deepcopy`` refuses to copy; the copy's next forward sets it again)."""
+    values = (value for m in module.modules() for value in vars(m).values())
+    return copy.deepcopy(module, {id(v): None for v in values if isinstance(v, torch.Tensor) and not v.is_leaf})
 
 
 def _router_parameters(module: nn.Module) -> list[nn.Parameter]:
@@ -216,13 +143,12 @@ def _read_routing(module: nn.Module, tokens: torch.Tensor, **settings) -> Routin
     with torch.no_grad():
         _, routing = module(tokens, return_routing=True)
     gates = routing.gates[0].detach().to("cpu", torch.float64)  # (N, H)
-    selected = routing.selected[0].detach().to("cpu")  # (N, H)
     routed = gates.shape[-1] - settings["shared"]
     return RoutingState(
         module=module,
         tokens=tokens,
         gates=gates,
-        selected=selected,
+        selected=routing.selected[0].detach().to("cpu"),  # (N, H)
         routed_probs=routing.routed_probs[0].detach().to("cpu", torch.float64),
         load=routing.load.detach().to("cpu", torch.float64),  # (E,) share of tokens per routed head
         target=settings["top_k"] / routed if routed else 0.0,
@@ -243,27 +169,18 @@ def compute_routing(
     offset: float = 1.5,
     head_dim: int = 8,
 ) -> RoutingState:
-    """Route ``n_tokens`` random tokens through a freshly initialised MoH layer and read the routing.
+    """Route ``n_tokens`` random tokens (width ``dim``) through a fresh MoH layer and read the routing.
 
-    The router's logits are divided by ``temperature`` (its weights are, which is the same thing): a high
-    temperature flattens every token's head probabilities, a low one sharpens them.
-
-    Args:
-        n_heads: H, the heads of the layer (MoH's ``num_heads``).
-        shared: h_s, the heads every token uses (``shared_head``).
-        top_k: k, the routed heads each token activates (``routed_head``; 0 exactly when all heads are shared).
-        temperature: divides the router logits.
-        seed: seeds the tokens and the layer's initialisation (the global RNG is left untouched).
-        n_tokens: N, tokens routed (the load is measured over all of them).
-        dim: C, the token width.
-        offset: length, in standard deviations, of the mean direction shared by all tokens.
-        head_dim: D, the width of a head.
-
-    Returns:
-        a :class:`RoutingState`.
+    ``n_heads``, ``shared`` and ``top_k`` are MoH's ``num_heads``, ``shared_head`` and ``routed_head`` (top_k is 0
+    exactly when all heads are shared); the router's logits are divided by ``temperature`` (a high one flattens
+    every token's head probabilities); ``seed`` seeds tokens and layer, leaving the global RNG alone; ``offset``
+    is the length, in standard deviations, of the mean direction shared by all tokens.
     """
     where = "compute_routing"
-    n_heads, shared, top_k, temperature = _check_settings(n_heads, shared, top_k, temperature, name=where)
+    # MoH's own head rules (those MoHAttention applies), naming its arguments
+    rules = f"{where} (n_heads, shared, top_k are MoH's num_heads, shared_head, routed_head)"
+    n_heads, shared, top_k = check_moh_heads(n_heads, shared, top_k, name=rules)
+    temperature = check_number(temperature, "temperature", name=where, minimum=0.0, strict_minimum=True)
     seed = check_int(seed, "seed", name=where, minimum=0)
     n_tokens = check_int(n_tokens, "n_tokens", name=where, minimum=1)
     dim = check_int(dim, "dim", name=where, minimum=1)
@@ -278,34 +195,19 @@ def compute_routing(
     with torch.no_grad():
         for weight in _router_parameters(module):
             weight.div_(temperature)
-    return _read_routing(
-        module, tokens, n_heads=n_heads, shared=shared, top_k=top_k, temperature=float(temperature), seed=seed
-    )
+    settings = dict(n_heads=n_heads, shared=shared, top_k=top_k, temperature=float(temperature), seed=seed)
+    return _read_routing(module, tokens, **settings)
 
 
 def train_router(
-    state_or_module: RoutingState | nn.Module,
-    steps: int = 30,
-    lr: float = 0.01,
-    *,
-    tokens: torch.Tensor | None = None,
+    state_or_module: RoutingState | nn.Module, steps: int = 30, lr: float = 0.01, *, tokens: torch.Tensor | None = None
 ) -> RouterTraining:
-    """Train only the router, with the load-balancing loss alone, and record loss and load at every step.
+    """Train only the router of a copy of a :class:`RoutingState`'s module (or of an :class:`attnbook.MoHAttention`
+    given with its ``tokens``, (B, N, C)), with the load-balancing loss alone; record loss and load at every step.
 
-    The attention weights (``qkv``, ``proj``, norms) are frozen; the router layers (``wg``, ``wg_0``,
-    ``wg_1``) are handed to Adam for ``steps`` steps on the loss the layer's router reports
-    (``module.route``: the router its forward runs, without the attention, on which this loss does not
-    depend). The loss depends on ``wg`` (W_r) alone, so in practice only ``wg`` moves. The input is never
-    modified: a copy of the module is trained.
-
-    Args:
-        state_or_module: a :class:`RoutingState`, or an :class:`attnbook.MoHAttention` with ``tokens``.
-        steps: optimiser steps (0 just measures).
-        lr: Adam's learning rate.
-        tokens: (B, N, C) the tokens to route, when a module is given.
-
-    Returns:
-        a :class:`RouterTraining` whose ``state`` is the routing after the last step.
+    The attention weights are frozen; the router layers (``wg``, ``wg_0``, ``wg_1``) get ``steps`` Adam steps at
+    learning rate ``lr`` on the loss of ``module.route`` (the router its forward runs, without the attention).
+    That loss depends on ``wg`` alone, so only ``wg`` moves. Returns a :class:`RouterTraining`.
     """
     where = "train_router"
     steps = check_int(steps, "steps", name=where, minimum=0)
@@ -313,26 +215,16 @@ def train_router(
     kinds = (RoutingState, MoHAttention)
     check_instance(state_or_module, "state_or_module", kinds, name=where, what="a RoutingState or an MoHAttention")
     if isinstance(state_or_module, RoutingState):
-        why = " (its tokens are used)"
-        check_not_both(state_or_module, tokens, "a RoutingState", "tokens", name=where, why=why)
+        check_not_both(state_or_module, tokens, "a RoutingState", "tokens", name=where, why=" (its tokens are used)")
         state = state_or_module
-        module, tokens = _clone(state.module), state.tokens
-        settings = dict(
-            n_heads=state.n_heads,
-            shared=state.shared,
-            top_k=state.top_k,
-            temperature=state.temperature,
-            seed=state.seed,
-        )
-        start = state.step
+        module, tokens, start = _clone(state.module), state.tokens, state.step
+        settings = {name: getattr(state, name) for name in _SETTINGS}
     else:
         check_instance(tokens, "tokens", torch.Tensor, name=where, what="a (B, N, C) tensor with a module")
         check_tensor(tokens, "tokens", name=where, dims=3, layout="(B, N, C)")
-        module = _clone(state_or_module)
-        settings = dict(
-            n_heads=module.num_heads, shared=module.shared_head, top_k=module.routed_head, temperature=1.0, seed=-1
-        )  # the module's own router, as it is
-        start = 0
+        module, start = _clone(state_or_module), 0
+        settings = dict(n_heads=module.num_heads, shared=module.shared_head, top_k=module.routed_head)
+        settings.update(temperature=1.0, seed=-1)  # the module's own router, as it is
     check_moh_routed(settings["n_heads"], settings["shared"], name=where, why=" to have a router to train")
 
     router = _router_parameters(module)
@@ -346,11 +238,10 @@ def train_router(
     module.train()
     for _ in range(steps):
         routing = module.route(tokens)  # the layer's own router; the attention is not needed here
-        loss = routing.loss
-        losses.append(float(loss.detach()))
+        losses.append(float(routing.loss.detach()))
         loads.append(routing.load.detach().to("cpu", torch.float64))
         optimiser.zero_grad()
-        loss.backward()
+        routing.loss.backward()
         optimiser.step()
     for name, p in module.named_parameters():
         p.requires_grad_(trainable[name])
@@ -358,25 +249,13 @@ def train_router(
     losses.append(final.loss)
     loads.append(final.load)
     loads_np = torch.stack(loads).cpu().numpy()
-    return RouterTraining(
-        losses=np.asarray(losses),
-        loads=loads_np,
-        imbalances=np.asarray([load_imbalance(row, settings["top_k"]) for row in loads_np]),
-        target=final.target,
-        top_k=settings["top_k"],
-        state=final,
-    )
-
-
-# ----------------------------------------------------------------------------------------------- views
+    imbalances = np.asarray([load_imbalance(row, settings["top_k"]) for row in loads_np])
+    return RouterTraining(np.asarray(losses), loads_np, imbalances, final.target, settings["top_k"], final)
 
 
 class _Figure(Figure):
-    """A Figure that shows itself as a PNG in IPython, with or without pyplot's inline backend.
-
-    The views build figures without pyplot, so nothing accumulates in pyplot's registry and nothing needs
-    closing; ``_repr_png_`` is what lets ``display(fig)`` in a notebook draw them.
-    """
+    """A Figure that shows itself as a PNG in IPython (``display(fig)``) without pyplot: nothing accumulates in
+    pyplot's registry and nothing needs closing."""
 
     def _repr_png_(self) -> bytes:
         return figure_to_png(self, dpi=DPI)
@@ -388,39 +267,14 @@ _ROUTED_COLOUR = colour("moh")
 _SELECTION_COLOURS = ListedColormap(["#f2f2f2", _SHARED_COLOUR, _ROUTED_COLOUR])  # off, shared, routed + chosen
 
 
-def _head_labels(n_heads: int, shared: int) -> list[str]:
-    return [f"s{h}" for h in range(shared)] + [f"r{h}" for h in range(n_heads - shared)]
-
-
-def _head_ticks(ax, n_heads: int, labels: list[str]) -> None:
-    ax.set_xticks(range(n_heads), labels, rotation=90 if n_heads > 8 else 0)
-
-
 def plot_routing(
-    state: RoutingState,
-    history: RouterTraining | None = None,
-    *,
-    max_tokens: int = 24,
-    next_steps: int | None = None,
+    state: RoutingState, history: RouterTraining | None = None, *, max_tokens: int = 24, next_steps: int | None = None
 ) -> Figure:
-    """Draw a routing: gates (token x head), the heads each token activates, the per-head load, and the
-    router's training so far (loss and load imbalance against router steps).
-
-    Four panels on two rows, :data:`~attnbook.viz.style.PAGE_WIDTH` wide, text of at least
-    :data:`~attnbook.viz.style.MIN_FONT` points; the layout is the same with or without ``history`` (without
-    it, the training panel shows the untrained router as step 0), so a widget's image keeps its size while
-    the router trains. The legends sit outside the plotting areas: they never cover a curve. The title carries
-    the settings and the load-balancing loss. Only the first ``max_tokens`` tokens are drawn in the two
-    matrices; the load and the loss are over all tokens.
-
-    Args:
-        state: the routing to draw.
-        history: the training that led to ``state`` (from :func:`train_router`, chained with ``then``).
-        max_tokens: tokens drawn in the two matrices.
-        next_steps: if given, the training panel also marks the steps the next "train router" click adds.
-
-    Returns:
-        a matplotlib ``Figure`` (not registered with pyplot, so nothing needs closing).
+    """Draw a routing: gates (token x head) and the heads each token activates (its first ``max_tokens``
+    tokens), the load of each head, and the router's training so far (``history``, from :func:`train_router`
+    chained with ``then``: loss and load imbalance against router steps; ``next_steps`` marks what the next
+    click adds). The layout is the same with or without ``history``, so a widget's image keeps its size; the
+    legends sit outside the panels. Returns a page-wide ``Figure`` that needs no closing.
     """
     where = "plot_routing"
     check_instance(state, "state", RoutingState, name=where, what="a RoutingState")
@@ -431,9 +285,8 @@ def plot_routing(
     with book_style():
         fig = _Figure(figsize=(PAGE_WIDTH, 6.6))
         # Fixed margins rather than a layout engine: drawing stays cheap (the website pre-renders frames).
-        grid = fig.add_gridspec(
-            2, 2, left=0.09, right=0.91, bottom=0.2, top=0.87, wspace=0.42, hspace=0.62, width_ratios=[1.1, 1.0]
-        )
+        grid = fig.add_gridspec(2, 2, left=0.09, right=0.91, bottom=0.2, top=0.87, wspace=0.42, hspace=0.62,
+                                width_ratios=[1.1, 1.0])  # fmt: skip
         axes = [fig.add_subplot(grid[r, c]) for r in range(2) for c in range(2)]
         _draw_routing(fig, axes, state, history, max_tokens, next_steps)
     return fig
@@ -441,7 +294,7 @@ def plot_routing(
 
 def _draw_routing(fig, axes, state, history, max_tokens, next_steps) -> None:
     H, S = state.n_heads, state.shared
-    labels = _head_labels(H, S)
+    labels = [f"s{h}" for h in range(S)] + [f"r{h}" for h in range(H - S)]
     shown = min(max_tokens, state.gates.shape[0])
 
     ax = axes[0]
@@ -457,24 +310,22 @@ def _draw_routing(fig, axes, state, history, max_tokens, next_steps) -> None:
     ax.set_title("heads each token activates", fontsize=10)
     ax.set_yticks([])
     for ax, separator in zip(axes[:2], ("white", "#333333"), strict=True):
-        _head_ticks(ax, H, labels)
+        ax.set_xticks(range(H), labels, rotation=90 if H > 8 else 0)
         ax.set_xlabel("head (s = shared, r = routed)")
         if 0 < S < H:
             ax.axvline(S - 0.5, color=separator, lw=1.5)
 
     ax = axes[2]
-    shared_load = np.ones(S)
     colours = [_SHARED_COLOUR] * S + [_ROUTED_COLOUR] * (H - S)
-    ax.bar(range(H), np.concatenate([shared_load, state.load.numpy()]), color=colours)
+    ax.bar(range(H), np.concatenate([np.ones(S), state.load.numpy()]), color=colours)
     if H > S:
         ax.hlines(state.target, S - 0.45, H - 0.55, colors="black", linestyles="--")
     ax.set_ylim(0, 1.15)
-    _head_ticks(ax, H, labels)
+    ax.set_xticks(range(H), labels, rotation=90 if H > 8 else 0)
     ax.set_xlabel("head (s = shared, r = routed)")
     ax.set_ylabel("share of tokens using it")
-    ax.set_title(
-        f"load (dashed: balanced k/E = {state.target:.2f})" if H > S else "load (every head is shared)", fontsize=10
-    )
+    load = f"load (dashed: balanced k/E = {state.target:.2f})" if H > S else "load (every head is shared)"
+    ax.set_title(load, fontsize=10)
 
     ax = axes[3]
     if history is None:  # the untrained router: step 0 only
@@ -483,25 +334,19 @@ def _draw_routing(fig, axes, state, history, max_tokens, next_steps) -> None:
         losses, imbalances, top_k = history.losses, history.imbalances, history.top_k
     steps = np.arange(len(losses))
     last = int(steps[-1])
-    ax.plot(steps, losses, color="black", marker="o" if len(steps) == 1 else None, label="loss (left axis)")
+    marker = "o" if len(steps) == 1 else None
+    ax.plot(steps, losses, color="black", marker=marker, label="loss (left axis)")
     if state.routed:
         ax.axhline(top_k, color="black", ls=":", lw=1, label=f"balanced loss = k = {top_k}")
     twin = ax.twinx()
-    twin.plot(
-        steps,
-        imbalances,
-        color=_ROUTED_COLOUR,
-        marker="o" if len(steps) == 1 else None,
-        label="load imbalance (right axis)",
-    )
+    twin.plot(steps, imbalances, color=_ROUTED_COLOUR, marker=marker, label="load imbalance (right axis)")
     twin.set_ylim(0, max(0.05, 1.1 * float(np.max(imbalances))))
     twin.set_ylabel("load imbalance", color=_ROUTED_COLOUR)
     twin.tick_params(axis="y", colors=_ROUTED_COLOUR)
     handles = ax.get_lines() + twin.get_lines()
     if next_steps is not None and state.routed:
-        handles.append(
-            ax.axvspan(last, last + next_steps, color="#dddddd", zorder=0, label=f"next click: +{next_steps} steps")
-        )
+        label = f"next click: +{next_steps} steps"
+        handles.append(ax.axvspan(last, last + next_steps, color="#dddddd", zorder=0, label=label))
     ax.set_xlim(0, max(last + (next_steps or 0), 1))
     low, high = float(np.min(losses)), float(np.max(losses))
     pad = max(0.05 * (high - low), 0.02 * max(abs(high), 1.0))
@@ -510,15 +355,8 @@ def _draw_routing(fig, axes, state, history, max_tokens, next_steps) -> None:
     ax.set_ylabel("load-balancing loss")
     ax.set_title("training the router" if state.routed else "no router to train", fontsize=10)
     # below the axes and their label: a legend there cannot cover a curve
-    ax.legend(
-        handles=handles,
-        loc="upper left",
-        bbox_to_anchor=(-0.62, -0.3),
-        ncol=2,
-        frameon=False,
-        borderaxespad=0.0,
-        handlelength=1.6,
-    )
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(-0.62, -0.3), ncol=2, frameon=False,
+              borderaxespad=0.0, handlelength=1.6)  # fmt: skip
 
     routed = f"h_r = {state.top_k} of {state.routed} routed" if state.routed else "no routed heads"
     fig.suptitle(
@@ -536,11 +374,8 @@ def default_figure() -> Figure:
 def training_frames(
     state: RoutingState | None = None, *, clicks: int = 6, steps_per_click: int = 10, lr: float = 0.01
 ) -> dict[str, Figure]:
-    """Figures of ``state`` after 0, 1, ..., ``clicks`` presses of the explorer's train button.
-
-    Each press is a fresh :func:`train_router` call of ``steps_per_click`` steps, exactly as in the live
-    explorer. Keys are the total router steps (for :func:`attnbook.viz.frame_slider`).
-    """
+    """Figures of ``state`` after 0, 1, ..., ``clicks`` presses of the explorer's train button (each a
+    :func:`train_router` call of ``steps_per_click`` steps), keyed by the total steps, for ``frame_slider``."""
     where = "training_frames"
     check_instance(state, "state", (RoutingState, type(None)), name=where, what="a RoutingState or None")
     clicks = check_int(clicks, "clicks", name=where, minimum=0)
@@ -551,139 +386,71 @@ def training_frames(
     history = None
     for _ in range(clicks):
         run = train_router(state, steps_per_click, lr)
-        history = run if history is None else history.then(run)
-        state = run.state
+        history, state = (run if history is None else history.then(run)), run.state
         frames[str(state.step)] = plot_routing(state, history)
     return frames
-
-
-# ------------------------------------------------------------------------------------------- explorer
 
 
 class RoutingExplorer(widgets.VBox):
     """The box :func:`routing_explorer` returns; its ``explorer`` attribute holds the state and controls."""
 
-    explorer: _Explorer
+    explorer: _RoutingController
 
 
-class _Explorer:
+class _RoutingController(Explorer):
     """The state and the callbacks behind :func:`routing_explorer` (kept off the widget itself)."""
 
     def __init__(self, n_tokens: int, dim: int, steps_per_click: int, lr: float):
         w = widgets
-        style = {"description_width": "initial"}
+        adam = "Adam steps on the router with the load-balancing loss alone"
+        controls = {
+            "heads": slider(w.IntSlider, "heads H", 8, 2, 12),
+            "shared": slider(w.IntSlider, "shared h_s", 2, 0, 8),
+            "top_k": slider(w.IntSlider, "routed h_r", 2, 1, 6),
+            "temperature": slider(w.FloatLogSlider, "router temperature", 1.0, -1, 1, base=10, step=0.1),
+            "seed": slider(w.IntSlider, "seed", 0, 0, 9),
+            "steps": slider(w.IntSlider, "steps per click", steps_per_click, 1, max(100, steps_per_click)),
+            "train": w.Button(description="train router", button_style="primary", tooltip=adam),
+            "reset": w.Button(description="reset router", tooltip="back to the initial router"),
+        }
+        super().__init__(controls)
         self.n_tokens, self.dim, self.lr = n_tokens, dim, lr
-        self.heads = w.IntSlider(value=8, min=2, max=12, description="heads H", style=style, continuous_update=False)
-        self.shared = w.IntSlider(value=2, min=0, max=8, description="shared h_s", style=style, continuous_update=False)
-        self.top_k = w.IntSlider(value=2, min=1, max=6, description="routed h_r", style=style, continuous_update=False)
-        self.temperature = w.FloatLogSlider(
-            value=1.0,
-            base=10,
-            min=-1,
-            max=1,
-            step=0.1,
-            description="router temperature",
-            style=style,
-            continuous_update=False,
-        )
-        self.seed = w.IntSlider(value=0, min=0, max=9, description="seed", style=style, continuous_update=False)
-        self.steps = w.IntSlider(
-            value=steps_per_click,
-            min=1,
-            max=max(100, steps_per_click),
-            description="steps per click",
-            style=style,
-            continuous_update=False,
-        )
-        self.train = w.Button(
-            description="train router",
-            button_style="primary",
-            tooltip="Adam steps on the router with the load-balancing loss alone",
-        )
-        self.reset = w.Button(description="reset router", tooltip="back to the initial router")
-        self.status = w.HTML(value="")
-        # PNG bytes in an Image widget: an Output widget stays empty in the classic notebook with ipywidgets 7.7.1
-        self.image = w.Image(
-            format="png", value=b"", layout=w.Layout(width=f"{PAGE_WIDTH * DPI:.0f}px", max_width="100%")
-        )
-        self.renders = 0
         self.state: RoutingState | None = None
         self.history: RouterTraining | None = None
-        self.inactive: dict[str, str] = {}
-        self._adjusting = False
-        self.column_left = w.VBox([self.heads, self.shared, self.top_k])  # holds the re-ranged sliders
-        self.layout = [
-            w.HBox([self.column_left, w.VBox([self.temperature, self.seed, self.steps])]),
-            w.HBox([self.train, self.reset]),
-            self.status,
-            self.image,
-        ]
-        for control in (self.heads, self.shared, self.top_k, self.temperature, self.seed):
-            control.observe(self._on_setting, names="value")
-        self.steps.observe(self._on_steps, names="value")
-        self.train.on_click(self._on_train)
-        self.reset.on_click(self._on_reset)
+        c = controls
+        self.column_left = w.VBox([c["heads"], c["shared"], c["top_k"]])  # holds the re-ranged sliders
+        settings = w.HBox([self.column_left, w.VBox([c["temperature"], c["seed"], c["steps"]])])
+        self.layout = [settings, w.HBox([c["train"], c["reset"]]), self.status, self.image]
+        for name in ("heads", "shared", "top_k", "temperature", "seed"):
+            c[name].observe(self._on_setting, names="value")
+        c["steps"].observe(lambda change: self.render(), names="value")  # the training panel marks the next click
+        c["train"].on_click(self._on_train)
+        c["reset"].on_click(lambda button: self._recompute())
         self._recompute()
-
-    @property
-    def controls(self) -> dict[str, widgets.DOMWidget]:
-        return {
-            "heads": self.heads,
-            "shared": self.shared,
-            "top_k": self.top_k,
-            "temperature": self.temperature,
-            "seed": self.seed,
-            "steps": self.steps,
-            "train": self.train,
-            "reset": self.reset,
-        }
-
-    def _set_bounds(self, name: str, lo: int, hi: int) -> None:
-        """Re-range the slider ``name`` (a new slider when the range changes: ipywidgets 8's End key)."""
-        old = getattr(self, name)
-        new = set_slider_range(old, lo, hi, container=self.column_left)
-        if new is not old:
-            new.observe(self._on_setting, names="value")
-            setattr(self, name, new)
 
     def _on_setting(self, change) -> None:
-        if self._adjusting:
+        if self.busy:
             return
-        self._adjusting = True
-        try:
-            H = self.heads.value
-            self._set_bounds("shared", 0, H)
-            routed = H - self.shared.value
-            self._set_bounds("top_k", 1 if routed else 0, routed)
+        self.busy = True
+        try:  # the ranges of "shared" and "routed h_r" follow "heads"
+            self.rerange("shared", 0, self.heads.value, self.column_left, self._on_setting)
+            routed = self.heads.value - self.shared.value
+            self.rerange("top_k", 1 if routed else 0, routed, self.column_left, self._on_setting)
         finally:
-            self._adjusting = False
+            self.busy = False
         self._recompute()
-
-    def _on_steps(self, change) -> None:
-        self.render()  # the training panel marks the steps the next click adds
 
     def _recompute(self) -> None:
-        self.state = compute_routing(
-            self.heads.value,
-            self.shared.value,
-            self.top_k.value,
-            self.temperature.value,
-            self.seed.value,
-            self.n_tokens,
-            self.dim,
-        )
+        settings = [self.controls[name].value for name in ("heads", "shared", "top_k", "temperature", "seed")]
+        self.state = compute_routing(*settings, self.n_tokens, self.dim)
         self.history = None
         self.render()
-
-    def _on_reset(self, _button) -> None:
-        self._recompute()
 
     def _on_train(self, _button) -> None:
         if self.state is None or self.state.routed == 0:
             return
         run = train_router(self.state, self.steps.value, self.lr)
-        self.history = run if self.history is None else self.history.then(run)
-        self.state = run.state
+        self.history, self.state = (run if self.history is None else self.history.then(run)), run.state
         self.render()
 
     def inactive_controls(self) -> dict[str, str]:
@@ -701,58 +468,35 @@ class _Explorer:
 
     def render(self) -> None:
         s = self.state
-        self.inactive = self.inactive_controls()
-        for name, control in self.controls.items():
-            control.disabled = name in self.inactive
         fig = plot_routing(s, self.history, next_steps=self.steps.value if s.routed else None)
-        self.image.value = figure_to_png(fig, dpi=DPI, tight=False)  # fixed layout: one draw, no crop
         note = "" if s.routed else " (all heads shared: plain multi-head attention, nothing to route)"
-        greyed = "".join(
-            f"<br>⊘ <b>{self.controls[name].description}</b> is greyed out: {reason}."
-            for name, reason in self.inactive.items()
-        )
-        self.status.value = (
-            f"<div style='font-family:sans-serif;font-size:0.9em;line-height:1.4'>"
+        text = (
             f"loss <b>{s.loss:.4f}</b> (balanced value k = {s.top_k}), "
-            f"load imbalance <b>{s.imbalance:.1%}</b>, router step {s.step}{note}{greyed}</div>"
+            f"load imbalance <b>{s.imbalance:.1%}</b>, router step {s.step}{note}"
         )
-        self.renders += 1
+        inactive = self.inactive_controls()
+        labels = {name: control.description for name, control in self.controls.items()}
+        self.show(fig, inactive, status_html(text, inactive, labels))
 
 
 def routing_explorer(*, n_tokens: int = 128, dim: int = 32, steps_per_click: int = 10, lr: float = 0.01):
-    """The live head-routing explorer: an ipywidgets ``VBox`` of controls, a status line and the figure.
-
-    Controls: heads, shared heads h_s, routed heads per token h_r, router temperature, seed; "train router" runs
-    ``steps_per_click`` router steps (:func:`train_router`) and redraws, "reset router" goes back to the
-    initial router. The figure is :func:`plot_routing` drawn as PNG bytes into an ``Image`` widget, which
-    renders in every supported front-end (JupyterLab 4, Notebook 7, the classic notebook with ipywidgets
-    7.7.1 as on Colab). The ranges of "shared" and "routed h_r" follow "heads"; controls that cannot act in the
-    current state are disabled and the status line says why. The object behind it is the box's ``explorer``
-    attribute (its ``state``, ``history`` and controls), which is how the tests drive it.
+    """The live head-routing explorer (:class:`attnbook.viz.static.Explorer`): sliders for H, h_s, h_r, the
+    router temperature and the seed, "train router" (``steps_per_click`` steps of :func:`train_router`) and
+    "reset router", a status line and :func:`plot_routing`. The ranges of h_s and h_r follow H; controls that
+    cannot act are disabled, and the status line says why. The box's ``explorer`` holds state and controls.
     """
     where = "routing_explorer"
     n_tokens = check_int(n_tokens, "n_tokens", name=where, minimum=1)
     dim = check_int(dim, "dim", name=where, minimum=1)
     steps_per_click = check_int(steps_per_click, "steps_per_click", name=where, minimum=1)
     lr = check_number(lr, "lr", name=where, minimum=0.0, strict_minimum=True)
-    ex = _Explorer(n_tokens, dim, steps_per_click, lr)
-    enable_slider_keys()  # Notebook 7: the arrow keys would select cells instead of moving the sliders
-    box = RoutingExplorer(children=ex.layout)
-    box.explorer = ex
-    return box
-
-
-# ------------------------------------------------------------------------------ quality against heads used
+    return _RoutingController(n_tokens, dim, steps_per_click, lr).box(RoutingExplorer)
 
 
 def fraction_curve(source) -> tuple[list[tuple[float, float, float, float]], tuple[float, float, float] | None]:
-    """``(rows, softmax)`` of a MoH study: one ``(fraction of heads active, mean, low, high)`` row per MoH
-    split, in the study's order, and plain multi-head softmax's ``(mean, low, high)`` (None if not run).
-
-    ``source`` is a :class:`attnbook.lab.claims.MoHStudy` (a live run) or its recording as parsed JSON
-    (``benchmarks/results/claims/moh_cpu_recorded.json``: its ``"curve"`` and ``"softmax"`` rows); accuracy is
-    summarised over the seeds (mean and range).
-    """
+    """``(rows, softmax)`` of a MoH study (a :class:`attnbook.lab.claims.MoHStudy` or its recording, parsed
+    JSON): one ``(fraction of heads active, mean, low, high)`` row of accuracy over the seeds per MoH split, and
+    plain multi-head softmax's ``(mean, low, high)`` (None if not run)."""
     name = "fraction_curve"
     if isinstance(source, dict):
         check_found([k for k in ("curve", "softmax") if k in source], "source", name=name,
@@ -761,17 +505,15 @@ def fraction_curve(source) -> tuple[list[tuple[float, float, float, float]], tup
         stats = ("mean", "low", "high")
         rows = [(float(r["fraction"]), *(float(r["accuracy"][k]) for k in stats)) for r in source["curve"]]
         soft = source["softmax"]
-        softmax = None if soft is None else tuple(float(soft["accuracy"][k]) for k in stats)
-        return rows, softmax
+        return rows, None if soft is None else tuple(float(soft["accuracy"][k]) for k in stats)
     what = "a MoHStudy (attnbook.lab.claims.moh_study) or its recording (a dict)"
     check_found([a for a in ("curve", "comparison") if hasattr(source, a)], "source", name=name, expected=f"be {what}",
                 got=type(source).__name__, minimum=2)  # fmt: skip
     rows = [(float(f), s.mean, s.low, s.high) for f, s in source.curve()]
-    softmax = None
-    if "softmax" in source.comparison.runs:
-        s = source.comparison.summary("softmax")
-        softmax = (s.mean, s.low, s.high)
-    return rows, softmax
+    if "softmax" not in source.comparison.runs:
+        return rows, None
+    s = source.comparison.summary("softmax")
+    return rows, (s.mean, s.low, s.high)
 
 
 def fraction_figure(
@@ -784,14 +526,9 @@ def fraction_figure(
 ) -> Figure:
     """Quality against the fraction of heads each token activates, at the book's page width.
 
-    ``curves``: label -> rows ``(fraction, mean, low, high)`` (:func:`fraction_curve`), drawn in MoH's colour
-    with the range over seeds as error bars; the first curve solid with round markers, the others thinner
-    with square ones (a live run beside its recording). ``softmax`` (mean, low, high) is plain multi-head
-    attention with every head, a horizontal band; ``chance`` a grey dotted line; ``claim`` shades the range
-    of fractions at which the paper claims multi-head quality (None: no shading).
-
-    Returns:
-        the Figure.
+    ``curves``: label -> rows ``(fraction, mean, low, high)`` (:func:`fraction_curve`) in MoH's colour with the
+    range over seeds as error bars, the first bolder; ``softmax`` (mean, low, high): every head, a band;
+    ``chance``: a dotted line; ``claim``: the fractions at which the paper claims multi-head quality, shaded.
     """
     name = "fraction_figure"
     check_count(curves, "curves", name=name, item="curve")
@@ -811,13 +548,11 @@ def fraction_figure(
         for i, (label, rows) in enumerate(curves.items()):
             check_count(rows, f"curves[{label!r}]", name=name, item="row")
             f, mean, low, high = (np.array(col, dtype=float) for col in zip(*rows, strict=True))
-            err = np.stack([mean - low, high - mean])
-            ax.errorbar(f, mean, yerr=err, color=colour("moh"), marker="o" if i == 0 else "s", capsize=3,
-                        lw=1.6 if i == 0 else 1.0, alpha=1.0 if i == 0 else 0.7, label=label)  # fmt: skip
-        ax.set_xlabel("fraction of the heads each token activates")
-        ax.set_ylabel(ylabel)
-        ax.set_xlim(0.0, 1.05)
-        ax.set_ylim(0.0, 1.05)
+            first = dict(marker="o", lw=1.6, alpha=1.0) if i == 0 else dict(marker="s", lw=1.0, alpha=0.7)
+            ax.errorbar(
+                f, mean, yerr=np.stack([mean - low, high - mean]), color=colour("moh"), capsize=3, label=label, **first
+            )
+        ax.set(xlabel="fraction of the heads each token activates", ylabel=ylabel, xlim=(0.0, 1.05), ylim=(0.0, 1.05))
         ax.xaxis.set_major_formatter(lambda x, _: f"{x:.0%}")
         ax.grid(True, alpha=0.3)
         # the legend below the panel, so that it covers no point

@@ -1,7 +1,9 @@
-"""Static matplotlib figures used across the book."""
+"""Static matplotlib figures used across the book, and the helpers the chapters' figures share."""
 
 from __future__ import annotations
 
+import functools
+import math
 from collections.abc import Mapping, Sequence
 
 import matplotlib.pyplot as plt
@@ -9,17 +11,53 @@ import numpy as np
 import torch
 
 from .._checks import check_count, check_dims, check_number, check_sequence
-from .style import MIN_FONT
+from .style import MIN_FONT, PAGE_WIDTH, book_style, line_style, shared_scale
 
 __all__ = ["attention_heatmap", "scaling_plot", "scaling_panels", "cost_figure", "curves_and_maps"]
 
 _GUIDE_STYLES = (":", "-.", (0, (6, 2, 1, 2, 1, 2)))
+# ``legend`` keywords for a frameless legend just above the axes, as wide as they are, filled column by column:
+# it can neither cover a bar nor widen the page
+ABOVE = dict(loc="lower left", bbox_to_anchor=(0.0, 1.0, 1.0, 0.1), mode="expand", frameon=False, borderaxespad=0.2)
+ON_TOP = dict(loc="upper center", frameon=False, bbox_to_anchor=(0.5, 1.0))  # ``fig.legend``: at the figure's top
+RIGHT = dict(loc="center left", bbox_to_anchor=(1.02, 0.5), frameon=False)  # right of the axes
 
 
-def _numpy(x) -> np.ndarray:
+def to_numpy(x) -> np.ndarray:
+    """``x`` (a tensor, an array or numbers) as a float64 numpy array on the CPU."""
     if isinstance(x, torch.Tensor):
         return x.detach().to("cpu", torch.float64).numpy()
     return np.asarray(x, dtype=np.float64)
+
+
+def field(obj, name: str):
+    """``obj[name]`` of a mapping (a recording), ``obj.name`` of anything else (a live result)."""
+    return obj[name] if isinstance(obj, Mapping) else getattr(obj, name)
+
+
+def page_figure(draw):
+    """Decorator of a chapter's figure: drawn with :func:`~attnbook.viz.style.book_style` and closed from pyplot, so
+    that a notebook shows it once, as the cell's result (the inline backend would show it a second time)."""
+
+    @functools.wraps(draw)
+    def drawn(*args, **kwargs):
+        with book_style():
+            fig = draw(*args, **kwargs)
+        plt.close(fig)
+        return fig
+
+    return drawn
+
+
+def wrapped_panels(n: int, row_height: float, *, extra: float = 0.0):
+    """A page-wide pyplot figure for ``n`` panels, two per row (one when n = 1), ``row_height`` inches per row
+    and ``extra`` more; returns it and its (rows, cols) array of axes, those past the n-th hidden."""
+    cols = 1 if n == 1 else 2
+    rows = math.ceil(n / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(PAGE_WIDTH, extra + row_height * rows), squeeze=False)
+    for ax in list(axes.flat)[n:]:
+        ax.set_visible(False)
+    return fig, axes
 
 
 def attention_heatmap(
@@ -35,15 +73,13 @@ def attention_heatmap(
     ylabel: str = "query i",
     annotate: bool = False,
 ):
-    """Heat map of an (N, M) weight matrix: row i = query i, column j = key j. Returns the Axes.
+    """Heat map of an (N, M) weight matrix (row i = query i, column j = key j), ``ax.images[0]``; returns the Axes.
 
-    The colour scale starts at 0 and ends at ``vmax`` (default: the largest weight). Maps meant to be
-    compared should share one ``vmax`` (:func:`attnbook.viz.shared_scale`); ``colorbar=False`` leaves the
-    colour bar to the caller (one bar for several panels). The image is ``ax.images[0]``. ``xlabel`` /
-    ``ylabel`` rename the axes (any matrix of shares: token type x head, ...) and ``annotate`` writes each
-    value in its cell.
+    The colour scale runs from 0 to ``vmax`` (default: the largest weight; maps meant to be compared share one,
+    :func:`attnbook.viz.shared_scale`, and one colour bar: ``colorbar=False``). ``queries`` / ``keys`` label the
+    ticks and ``annotate`` writes each value in its cell.
     """
-    w = _numpy(weights)
+    w = to_numpy(weights)
     check_dims(w, "weights", 2, name="attention_heatmap", layout="(N, M)")
     if vmax is not None:
         vmax = check_number(vmax, "vmax", name="attention_heatmap", minimum=0.0, strict_minimum=True)
@@ -52,9 +88,7 @@ def attention_heatmap(
     image = ax.imshow(w, cmap="viridis", vmin=0.0, vmax=vmax, aspect="auto", interpolation="nearest")
     if colorbar:
         ax.figure.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    ax.set_title(title)
+    ax.set(xlabel=xlabel, ylabel=ylabel, title=title)
     if annotate:
         top = float(np.nanmax(w)) if vmax is None else vmax
         for (i, j), value in np.ndenumerate(w):
@@ -82,25 +116,18 @@ def scaling_plot(
 ):
     """Log-log plot of a cost against a size (by default the sequence length N), one line per series.
 
-    ``reference_slopes`` adds a thin grey guide line (dotted, then dash-dotted, ...) proportional to
-    ``variable ** p`` for each slope p, through the first point of the first series. ``styles`` maps a series
-    name to ``plot`` keyword arguments, e.g. ``{"linear, causal": line_style("linear_causal")}``
-    (:func:`attnbook.viz.line_style`: one colour per mechanism, dashed when causal); one mapping can serve
-    several plots (names not plotted are ignored). With ``mechanism_styles`` every series named after a
-    mechanism (``"flow"``, ``"flow_causal"``, ``"softmax_literal"``) and not in ``styles`` gets that style
-    from its name. ``legend=False`` leaves the legend to the caller (one legend shared by several panels).
-    A value of NaN leaves a point out (a series measured at fewer sizes).
+    ``reference_slopes`` adds thin grey guides proportional to ``variable ** p`` through the first point of the
+    first series. ``styles`` maps a series name to ``plot`` keywords, e.g. ``line_style("linear_causal")``; with
+    ``mechanism_styles`` every other series named after a mechanism gets its :func:`attnbook.viz.line_style`.
+    ``legend=False`` leaves the legend to the caller. A value of NaN leaves a point out.
     """
-    from .style import line_style
-
     if ax is None:
         _, ax = plt.subplots(figsize=(5, 3.6))
     styles = dict(styles or {})
+    n = len(ns)
     for name, ys in series.items():
-        n = len(ns)
-        check_count(
-            ys, f"series[{name!r}]", name="scaling_plot", minimum=n, maximum=n, item="value", why=" (one per N)"
-        )
+        why = " (one per N)"
+        check_count(ys, f"series[{name!r}]", name="scaling_plot", minimum=n, maximum=n, item="value", why=why)
         style = styles.get(name)
         if style is None and mechanism_styles:
             try:
@@ -110,14 +137,13 @@ def scaling_plot(
         ax.plot(ns, ys, **{"marker": "o", **(style or {})}, label=name)
     if reference_slopes and series:
         y0 = next(iter(series.values()))[0]
-        n = np.asarray(ns, dtype=float)
+        x = np.asarray(ns, dtype=float)
         # thin grey guides, told apart by their dash pattern (a dashed coloured line is a causal mechanism)
         for p, ls in zip(reference_slopes, _GUIDE_STYLES * len(reference_slopes), strict=False):
-            ax.plot(n, y0 * (n / n[0]) ** p, ls=ls, color="grey", lw=0.9, label=f"∝ {variable}^{p:g}")
+            ax.plot(x, y0 * (x / x[0]) ** p, ls=ls, color="grey", lw=0.9, label=f"∝ {variable}^{p:g}")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
+    ax.set(xlabel=xlabel, ylabel=ylabel)
     if title:
         ax.set_title(title)
     if legend:
@@ -138,43 +164,35 @@ def curves_and_maps(
     map_ylabel: str = "token type",
     annotate: bool = True,
 ):
-    """Training curves above, matrices side by side below (one shared colour scale, from 0).
-
-    For a model trained in several variants (``curves``: label -> values per step, drawn with
-    ``styles[label]`` as ``plot`` keywords) and matrices read from it (``maps``: title -> (R, K) matrix, e.g.
-    the share of each token type's gate on each head before and after training). Drawn at the book's page
-    width.
-
-    Returns:
-        the matplotlib Figure.
-    """
-    from .style import PAGE_WIDTH, shared_scale
-
+    """Training curves (``curves``: label -> values per step, drawn with ``styles[label]``) above, matrices read
+    from the model (``maps``: title -> (R, K), e.g. each token type's gate share per head) side by side below
+    on one colour scale from 0; page wide. Returns the Figure."""
     check_count(curves, "curves", name="curves_and_maps", item="curve")
     check_count(maps, "maps", name="curves_and_maps", item="map")
     fig = plt.figure(figsize=(PAGE_WIDTH, 6.4))
     top, bottom = fig.subfigures(2, 1, height_ratios=[1.0, 1.1])
     ax = top.subplots()
     for label, ys in curves.items():
-        ax.plot(np.arange(len(ys)), _numpy(list(ys)), label=label, **dict((styles or {}).get(label, {})))
+        ax.plot(np.arange(len(ys)), to_numpy(list(ys)), label=label, **dict((styles or {}).get(label, {})))
     if logy:
         ax.set_yscale("log")
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
+    ax.set(xlabel=xlabel, ylabel=ylabel)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend()
     top.subplots_adjust(left=0.11, right=0.97, bottom=0.2, top=0.95)
-    arrays = {title: _numpy(m) for title, m in maps.items()}
-    scale = shared_scale(*arrays.values())
+    arrays = {title: to_numpy(m) for title, m in maps.items()}
+    vmax = shared_scale(*arrays.values())["vmax"]
     axes = np.atleast_1d(bottom.subplots(1, len(arrays)))
     for ax, (title, m) in zip(axes, arrays.items(), strict=True):
-        attention_heatmap(
-            m, ax=ax, title=title, xlabel=map_xlabel, ylabel=map_ylabel, vmax=scale["vmax"], annotate=annotate
-        )
-        ax.set_xticks(range(m.shape[1]))
-        ax.set_yticks(range(m.shape[0]))
+        attention_heatmap(m, ax=ax, title=title, xlabel=map_xlabel, ylabel=map_ylabel, vmax=vmax, annotate=annotate)
+        ax.set(xticks=range(m.shape[1]), yticks=range(m.shape[0]))
     bottom.subplots_adjust(left=0.11, right=0.97, bottom=0.14, top=0.9, wspace=0.45)
     return fig
+
+
+def _finite(series: Mapping[str, Sequence[float]]) -> dict[str, Sequence[float]]:
+    """The series that are not NaN everywhere."""
+    return {name: ys for name, ys in series.items() if np.isfinite(to_numpy(list(ys))).any()}
 
 
 def scaling_panels(
@@ -185,36 +203,18 @@ def scaling_panels(
     reference_slopes: Sequence[float] = (1, 2),
     xlabel: str = "sequence length N",
 ):
-    """Up to three log-log cost panels (ylabel -> {mechanism: values}) in a 2 x 2 grid at the page width.
-
-    Every series gets its mechanism's colour and line style (:func:`attnbook.viz.style.line_style`); the
-    fourth cell holds the one legend the panels share. Series that are NaN everywhere are left out.
-
-    Returns:
-        the matplotlib Figure.
-    """
-    from .style import PAGE_WIDTH
-
+    """Up to three log-log cost panels (ylabel -> {mechanism: values}) in a page-wide 2 x 2 grid, each series in
+    its mechanism's :func:`attnbook.viz.style.line_style` (NaN everywhere: left out), the shared legend in the
+    fourth cell. Returns the Figure."""
     check_count(panels, "panels", name="scaling_panels", minimum=1, maximum=3, item="panel")
     fig, axes = plt.subplots(2, 2, figsize=(PAGE_WIDTH, 6.6))
     for ax, (ylabel, series) in zip(list(axes.flat)[: len(panels)], panels.items(), strict=True):
-        shown = {name: ys for name, ys in series.items() if np.isfinite(_numpy(list(ys))).any()}
-        scaling_plot(
-            ns,
-            shown,
-            ylabel=ylabel,
-            ax=ax,
-            reference_slopes=reference_slopes,
-            xlabel=xlabel,
-            mechanism_styles=True,
-            legend=False,
-        )
-    for ax in list(axes.flat)[len(panels) : 3]:
+        scaling_plot(ns, _finite(series), ylabel=ylabel, ax=ax, reference_slopes=reference_slopes, xlabel=xlabel,
+                     mechanism_styles=True, legend=False)  # fmt: skip
+    for ax in list(axes.flat)[len(panels) :]:
         ax.axis("off")
-    legend_ax = axes.flat[3]
-    legend_ax.axis("off")
     handles, labels = axes.flat[0].get_legend_handles_labels()
-    legend_ax.legend(handles, labels, loc="center", ncols=2, frameon=False)
+    axes.flat[3].legend(handles, labels, loc="center", ncols=2, frameon=False)
     if title:
         fig.suptitle(title)
     fig.tight_layout()
@@ -230,18 +230,10 @@ def cost_figure(
     height: float = 3.4,
     xlabel: str = "sequence length N",
 ):
-    """Log-log cost panels at the book's page width, side by side (two per row, further rows below).
-
-    ``panels`` maps a panel's title to ``(ylabel, {name: values at each N})``, e.g.
-    ``{"time": ("seconds (median)", scaling.times)}``; every panel is a :func:`scaling_plot` with its own
-    legend and the guide lines ``reference_slopes``, and ``styles`` (name -> ``plot`` keywords) serves all of
-    them. A NaN leaves a point out; a series that is NaN everywhere is left out of its panel.
-
-    Returns:
-        the matplotlib Figure (``height`` inches per row).
+    """Log-log cost panels, two per row of ``height`` inches, page wide: ``panels`` maps a title to ``(ylabel,
+    {name: values at each N})``, each a :func:`scaling_plot` with its legend, the guides ``reference_slopes``
+    and ``styles`` (name -> ``plot`` keywords). A series that is NaN everywhere is left out. Returns the Figure.
     """
-    from .style import PAGE_WIDTH
-
     check_sequence(panels, "panels", name="cost_figure", mapping=True, minimum=1, item="panel")
     height = check_number(height, "height", name="cost_figure", minimum=1.0)
     ncols = min(len(panels), 2)
@@ -250,9 +242,7 @@ def cost_figure(
     for ax, (title, panel) in zip(axes.flat, panels.items(), strict=False):
         check_count(panel, f"panels[{title!r}]", name="cost_figure", minimum=2, maximum=2, item="part",
                     why=" (ylabel, series)")  # fmt: skip
-        ylabel, series = panel
-        shown = {name: ys for name, ys in series.items() if np.isfinite(_numpy(list(ys))).any()}
-        scaling_plot(ns, shown, ylabel=ylabel, ax=ax, title=title, reference_slopes=reference_slopes,
+        scaling_plot(ns, _finite(panel[1]), ylabel=panel[0], ax=ax, title=title, reference_slopes=reference_slopes,
                      xlabel=xlabel, styles=styles)  # fmt: skip
     for ax in list(axes.flat)[len(panels) :]:
         ax.remove()

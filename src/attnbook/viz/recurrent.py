@@ -1,10 +1,9 @@
 """Chapter 8's picture of a recurrent state: what each write rule leaves in S (D x Dv) after every token.
 
-:func:`compute_writes` runs one head of the three rules on the same key-value pairs, in float64, with the
-package's own steps (:func:`attnbook.linear_attention_step`'s plain sum without feature map or normaliser is
-the gated step with g = 0): **add** (linear attention, S += k v^T), **decay** (S = gamma S + k v^T) and **delta**
-(S += beta k (v - S^T k)^T). :func:`plot_writes` draws the states as rows of heat maps, one row per rule, one
-column per token, so that with one-hot keys row d of S is the value stored under key d.
+:func:`compute_writes` runs the three rules with the package's own steps on the same key-value pairs: **add**
+(linear attention, S += k v^T: the gated step with g = 0), **decay** (S = gamma S + k v^T) and **delta**
+(S += beta k (v - S^T k)^T). :func:`plot_writes` draws a row of heat maps per rule, one per token: with one-hot
+keys, row d of S is the value stored under key d.
 """
 
 from __future__ import annotations
@@ -65,8 +64,7 @@ def plot_writes(
             for t, S in enumerate(states[rule]):
                 ax = axes[r, t]
                 image = ax.imshow(S.numpy(), cmap="RdBu_r", vmin=-top, vmax=top)
-                ax.set_xticks([])
-                ax.set_yticks([])
+                ax.set(xticks=[], yticks=[])
                 if r == 0 and labels is not None:
                     ax.set_title(labels[t])
             axes[r, 0].set_ylabel(rule)

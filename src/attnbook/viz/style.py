@@ -1,17 +1,9 @@
 """One look for every figure of the book: a colour per mechanism, the page's width, readable text.
 
-* :data:`COLOURS` -- one colour per mechanism of :mod:`attnbook.mechanisms` (Okabe-Ito, safe for colour-blind
-  readers), used by every plot; :func:`colour` and :func:`line_style` also accept benchmark names such as
-  ``"linear_causal"`` (same colour, dashed) and ``"softmax_literal"``.
-* :data:`PAGE_WIDTH` -- the width in inches a figure is drawn for, the book page's text column at
-  :data:`DPI`; multi-panel figures stack or wrap rather than shrink below it.
-* :func:`book_style` -- matplotlib settings (rcParams) with the smallest text at :data:`MIN_FONT` points.
-* :func:`shared_scale` -- one colour scale for maps that are meant to be compared.
-* :func:`check_figure` -- what in a Figure breaks the page's rules (too wide, text below :data:`MIN_FONT`).
-* :func:`use_book_style` -- called in every chapter's setup cell: the book's settings for the whole session,
-  and every PNG a figure is rendered to (inline output, ``savefig``, a frame slider's frames) is checked
-  with :func:`check_figure` and stamped with its smallest text size, its width and its
-  :func:`figure_fingerprint`, which the browser tests read back from the images on the built pages.
+:data:`COLOURS` are Okabe-Ito, safe for colour-blind readers. Every chapter's setup cell calls
+:func:`use_book_style`, which sets :func:`book_style` (text of at least :data:`MIN_FONT` points) and checks every
+PNG a figure is rendered to (:func:`check_figure`: at most :data:`PAGE_WIDTH` inches wide), stamping it with what
+the browser tests read back from the built pages.
 """
 
 from __future__ import annotations
@@ -33,37 +25,15 @@ from matplotlib.text import Text
 
 from .._checks import check_choice, check_instance
 
-__all__ = [
-    "COLOURS",
-    "PAGE_WIDTH",
-    "DPI",
-    "MIN_FONT",
-    "STAMP_FONT",
-    "STAMP_WIDTH",
-    "STAMP_FINGERPRINT",
-    "colour",
-    "line_style",
-    "book_style",
-    "shared_scale",
-    "smallest_text",
-    "check_figure",
-    "figure_fingerprint",
-    "use_book_style",
-]
+__all__ = ["COLOURS", "PAGE_WIDTH", "DPI", "MIN_FONT", "STAMP_FONT", "STAMP_WIDTH", "STAMP_FINGERPRINT", "colour"]
+__all__ += ["line_style", "book_style", "shared_scale", "smallest_text", "check_figure", "figure_fingerprint"]
+__all__ += ["use_book_style"]
 
-COLOURS: dict[str, str] = {
-    "softmax": "#0072B2",  # blue
-    "linear": "#E69F00",  # orange
-    "flow": "#009E73",  # bluish green
-    "mobile": "#CC79A7",  # reddish purple
-    "moh": "#D55E00",  # vermillion
-    "decay": "#56B4E9",  # sky blue
-    "gated": "#000000",  # black
-    "delta": "#882255",  # wine
-    "none": "#999999",  # no attention: grey
-    "softmax_literal": "#555555",  # the definition written out: grey
-    "reference": "#999999",
-}
+# Okabe-Ito: blue, orange, bluish green, reddish purple, vermillion, sky blue, black; then a wine, greys for no
+# attention, the definition written out and a reference, and a dark ochre for linear attention with sigmoid features
+COLOURS: dict[str, str] = {"softmax": "#0072B2", "linear": "#E69F00", "flow": "#009E73", "mobile": "#CC79A7"}
+COLOURS |= {"moh": "#D55E00", "decay": "#56B4E9", "gated": "#000000", "delta": "#882255", "none": "#999999"}
+COLOURS |= {"softmax_literal": "#555555", "reference": "#999999", "linear_sigmoid": "#8C6D1F"}
 
 # The website's text column is 704 CSS px wide at a 1300 px window (sphinx-book-theme 1.3: measured in
 # chromium, tests/browser), and the theme never scales an image up. A figure PAGE_WIDTH inches wide rendered at
@@ -73,15 +43,11 @@ DPI = 100
 MIN_FONT = 9  # points
 
 
-def _base(name: str) -> str:
-    return name.removesuffix("_causal")
-
-
 def colour(name: str) -> str:
     """The colour of mechanism ``name`` (``"flow"``, ``"flow_causal"``, ...); a ValueError for an unknown one."""
     known = (*COLOURS, *(f"{n}_causal" for n in COLOURS))
     check_choice(name, "name", known, name="colour", why=" (a mechanism, causal or not)")
-    return COLOURS[name] if name in COLOURS else COLOURS[_base(name)]
+    return COLOURS[name.removesuffix("_causal")]
 
 
 def line_style(name: str) -> dict:
@@ -89,17 +55,8 @@ def line_style(name: str) -> dict:
     return {"color": colour(name), "linestyle": "--" if name.endswith("_causal") else "-"}
 
 
-_RC = {
-    "figure.dpi": DPI,
-    "savefig.dpi": DPI,
-    "font.size": 10,
-    "axes.titlesize": 10,
-    "axes.labelsize": 10,
-    "xtick.labelsize": MIN_FONT,
-    "ytick.labelsize": MIN_FONT,
-    "legend.fontsize": MIN_FONT,
-    "figure.titlesize": 11,
-}
+_RC = {"figure.dpi": DPI, "savefig.dpi": DPI, "font.size": 10, "axes.titlesize": 10, "axes.labelsize": 10}
+_RC |= {"xtick.labelsize": MIN_FONT, "ytick.labelsize": MIN_FONT, "legend.fontsize": MIN_FONT, "figure.titlesize": 11}
 
 
 @contextlib.contextmanager
@@ -122,20 +79,14 @@ STAMP_FINGERPRINT = "attnbook:fingerprint"  # PNG text chunk: what the figure sh
 
 def smallest_text(fig: Figure) -> float | None:
     """The size in points of the smallest visible, non-empty text of ``fig`` (None when it has no text)."""
-    sizes = [
-        float(t.get_fontsize())
-        for t in fig.findobj(Text)
-        if t.get_visible() and t.get_text().strip() and (t.axes is None or t.axes.get_visible())
-    ]
+    shown = (t for t in fig.findobj(Text) if t.get_visible() and t.get_text().strip())
+    sizes = [float(t.get_fontsize()) for t in shown if t.axes is None or t.axes.get_visible()]
     return min(sizes) if sizes else None
 
 
 def check_figure(fig: Figure) -> list[str]:
-    """Every way in which ``fig`` breaks the page's rules; an empty list when it fits.
-
-    A figure may be at most :data:`PAGE_WIDTH` inches wide (wider ones are shrunk by the browser and their
-    text with them) and its smallest text at least :data:`MIN_FONT` points.
-    """
+    """Every way in which ``fig`` breaks the page's rules (at most :data:`PAGE_WIDTH` inches wide, or the browser
+    shrinks it and its text; no text under :data:`MIN_FONT` points); an empty list when it fits."""
     check_instance(fig, "fig", Figure, name="check_figure", what="a matplotlib Figure")
     problems = []
     width = float(fig.get_figwidth())
@@ -159,12 +110,8 @@ def _feed(digest, x) -> None:
 
 
 def figure_fingerprint(fig: Figure) -> str:
-    """A hash of what ``fig`` shows -- its size, and every visible artist's data and text -- that does not
-    depend on the resolution it is rendered at: the same figure drawn twice (a static default and the first
-    frame of its slider) has one fingerprint, two different figures have two.
-
-    Cost: one pass over the figure's artists; call it on a drawn figure (tick labels get their text then).
-    """
+    """A hash of what a drawn ``fig`` shows (its size, every visible artist's data and text), whatever the
+    resolution: a figure shown twice (a static default and its slider's first frame) has one fingerprint."""
     digest = hashlib.sha1(str(tuple(np.round(fig.get_size_inches(), 3))).encode())
     for artist in fig.findobj(lambda a: a.get_visible()):
         digest.update(type(artist).__name__.encode())
@@ -219,12 +166,9 @@ def _checked_print_figure(self, filename, *args, **kwargs):
 def use_book_style() -> None:
     """Set the book's figure settings for this session and check and stamp every PNG rendered from now on.
 
-    Call it once in a chapter's setup cell. Every figure rendered to PNG (the inline output, ``savefig``,
-    :func:`attnbook.viz.static.figure_to_png`) is checked with :func:`check_figure` (a line on stderr per
-    problem, shown in the cell's output) and carries three PNG text chunks, :data:`STAMP_FONT`,
-    :data:`STAMP_WIDTH` and :data:`STAMP_FINGERPRINT`. The browser tests multiply the first by the scale at
-    which the page shows the image to get its smallest text in screen pixels, find a figure shown twice by
-    its fingerprint, and fail a page with an unstamped figure.
+    Every figure rendered to PNG (inline, ``savefig``, :func:`attnbook.viz.static.figure_to_png`) is checked
+    with :func:`check_figure` (a line on stderr per problem) and carries :data:`STAMP_FONT`, :data:`STAMP_WIDTH`
+    and :data:`STAMP_FINGERPRINT`, which the browser tests read from the built pages.
     """
     mpl.rcParams.update(_RC)
     FigureCanvasBase.print_figure = _checked_print_figure
