@@ -30,12 +30,14 @@ def quiet_or_exit(script: str, force: bool) -> list[float]:
 
 
 def commit() -> str | None:
-    """The checkout's commit, with "+changes" when tracked files differ from it (None outside git)."""
+    """The checkout's commit, with "+changes" when tracked files differ from it (None outside git). Recordings
+    under benchmarks/results/ do not count: a script that records several studies writes the first before it
+    stamps the next."""
     root = Path(__file__).resolve().parents[1]
     try:
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
-                               capture_output=True, text=True, check=True)  # fmt: skip
+        status = ["git", "status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)benchmarks/results"]
+        dirty = subprocess.run(status, cwd=root, capture_output=True, text=True, check=True)
     except (OSError, subprocess.CalledProcessError):
         return None
     return head.stdout.strip() + ("+changes" if dirty.stdout.strip() else "")

@@ -2,6 +2,7 @@
 average is above half the cores, unless forced (and the recording says so), and it stores the load before and
 after, and the commit."""
 
+import importlib.util
 import pathlib
 import sys
 
@@ -43,3 +44,29 @@ def test_refuses_a_busy_machine_unless_forced(monkeypatch, capsys):
 def test_every_recording_script_checks_the_load_and_stamps_its_recording(script):
     text = (BENCHMARKS / script).read_text()
     assert "quiet_or_exit(" in text and "stamp(" in text and '"--force"' in text
+
+
+def test_the_commit_ignores_recordings_but_not_code(tmp_path):
+    """A script that records several studies writes the first recording before it stamps the next: a changed
+    file under benchmarks/results/ is not a change of the code, any other tracked file is."""
+    import shutil
+    import subprocess
+
+    bench = tmp_path / "benchmarks"
+    (bench / "results").mkdir(parents=True)
+    shutil.copy(pathlib.Path(recording.__file__), bench / "recording.py")
+    (bench / "results" / "study.json").write_text("{}\n")
+    (tmp_path / "code.py").write_text("x = 1\n")
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(tmp_path)]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "add", "."], check=True)
+    subprocess.run([*git, "commit", "-qm", "c"], check=True)
+    spec = importlib.util.spec_from_file_location("recording_copy", bench / "recording.py")
+    copy = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(copy)
+    head = copy.commit()
+    assert head is not None and len(head) == 40
+    (bench / "results" / "study.json").write_text('{"runs": []}\n')
+    assert copy.commit() == head
+    (tmp_path / "code.py").write_text("x = 2\n")
+    assert copy.commit() == head + "+changes"
