@@ -440,3 +440,19 @@ def test_fraction_figure_draws_curves_softmax_chance_and_the_claim_for_the_page(
     assert bytes(fig._repr_png_()).startswith(b"\x89PNG")  # shows itself in a notebook
     with pytest.raises(ValueError, match="curves must hold at least 1 curve"):
         vm.fraction_figure({})
+
+
+def test_the_fewer_heads_control_is_read_from_a_recording_and_drawn_dashed_in_softmax_colour():
+    import matplotlib.colors as mc
+
+    assert vm.fewer_heads_curve(RECORDING) == []  # a study without the control
+    control = {**RECORDING, "fewer_heads": [{"fraction": 0.25, "accuracy": {"mean": 0.9, "low": 0.8, "high": 1.0}}]}
+    rows = vm.fewer_heads_curve(control)
+    assert rows == [(0.25, 0.9, 0.8, 1.0)]
+    fig = vm.fraction_figure({"recorded": vm.fraction_curve(control)[0]}, fewer=rows)
+    assert_readable(fig)
+    handles, labels = fig.axes[0].get_legend_handles_labels()
+    line = handles[labels.index("plain attention with only that many heads")].lines[0]
+    assert mc.to_hex(line.get_color()) == colour("softmax").lower() and line.get_linestyle() == "--"
+    with pytest.raises(ValueError, match="hold 'curve' and 'softmax'"):
+        vm.fewer_heads_curve({"fewer_heads": []})

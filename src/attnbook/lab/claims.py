@@ -1335,8 +1335,9 @@ def head_width_spans(result: HeadWidthStudy | dict, *, trained: bool = True) -> 
 
 
 def head_width_table(live: HeadWidthStudy, recorded: dict | None = None) -> str:
-    """The head-width study as text for an 80-column page: per head width D and variant, the accuracy (mean over
-    seeds, and their range when there are several) and the trained heads' effective rank, live and recorded."""
+    """The head-width study as text at most 70 columns wide (the website's output column): per head width D and
+    variant, the accuracy (mean over seeds, and their range when there are several) and the trained heads'
+    effective rank, live and recorded."""
     check_instance(live, "live", HeadWidthStudy, name="head_width_table", what="a HeadWidthStudy")
     ours = head_width_spans(live)
     theirs = {} if recorded is None else head_width_spans(recorded)
@@ -1346,21 +1347,23 @@ def head_width_table(live: HeadWidthStudy, recorded: dict | None = None) -> str:
     def seeds(n: int) -> str:
         return f"{n} seed" + ("" if n == 1 else "s")
 
-    steps = f"{live.setup.steps} steps, {seeds(n_live)}"
-    rec = "" if recorded is None else f"{recorded['setup']['steps']} steps, {seeds(n_rec)}"
-    lines = [f"{'':12s}{'live: ' + steps:>30s}" + (f"{'recorded: ' + rec:>32s}" if rec else "   (no recording here)")]
-    lines.append(f"{'':12s}{'accuracy':>20s}{'rank':>10s}" + (f"{'accuracy':>22s}{'rank':>10s}" if rec else ""))
+    legend = f"live: {live.setup.steps} steps, {seeds(n_live)}; "
+    legend += (
+        "no recording here" if recorded is None else f"recorded: {recorded['setup']['steps']} steps, {seeds(n_rec)}"
+    )
+    sources = [(ours, n_live)] + ([(theirs, n_rec)] if recorded is not None else [])
+    lines = [legend, f"{'':18s}" + "".join(f"{name:>25s}" for name in ("live", "recorded")[: len(sources)])]
+    lines.append(f"{'D  variant':18s}" + f"{'accuracy':>19s}{'rank':>6s}" * len(sources))
     for d in live.widths:
         for v in live.variants:
-            row = f"D = {d:<2d} {v:6s}"
-            for spans in (ours, theirs) if rec else (ours,):
+            row = f"{d:<3d}{v:15s}"
+            for spans, n in sources:
                 s = spans.get(v, {}).get(d)
                 if s is None:
-                    row += f"{'-':>20s}{'-':>10s}" if spans is ours else f"{'-':>22s}{'-':>10s}"
+                    row += f"{'-':>19s}{'-':>6s}"
                     continue
                 a, r = s["accuracy"], s["rank"]
-                one = (n_live if spans is ours else n_rec) == 1  # one seed: no range to give
-                acc = f"{a[0]:.3f}" if one else f"{a[0]:.3f} ({a[1]:.2f}-{a[2]:.2f})"
-                row += f"{acc:>20s}{r[0]:>10.2f}" if spans is ours else f"{acc:>22s}{r[0]:>10.2f}"
+                acc = f"{a[0]:.3f}" if n == 1 else f"{a[0]:.3f} ({a[1]:.2f}-{a[2]:.2f})"  # one seed: no range
+                row += f"{acc:>19s}{r[0]:>6.2f}"
             lines.append(row)
     return "\n".join(lines)

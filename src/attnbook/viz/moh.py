@@ -41,7 +41,7 @@ from .style import DPI, PAGE_WIDTH, book_style, colour
 
 __all__ = ["RoutingState", "RouterTraining", "compute_routing", "load_imbalance", "train_router", "plot_routing"]
 __all__ += ["default_figure", "training_frames", "routing_explorer", "RoutingExplorer", "fraction_curve"]
-__all__ += ["fraction_figure"]
+__all__ += ["fraction_figure", "fewer_heads_curve"]
 
 _ROUTER_LAYERS = ("wg", "wg_0", "wg_1")  # MoH's router: routed heads, shared-vs-routed split, shared heads
 _SETTINGS = ("n_heads", "shared", "top_k", "temperature", "seed")  # of a RoutingState, as compute_routing takes them
@@ -516,9 +516,21 @@ def fraction_curve(source) -> tuple[list[tuple[float, float, float, float]], tup
     return rows, (s.mean, s.low, s.high)
 
 
+def fewer_heads_curve(recording: dict) -> list[tuple[float, float, float, float]]:
+    """The control of a MoH study's recording (parsed JSON): one ``(fraction, mean, low, high)`` row of accuracy
+    over the seeds per plain multi-head softmax attention with only that many of the heads (its ``fewer_heads``;
+    an empty list when the study ran without them)."""
+    check_found([k for k in ("curve", "softmax") if k in recording], "recording", name="fewer_heads_curve",
+                expected="hold 'curve' and 'softmax' (a MoH study's recording)", got=f"keys {sorted(recording)}",
+                minimum=2)  # fmt: skip
+    stats = ("mean", "low", "high")
+    return [(float(r["fraction"]), *(float(r["accuracy"][k]) for k in stats)) for r in recording.get("fewer_heads", [])]
+
+
 def fraction_figure(
     curves: dict[str, list[tuple[float, float, float, float]]],
     *,
+    fewer: list[tuple[float, float, float, float]] | None = None,
     softmax: tuple[float, float, float] | None = None,
     chance: float | None = None,
     claim: tuple[float, float] | None = (0.5, 0.9),
@@ -527,7 +539,9 @@ def fraction_figure(
     """Quality against the fraction of heads each token activates, at the book's page width.
 
     ``curves``: label -> rows ``(fraction, mean, low, high)`` (:func:`fraction_curve`) in MoH's colour with the
-    range over seeds as error bars, the first bolder; ``softmax`` (mean, low, high): every head, a band;
+    range over seeds as error bars, the first bolder; ``fewer``: plain multi-head attention with only that fraction
+    of the heads (:func:`fewer_heads_curve`), in softmax's colour, dashed; ``softmax`` (mean, low, high): every
+    head, a band;
     ``chance``: a dotted line; ``claim``: the fractions at which the paper claims multi-head quality, shaded.
     """
     name = "fraction_figure"
@@ -552,6 +566,10 @@ def fraction_figure(
             ax.errorbar(
                 f, mean, yerr=np.stack([mean - low, high - mean]), color=colour("moh"), capsize=3, label=label, **first
             )
+        if fewer:
+            f, mean, low, high = (np.array(col, dtype=float) for col in zip(*fewer, strict=True))
+            ax.errorbar(f, mean, yerr=np.stack([mean - low, high - mean]), color=colour("softmax"), ls="--",
+                        marker="^", lw=1.2, capsize=3, label="plain attention with only that many heads")  # fmt: skip
         ax.set(xlabel="fraction of the heads each token activates", ylabel=ylabel, xlim=(0.0, 1.05), ylim=(0.0, 1.05))
         ax.xaxis.set_major_formatter(lambda x, _: f"{x:.0%}")
         ax.grid(True, alpha=0.3)
