@@ -458,7 +458,9 @@ def _claims():
     heads = {"rows": [{"variant": v, "head_dim": 2, "accuracy": {"mean": a}, "rank_trained": [r, r]}
                       for v, a, r in (("linear", 0.67, 1.0), ("mobile", 0.92, 1.3))]}  # fmt: skip
     moh = {"curve": [{"fraction": f, "accuracy": {"mean": a}} for f, a in ((0.25, 0.67), (0.5, 0.996), (1.0, 1.0))],
-           "softmax": {"accuracy": {"mean": 1.0}}}  # fmt: skip
+           "softmax": {"accuracy": {"mean": 1.0}}, "fewer_heads": [{"variant": "mha_2", "accuracy": {"mean": 0.98}}],
+           "lookups": {"5": {"curve": [{"fraction": 1.0, "accuracy": {"mean": 0.17}}],
+                             "softmax": {"accuracy": {"mean": 0.97}}}}}  # fmt: skip
     lookup = {"demos": [{"n_tokens": 6, "dim": 8, "rescaled": {"linear": [0.2, 0.3]}, "trained": {"linear": 1.0}}]}
     writing = {
         "summary": {"eager": {"softmax_over": {"linear": 3.8}}, "compiled": {"softmax_over": {"linear": 9.0}}},
@@ -473,6 +475,8 @@ def test_claim_numbers_name_every_recorded_number_and_leave_out_absent_recording
     assert numbers["listops chance"] == 0.1 and numbers["listops majority"] == 0.11
     assert numbers["heads mobile D=2"] == 0.92 and numbers["rank mobile D=2"] == pytest.approx(1.3)
     assert numbers["moh 0.5"] == 0.996 and numbers["moh 1"] == 1.0 and numbers["moh softmax"] == 1.0
+    assert numbers["moh mha_2"] == 0.98  # the control
+    assert numbers["moh 1 lookups=5"] == 0.17 and numbers["moh softmax lookups=5"] == 0.97
     assert numbers["lookup rescaled low linear 6x8"] == 0.2 and numbers["lookup rescaled high linear 6x8"] == 0.3
     assert numbers["lookup trained linear 6x8"] == 1.0
     assert numbers["writing ratio"] == 3.8 and numbers["writing t"] == 8192
@@ -480,12 +484,15 @@ def test_claim_numbers_name_every_recorded_number_and_leave_out_absent_recording
     assert "listops flow" not in h2h.claim_numbers({**_claims(), "listops": None})
 
 
-def test_claims_summary_prints_each_study_in_eighty_columns():
+def test_claims_summary_prints_each_study_within_the_website_s_output_column():
     text = h2h.claims_summary(h2h.claim_numbers(_claims()))
     assert "flow                 0.280 (0.290-0.310)" in text
-    assert "D = 2:  linear 0.670 (rank 1.00)   mobile 0.920 (rank 1.30)" in text
+    assert "    D          linear          mobile" in text
+    assert "    2    0.670 (1.00)    0.920 (1.30)" in text
     assert "25 %: 0.670   50 %: 0.996   100 %: 1.000   softmax: 1.000" in text
-    assert max(len(line) for line in text.splitlines()) <= 80
+    assert "plain attention with only 2 heads: 0.980" in text  # the control
+    assert "5 look-ups: MoH at most 0.170, softmax 0.970" in text
+    assert max(len(line) for line in text.splitlines()) <= 72
     assert h2h.claims_summary({}) == "no recordings here (clone the repository to see them)"
 
 

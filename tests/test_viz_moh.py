@@ -452,7 +452,7 @@ def test_the_fewer_heads_control_is_read_from_a_recording_and_drawn_dashed_in_so
     fig = vm.fraction_figure({"recorded": vm.fraction_curve(control)[0]}, fewer=rows)
     assert_readable(fig)
     handles, labels = fig.axes[0].get_legend_handles_labels()
-    line = handles[labels.index("plain attention with only that many heads")].lines[0]
+    line = handles[labels.index("recorded: plain attention, that many heads")].lines[0]
     assert mc.to_hex(line.get_color()) == colour("softmax").lower() and line.get_linestyle() == "--"
     with pytest.raises(ValueError, match="hold 'curve' and 'softmax'"):
         vm.fewer_heads_curve({"fewer_heads": []})

@@ -803,7 +803,9 @@ def claim_numbers(recorded: dict[str, dict | None]) -> dict[str, float]:
     absent recording are left out. Names: ``"listops <variant>"`` (mean held-out accuracy) with
     ``"listops <variant> low"`` / ``"high"``, ``"listops chance"``, ``"listops majority"``; ``"heads <variant>
     D=<D>"`` (accuracy) and ``"rank <variant> D=<D>"`` (a trained head's effective rank, mean over seeds);
-    ``"moh <fraction>"`` (accuracy with that share of the heads active), ``"moh softmax"``; ``"lookup <kind>
+    ``"moh <fraction>"`` (accuracy with that share of the heads active), ``"moh softmax"``, ``"moh mha_<h>"`` (plain
+    attention with only h heads, the control), the same with `` lookups=<n>`` for the other numbers of look-ups
+    (MoH and softmax); ``"lookup <kind>
     <mechanism> <n>x<D>"`` (the lookup share, ``kind`` ``rescaled low`` / ``rescaled high`` / ``trained``);
     ``"writing ratio"`` (softmax's per-token step over linear attention's at the last position, the first decoder
     recorded) and ``"writing t"`` (that position).
@@ -829,6 +831,12 @@ def claim_numbers(recorded: dict[str, dict | None]) -> dict[str, float]:
         for row in moh["curve"]:
             out[f"moh {row['fraction']:g}"] = row["accuracy"]["mean"]
         out["moh softmax"] = moh["softmax"]["accuracy"]["mean"]
+        for row in moh.get("fewer_heads", []):  # the control: plain attention with only that many heads
+            out[f"moh {row['variant']}"] = row["accuracy"]["mean"]
+        for n_queried, study in moh.get("lookups", {}).items():
+            for row in study["curve"]:
+                out[f"moh {row['fraction']:g} lookups={n_queried}"] = row["accuracy"]["mean"]
+            out[f"moh softmax lookups={n_queried}"] = study["softmax"]["accuracy"]["mean"]
     lookup = recorded.get("lookup")
     if lookup:
         for demo in lookup["demos"]:
@@ -861,19 +869,30 @@ def claims_summary(numbers: dict[str, float]) -> str:
             lines.append(f"  {n:20s} {numbers[f'listops {n}']:.3f} ({lo:.3f}-{hi:.3f})")
     widths = sorted({int(k.split("D=")[1]) for k in numbers if k.startswith("heads ")})
     if widths:
-        lines.append("Recall with heads of width D (C = 32): accuracy, rank of a trained head")
+        lines.append("Recall with heads of width D (C = 32): accuracy (rank of a trained head)")
+        variants = list(dict.fromkeys(k.split()[1] for k in numbers if k.startswith("heads ")))
+        lines.append(f"  {'D':>3s}" + "".join(f"{v:>16s}" for v in variants))
         for d in widths:
             cells = [
-                f"{v} {numbers[f'heads {v} D={d}']:.3f} (rank {numbers[f'rank {v} D={d}']:.2f})"
-                for v in ("linear", "mobile")
+                f"{numbers[f'heads {v} D={d}']:.3f} ({numbers[f'rank {v} D={d}']:.2f})"
                 if f"heads {v} D={d}" in numbers
+                else "-"
+                for v in variants
             ]
-            lines.append(f"  D = {d}:  " + "   ".join(cells))
-    fractions = sorted(float(k.split()[1]) for k in numbers if k.startswith("moh ") and k != "moh softmax")
+            lines.append(f"  {d:>3d}" + "".join(f"{c:>16s}" for c in cells))
+    fractions = sorted(float(k.split()[1]) for k in numbers if k.startswith("moh ") and k.count(" ") == 1
+                       and k.split()[1][0].isdigit())  # fmt: skip
     if fractions:
         lines.append("MoH, 3-key recall: accuracy against the share of heads a token uses")
         cells = [f"{100 * f:.0f} %: {numbers[f'moh {f:g}']:.3f}" for f in fractions]
         lines.append("  " + "   ".join(cells) + f"   softmax: {numbers['moh softmax']:.3f}")
+        fewer = sorted((int(k.split("_")[1]), v) for k, v in numbers.items() if k.startswith("moh mha_"))
+        if fewer:
+            heads = ", ".join(str(h) for h, _ in fewer)
+            lines.append(f"  plain attention with only {heads} heads: " + ", ".join(f"{v:.3f}" for _, v in fewer))
+        for n in sorted({k.split("lookups=")[1] for k in numbers if "lookups=" in k}, key=int):
+            best = max(v for k, v in numbers.items() if k.endswith(f"lookups={n}") and "softmax" not in k)
+            lines.append(f"  {n} look-ups: MoH at most {best:.3f}, softmax {numbers[f'moh softmax lookups={n}']:.3f}")
     return "\n".join(lines) if lines else "no recordings here (clone the repository to see them)"
 
 

@@ -568,8 +568,9 @@ def fraction_figure(
             )
         if fewer:
             f, mean, low, high = (np.array(col, dtype=float) for col in zip(*fewer, strict=True))
+            label = "recorded: plain attention, that many heads"
             ax.errorbar(f, mean, yerr=np.stack([mean - low, high - mean]), color=colour("softmax"), ls="--",
-                        marker="^", lw=1.2, capsize=3, label="plain attention with only that many heads")  # fmt: skip
+                        marker="^", lw=1.2, capsize=3, label=label)  # fmt: skip
         ax.set(xlabel="fraction of the heads each token activates", ylabel=ylabel, xlim=(0.0, 1.05), ylim=(0.0, 1.05))
         ax.xaxis.set_major_formatter(lambda x, _: f"{x:.0%}")
         ax.grid(True, alpha=0.3)
