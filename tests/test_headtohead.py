@@ -534,7 +534,7 @@ def test_advice_rows_mark_what_is_the_papers_claim_and_back_the_rest_with_number
     assert "Wu et al. (2022)" in flow[2] and "not reproduced" in flow[2] and flow[3].startswith("the paper's claim")
     assert "at D = 4 recall 1.000 against linear's 0.951" in mobile[3]
     assert "vision transformers" in mobile[3] and "its claim, not tested here" in mobile[3]
-    assert "no time saved here (0.84x to 1.29x a softmax layer's time)" in moh[3] and "Jin et al. (2024)" in moh[2]
+    assert "no time saved (0.84x to 1.29x a softmax layer's time)" in moh[3] and "Jin et al. (2024)" in moh[2]
     bare = h2h.advice_rows(race, shares, numbers={}, **kw)
     assert "at D = 4 recall (not recorded here)" in bare[1][3]
 

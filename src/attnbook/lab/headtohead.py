@@ -971,17 +971,20 @@ def advice_rows(
             f"{measured('mobile')}; recall with heads of D = 2: {num('heads mobile D=2')} against linear's"
             f" {num('heads linear D=2')}; no causal form",
             "Yao et al. (2024): competition across heads keeps small heads useful: reproduced at D = 2"
-            f" (head rank {num('rank mobile D=2', '.2f')} against {num('rank linear D=2', '.2f')})",
+            f" (head rank {num('rank mobile D=2', '.2f')} against {num('rank linear D=2', '.2f')}); the controls,"
+            f" linear with sigmoid features {num('heads linear_sigmoid D=2')} and Flow {num('heads flow D=2')},"
+            " say it is the competition",
             f"many small heads (at D = 4 recall {num('heads mobile D=4')} against linear's"
-            f" {num('heads linear D=4')}); non-causal models only; the slowest step on short inputs. The paper"
-            " built it for vision transformers on phones (its claim, not tested here)",
+            f" {num('heads linear D=4')}); non-causal models only; the most operations per step on short inputs."
+            " The paper built it for vision transformers on phones (its claim, not tested here)",
         ],
         "moh": lambda: [
             f"{measured('moh')}; 3-key recall with 50 % of the heads {num('moh 0.5')}, 25 % {num('moh 0.25')},"
-            f" all {num('moh 1')}",
-            "Jin et al. (2024): the quality of all heads from 50-90 % of them: reproduced from 50 % (not at 25 %)",
-            f"a per-token choice of heads; no time saved here ({layer} a softmax layer's time): that"
-            " needs a kernel that runs each head on its own tokens only (chapter 5)",
+            f" all {num('moh 1')}; plain attention with only 2 heads {num('moh mha_2')}",
+            "Jin et al. (2024): the quality of all heads from 50-90 % of them: reproduced from 50 % (not at 25 %),"
+            " but no better than a plain layer with that many heads",
+            f"a per-token choice of heads; on this page no gain over fewer heads, and no time saved ({layer} a"
+            " softmax layer's time): that needs a kernel that runs each head on its own tokens only (chapter 5)",
         ],
     }
     return [[f"<b>{m}</b>", *rows[m]()] for m in result.mechanisms if m in rows]
