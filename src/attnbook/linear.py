@@ -11,8 +11,8 @@ denominator, as in fast-transformers.
 
 The causal sums are one chunked form (:func:`chunked_causal_product`): inside a chunk of ell positions the masked
 ell x ell product, between chunks the carried state (Yang et al., "Gated Linear Attention Transformers with
-Hardware-Efficient Training", ICML 2024, Sec. 2.2). On the CPU, causal attention with a built-in feature map goes
-to the speed annex (:mod:`attnbook._fast`) unless :func:`attnbook.config.plain` says otherwise.
+Hardware-Efficient Training", ICML 2024, Sec. 2.2). On the CPU with one thread, causal attention with a built-in
+feature map and no state goes to the speed annex (:mod:`attnbook._fast`) unless :func:`attnbook.config.plain`.
 """
 
 from __future__ import annotations
