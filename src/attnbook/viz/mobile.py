@@ -124,8 +124,11 @@ def head_width_figure(live: dict, recorded: dict | None = None, *, chance: float
     {"accuracy": span, "rank": span}`` (:func:`attnbook.lab.claims.head_width_spans`); ``chance`` dotted."""
     where = "head_width_figure"
     check_sequence(live, "live", name=where, mapping=True, minimum=1, item="mechanism")
-    fig, (ax_acc, ax_rank) = plt.subplots(1, 2, figsize=(PAGE_WIDTH, 3.6))
-    fig.subplots_adjust(left=0.09, right=0.98, bottom=0.15, top=0.76, wspace=0.3)
+    # the legend on top, three entries a row: a line per variant and source, chance and the rank limit
+    rows = -(-(len(live) * (2 if recorded else 1) + 1 + (chance is not None)) // 3)
+    height = 2.9 + 0.25 * rows  # inches: the panels keep their height whatever the legend's
+    fig, (ax_acc, ax_rank) = plt.subplots(1, 2, figsize=(PAGE_WIDTH, height))
+    fig.subplots_adjust(left=0.09, right=0.98, bottom=0.54 / height, top=1 - (0.2 + 0.25 * rows) / height, wspace=0.3)
     sources = [(live, "live", "white", 1.0)] + ([(recorded, "recorded", None, 2.0)] if recorded else [])
     widths: set[int] = set()
     for spans, kind, face, lw in sources:
