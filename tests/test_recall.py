@@ -50,7 +50,13 @@ def test_the_study_sweeps_then_runs_more_seeds_at_each_settings_best_rate():
     assert study["results"][0]["state_numbers"] == 2 * 8 * 16  # a KV cache of 8 tokens of width 16
     assert study["results"][1]["state_numbers"] is None  # no attention, no state
     table = recall.table(study, 16)
-    assert "softmax" in table and max(map(len, table.splitlines())) <= 100
+    assert "softmax" in table and max(map(len, table.splitlines())) <= 9 + 17 + 9  # one number of pairs
+
+    # two cells with a range each stay apart (at 14 columns a cell they ran together: "0.50 (0.25-0.75)0.50 ...")
+    result = {"mechanism": "linear", "width": 16, "final": [0.25, 0.75], "mean": 0.5, "state_numbers": 1}
+    wide = {"config": {"pairs": [8, 16], "mechanisms": ["linear"]},
+            "results": [{**result, "n_pairs": p} for p in (8, 16)]}  # fmt: skip
+    assert recall.table(wide, 16).splitlines()[1].split() == ["linear", *["0.50", "(0.25-0.75)"] * 2, "1"]
 
 
 def test_state_numbers_are_what_the_layers_carry():

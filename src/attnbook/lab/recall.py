@@ -269,19 +269,20 @@ def _result(recording: dict, mechanism: str, n_pairs: int, width: int) -> dict:
 
 
 def table(recording: dict, width: int) -> str:
-    """Mean final accuracy over the seeds (min to max below 1.00 in brackets) against the number of pairs, and the
-    median steps to 90 % at the largest, for one width: a text table that fits 100 columns."""
+    """Mean final accuracy over the seeds (their range in brackets where a seed is below 0.995) against the number
+    of pairs, for one width, and the numbers one layer holds at the largest (``state``): a text table of at most
+    70 columns with three numbers of pairs (17 more per number)."""
     c = recording["config"]
-    head = f"{'width ' + str(width):14s}" + "".join(f"{'P=' + str(p):>14s}" for p in c["pairs"]) + f"{'state':>9s}"
+    head = f"{'width ' + str(width):9s}" + "".join(f"{'P=' + str(p):>17s}" for p in c["pairs"]) + f"{'state':>9s}"
     lines = [head]
     for m in c["mechanisms"]:
         cells = []
         for p in c["pairs"]:
             r = _result(recording, m, p, width)
             spread = "" if min(r["final"]) >= 0.995 else f" ({min(r['final']):.2f}-{max(r['final']):.2f})"
-            cells.append(f"{r['mean']:.2f}{spread}".rjust(14))
+            cells.append(f"{r['mean']:.2f}{spread}".rjust(17))
         numbers = _result(recording, m, c["pairs"][-1], width)["state_numbers"]
-        lines.append(f"{m:14s}" + "".join(cells) + (f"{numbers:>9d}" if numbers is not None else f"{'-':>9s}"))
+        lines.append(f"{m:9s}" + "".join(cells) + (f"{numbers:>9d}" if numbers is not None else f"{'-':>9s}"))
     return "\n".join(lines)
 
 
@@ -289,6 +290,7 @@ def plot(recording: dict, *, title: str | None = None):
     """Mean final accuracy against the number of pairs, one panel per width, one line per mechanism (the seeds'
     range shaded); chance is the dotted line."""
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import NullFormatter
 
     from ..viz.style import PAGE_WIDTH, book_style, line_style
 
@@ -305,6 +307,7 @@ def plot(recording: dict, *, title: str | None = None):
             ax.axhline(1 / c["task"]["n_values"], color="0.5", lw=0.8, ls=":")
             ax.set(xscale="log", xticks=c["pairs"], xticklabels=[str(p) for p in c["pairs"]], title=f"width {w}",
                    xlabel="key-value pairs P")  # fmt: skip
+            ax.xaxis.set_minor_formatter(NullFormatter())  # only the numbers of pairs studied
         axes_list = list(getattr(axes, "flat", [axes]))
         axes_list[0].set_ylabel("held-out recall accuracy")
         axes_list[-1].legend(loc="lower left", ncol=2)
