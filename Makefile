@@ -37,8 +37,8 @@ KERNELS_LOCK := _build/.kernels.lock
 NBMAKE_TIMEOUT ?= 120
 export NBMAKE_TIMEOUT
 WHEEL_VENV := _build/wheel-venv
-# The package's tests; the book's own (notebook structure, website, front-ends) run in .venv.
-BOOK_TESTS := tests/test_notebooks.py tests/browser tests/frontend
+# The package's tests; the book's own (notebook structure, prose numbers, website, front-ends) run in .venv.
+BOOK_TESTS := tests/test_notebooks.py tests/test_prose_numbers.py tests/browser tests/frontend
 PACKAGE_TESTS := $(foreach t,$(BOOK_TESTS),--ignore=$(t))
 
 .PHONY: help venv assets book test test-book test-frontends steps lint unit wheel wheel-test notebooks book-strict browser colab serve lock clean
@@ -164,7 +164,7 @@ notebooks: venv assets
 	grep -q 'execute_notebooks: "off"' $(EXECUTED)/_config.yml
 	ln -s ../../_build/site-assets $(EXECUTED)/_build/site-assets
 	ln -s ../src $(EXECUTED)/src  # the chapters' literalinclude folds read ../src
-	$(BIN)/pytest -q tests/test_notebooks.py
+	$(BIN)/pytest -q tests/test_notebooks.py tests/test_prose_numbers.py
 	@# the kernels' lock: jupyter_client picks a kernel's TCP ports by probing for free ones, and a kernel that
 	@# the Colab path starts at the same moment can take one first ("Address already in use")
 	flock $(KERNELS_LOCK) env $(PARALLEL) ATTNBOOK_FAST=1 $(BIN)/pytest -q -n $(PYTEST_WORKERS) --nbmake --overwrite --nbmake-timeout=$(NBMAKE_TIMEOUT) \
