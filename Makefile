@@ -41,7 +41,7 @@ WHEEL_VENV := _build/wheel-venv
 BOOK_TESTS := tests/test_notebooks.py tests/test_prose_numbers.py tests/browser tests/frontend
 PACKAGE_TESTS := $(foreach t,$(BOOK_TESTS),--ignore=$(t))
 
-.PHONY: help venv assets book test test-book test-frontends steps lint unit wheel wheel-test notebooks book-strict browser colab serve lock clean
+.PHONY: help venv assets book test test-book test-frontends steps lint unit wheel wheel-test notebooks book-strict browser browser-after-site colab serve lock clean
 
 help:
 	@echo "make book       - set up .venv, execute every chapter and build the website into _build/html"
@@ -102,6 +102,7 @@ book: venv assets
 # (--output-sync), with the seconds every step took. The chains never build into the checkout at the same
 # time: the front-end chain builds from private copies of the source (tests/frontend/envs.py: package_source).
 test:
+	@rm -f _build/html/.site-ready _build/.chain-failed
 	@$(MAKE) --no-print-directory -j4 --output-sync=recurse test-book test-frontends
 	@echo "make test: every check passed"
 
@@ -110,15 +111,19 @@ test:
 # workers) run last: when the other chain is done they keep both cores busy, where the browser tests (one
 # browser) would leave one idle.
 test-book: venv assets $(CHROMIUM)
-	@$(MAKE) --no-print-directory -j1 STEPS="lint notebooks book-strict browser wheel-test" steps
+	@$(MAKE) --no-print-directory -j1 STEPS="lint notebooks book-strict wheel-test" steps
 
+# The website's browser tests run at the end of the front-end chain, as soon as book-strict has built the site
+# (it is long built by then): on the book chain they kept the unit tests waiting, whose two workers then ran
+# alone for seven minutes while the front-end chain was done (make test took 15 min 42 s).
 test-frontends: venv frontend-setup $(CHROMIUM)
-	@$(MAKE) --no-print-directory -j1 STEPS="frontend-envs colab frontend" steps
+	@$(MAKE) --no-print-directory -j1 STEPS="frontend-envs colab frontend browser-after-site" steps
 
 steps:
 	@for step in $(STEPS); do \
 	  start=$$(date +%s); \
-	  $(MAKE) --no-print-directory -j1 $$step || { echo "== make $$step failed after $$(( $$(date +%s) - start )) s"; exit 1; }; \
+	  $(MAKE) --no-print-directory -j1 $$step || { echo "== make $$step failed after $$(( $$(date +%s) - start )) s"; \
+	    mkdir -p _build && touch _build/.chain-failed; exit 1; }; \
 	  echo "== make $$step: $$(( $$(date +%s) - start )) s"; \
 	done
 
@@ -174,6 +179,7 @@ book-strict: venv assets
 	@test -d $(EXECUTED)/book || { echo "book-strict renders the chapters executed by 'make notebooks': run it first"; exit 1; }
 	rm -rf _build/html _build/jupyter_execute _build/.doctrees
 	$(BIN)/jupyter-book build $(EXECUTED) --path-output . --all --warningiserror --keep-going
+	touch _build/html/.site-ready
 
 # Debian's chromium for the browser and front-end tests (Playwright cannot download browsers here): installed when
 # this runs as root with apt-get, otherwise make stops and says what to install. `make test` installs it with the
@@ -192,6 +198,12 @@ $(CHROMIUM):
 # The built site in Debian's chromium (Playwright), served on 127.0.0.1; screenshots in _build/screenshots.
 browser: venv $(CHROMIUM)
 	$(BIN)/pytest -q -m browser tests/browser
+
+# make test's browser step: waits for book-strict's site (at most 15 minutes; at once if the other chain failed).
+browser-after-site:
+	@for i in $$(seq 900); do [ -f _build/html/.site-ready ] || [ -f _build/.chain-failed ] && break; sleep 1; done
+	@[ -f _build/html/.site-ready ] || { echo "browser: no site built by book-strict"; exit 1; }
+	@$(MAKE) --no-print-directory browser
 
 # A Colab-like environment (ipywidgets 7.7.1, torch already there), the install cell, one widget chapter.
 colab: venv
