@@ -614,3 +614,18 @@ def test_best_scale_wrong_answers(answer, says):
 @pytest.mark.parametrize("answer", ODD_ANSWERS, ids=ODD_IDS)
 def test_best_scale_answers_of_the_wrong_type_get_feedback(answer):
     rejected(check("1.5", answer))
+
+
+def test_an_exercise_not_answered_yet_fails_marked_o_not_as_a_mistake():
+    """The cell as the book ships it (a stub that raises NotImplementedError, a function that returns None, an
+    answer left None): the verdict fails (require raises) but is marked "○", as the website shows it."""
+
+    def stub(scores, allowed):
+        raise NotImplementedError
+
+    for r in (check("1.1", stub), check("1.3", lambda d: None), check("1.5", None)):
+        assert not r.passed and r.unanswered and str(r).startswith("○ "), r
+        with pytest.raises(AssertionError):
+            r.require()
+    wrong = check("1.4", lambda p, m: 6)
+    assert not wrong.unanswered and str(wrong).startswith("✗ ")

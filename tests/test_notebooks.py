@@ -245,13 +245,9 @@ class TestChapterStandard:
 
     def test_every_cell_the_website_folds_or_trims_is_a_colab_form(self, path):
         """A code cell tagged hide-* or remove-* (a check, a live explorer whose output the website cannot keep,
-        the install cell) has a form title and "cellView": "form", so Colab shows its title, not its code. An
-        exercise's own cell is the exception: the student writes in it, so it stays code, and the website leaves
-        out only its output (the checker's "not written yet")."""
+        the install cell) has a form title and "cellView": "form", so Colab shows its title, not its code."""
         bad = []
-        for i, (cell, block) in enumerate(blocks(path)):
-            if block == "exercise" and tags(cell) == ["remove-output"]:
-                continue
+        for i, cell in enumerate(load(path)["cells"]):
             if cell["cell_type"] == "code" and any(t.startswith(("hide-", "remove-")) for t in tags(cell)):
                 if not (re.match(r"#\s?@title \S", source(cell)) and cell["metadata"].get("cellView") == "form"):
                     bad.append(f"cell {i}: {source(cell).splitlines()[0][:60]!r}")
@@ -303,13 +299,14 @@ class TestChapterStandard:
         titled = [i for i, (c, block) in enumerate(blocks(path)) if c["cell_type"] == "code" and TITLE.match(source(c))]
         assert titled == [i for i, _ in solutions], "a '# @title Solution' cell outside a solution block"
 
-    def test_the_website_shows_no_checker_output_of_an_unsolved_exercise(self, path):
-        """An exercise's cell runs the checker on the stub ("not written yet"): on the website that would look
-        like a broken build, so its output is left out (remove-output) and the statement and folded solution
-        show."""
+    def test_an_exercise_cell_is_shown_whole_as_the_student_gets_it(self, path):
+        """The student writes in an exercise's cell, so it is neither folded nor trimmed: the website shows its
+        code and what it prints as the book ships it, the checker's "○ ... no answer yet" (marked "○", not "✗":
+        attnbook.exercises.Result.unanswered; tests/browser/test_layout.py checks the built pages)."""
         for i, (cell, block) in enumerate(blocks(path)):
             if block == "exercise" and cell["cell_type"] == "code":
-                assert "remove-output" in tags(cell), f"cell {i}: tag the exercise's cell remove-output"
+                hidden = [t for t in tags(cell) if t.startswith(("hide-", "remove-"))]
+                assert hidden == [], f"cell {i}: the student's cell is shown whole, not {hidden}"
 
     def test_stub_cells_run(self, path):
         for i, (cell, block) in enumerate(blocks(path)):
@@ -416,6 +413,10 @@ BROKEN = {
     "solution not required": (
         "test_solution_cells_are_collapsed_in_colab_and_checked",
         lambda c: _replace(c, _is_solution, ".require()", ""),
+    ),
+    "an exercise cell trimmed": (
+        "test_an_exercise_cell_is_shown_whole_as_the_student_gets_it",
+        lambda c: next(x for x in c if "exercises.check_value" in source(x))["metadata"].update(tags=["remove-output"]),
     ),
     "stub raises at top level": (
         "test_stub_cells_run",

@@ -275,3 +275,19 @@ def test_every_folded_check_shows_one_checked_line(visit):
         if c["checks"] and not (len(c["lines"]) == 1 and c["lines"][0].startswith("checked:"))
     ]
     assert bad == [], "folded checks must print one line 'checked: ...':\n" + "\n".join(bad)
+
+
+EXERCISE_OUTPUTS = """() => [...document.querySelectorAll('div.exercise')].map(e => ({
+    id: e.id, cells: e.querySelectorAll('.cell_input').length,
+    output: [...e.querySelectorAll('.cell_output')].map(o => o.innerText).join('\\n')}))"""
+
+
+def test_every_exercise_shows_its_cell_and_the_checker_waiting_for_an_answer(visit):
+    """The student's cell is shown whole, with what it prints as the book ships it: the checker's verdict marked
+    "○" (no answer yet), never "✗" (a mistake), which would read as a broken build."""
+    found = visit.page.evaluate(EXERCISE_OUTPUTS)
+    if not found:
+        pytest.skip("no exercises on this page")
+    for e in found:
+        assert e["cells"] == 1, f"exercise {e['id']}: {e['cells']} code cells"
+        assert "○ " in e["output"] and "✗" not in e["output"], f"exercise {e['id']} shows {e['output'][:200]!r}"

@@ -33,17 +33,22 @@ EVIDENCE = 2  # cases on which an answer must equal a wrong variant before the v
 
 @dataclass(frozen=True)
 class Result:
-    """The verdict of a checker: ``passed`` and a one- or two-line ``message`` (shown as the cell's output)."""
+    """The verdict of a checker: ``passed`` and a one- or two-line ``message`` (shown as the cell's output).
+
+    ``unanswered`` marks the verdict on an exercise cell as the book ships it (the answer is still None, or the
+    function still raises NotImplementedError): it fails, but is marked "○", not "✗", because nothing is wrong
+    yet; the website shows it under each exercise as what the cell says before the student writes in it."""
 
     passed: bool
     message: str
+    unanswered: bool = False
 
     def __bool__(self) -> bool:
         return self.passed
 
     def __str__(self) -> str:
         """The mark and the message, wrapped to fit an exercise box (72 columns), continuation lines indented."""
-        mark = "✓ " if self.passed else "✗ "
+        mark = "✓ " if self.passed else "○ " if self.unanswered else "✗ "
         lines = []
         for i, line in enumerate(self.message.splitlines() or [""]):
             lines.append(textwrap.fill(line, WIDTH, initial_indent=mark if i == 0 else "  ", subsequent_indent="  "))
@@ -590,7 +595,7 @@ def check_function(
         if failing is None and (run.fatal or run.problem):
             failing = len(runs) - 1
             if run.stub:
-                return Result(False, run.fatal)  # nothing more to learn from the other cases
+                return Result(False, run.fatal, unanswered=True)  # nothing more to learn from the other cases
     if failing is None:
         labels = ", ".join(dict.fromkeys(c.label for c in cases))
         return Result(True, success or f"{name} is right on all {len(cases)} inputs ({labels}).")
@@ -647,7 +652,7 @@ def check_value(
     data) fails whatever the answer.
     """
     if answer is None:
-        return Result(False, f"{name}: no answer yet (it is None)")
+        return Result(False, f"{name}: no answer yet (it is None): write it in and run the cell", unanswered=True)
     value = as_number(answer)
     if value is None:
         return Result(False, f"{name}: expected a number, got {_what(answer)}")
