@@ -13,8 +13,9 @@ TIMM := timm==1.0.31
 # Every chapter listed in the table of contents, in order.
 CHAPTERS := $(shell grep -oE 'book/[0-9]+_[A-Za-z0-9_]+' _toc.yml | sed 's/$$/.ipynb/')
 PYTEST_WORKERS ?= 2
-# One thread per pytest worker: two workers with two threads each oversubscribe a 2-core machine.
-PARALLEL := OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
+# One thread per pytest worker: two workers with two threads each oversubscribe a 2-core machine. The same for
+# inductor's compiling (the compile tests): in the worker itself, not in a pool of processes per worker.
+PARALLEL := OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 TORCHINDUCTOR_COMPILE_THREADS=1
 CHROMIUM := /usr/bin/chromium
 # pip without byte-compiling what it installs: compiling torch and Jupyter took most of each install (torch
 # alone: 37 s against 11 s here); modules compile when first imported.
@@ -156,7 +157,7 @@ wheel-test: wheel
 	$(WHEEL_VENV)/bin/$(PIP_INSTALL) -c $(LOCK) "$$(ls $(DIST)/*.whl)[book]" pytest pytest-xdist hypothesis mypy
 	$(WHEEL_VENV)/bin/$(PIP_INSTALL) --no-deps "$(TIMM)"
 	ATTNBOOK_TEST_INSTALLED=1 $(PARALLEL) $(WHEEL_VENV)/bin/pytest -q -n $(PYTEST_WORKERS) -m "not browser" \
-	  -p no:cacheprovider $(PACKAGE_TESTS) tests
+	  -p no:cacheprovider --durations=15 $(PACKAGE_TESTS) tests
 
 # Each chapter is executed once per `make test`. nbmake runs copies of the chapters in $(EXECUTED) (one report
 # per chapter) and writes their outputs into the copies; book-strict renders those copies without executing

@@ -187,7 +187,10 @@ def test_every_prefill_and_step_compile_once_for_every_length_and_token(name):
     assert frame_count() - start == 2, f"{frame_count() - start} graphs for a prefill and a step"
 
 
-@pytest.mark.parametrize("name", [n for n in ONE_GRAPH if MECHANISMS[n].causal])
+# DecoderLM's own code (token ids, embeddings, blocks, the head) is the same for every mechanism, and every
+# mechanism's layer trains under inductor above: the model is compiled with one mechanism that keeps a KV cache and
+# one with a recurrent state (each case costs about 20 s of a cold inductor cache, most of a CI run's compiling).
+@pytest.mark.parametrize("name", ["softmax", "linear"])
 def test_the_language_model_trains_under_inductor_at_every_length(name):
     """DecoderLM's forward (token ids, no host read of their range while traced) and its gradients, one graph."""
     torch.manual_seed(0)
@@ -236,14 +239,14 @@ def test_compiling_is_not_exporting_where_torch_folds_is_exporting_to_true(monke
 
 
 @pytest.mark.parametrize("name", GATED)
-def test_chapter_8_layers_train_under_inductor_at_four_lengths(name):
-    """Outputs, input and parameter gradients equal eager's at four lengths; the chunk loop holds one number of
+def test_chapter_8_layers_train_under_inductor_at_three_lengths(name):
+    """Outputs, input and parameter gradients equal eager's at three lengths; the chunk loop holds one number of
     chunks per graph, so there is at most one graph per number of chunks (and never a graph break)."""
     torch.manual_seed(0)
     layer = MECHANISMS[name].module(16, 2)
     clayer = compiled(layer, dynamic=True, backend="inductor")
     start = frame_count()
-    lengths = [(2, 17), (3, 33), (2, 40), (3, 5)]  # 17 and 33 use one number of chunks of 16 or 32 each
+    lengths = [(2, 17), (3, 33), (3, 5)]  # a partial chunk, several chunks (gated: 8 tokens; delta: 32), one short
     for B, N in lengths:
         x = torch.randn(B, N, 16)
         grads = []
