@@ -515,6 +515,22 @@ def test_advice_rows_quote_the_measurements_and_say_what_is_not_recorded():
     assert "quickest at every length measured (no crossover; on a GPU" in none[0][3]
     bare = h2h.advice_rows(race, shares, numbers={}, **kw)
     assert "ListOps (not recorded here)" in bare[0][1]
+    assert "recall of many pairs (chapter 8) (not recorded here)" in bare[1][1] and len(bare) == 2
+    study = {"recall pairs": 64}
+    for key, (mean, low, high) in {"linear 32": (0.5, 0.4, 0.6), "linear 64": (0.79, 0.77, 0.8),
+                                   "delta 64": (0.94, 0.9, 0.97), "decay 64": (0.82, 0.75, 0.9),
+                                   "gated 64": (0.6, 0.5, 0.7), "softmax 64": (1.0, 1.0, 1.0)}.items():  # fmt: skip
+        study[f"recall {key}"], study[f"recall {key} low"], study[f"recall {key} high"] = mean, low, high
+    recalled = h2h.advice_rows(race, shares, numbers=study, **kw)
+    assert [r[0] for r in recalled] == ["<b>softmax</b>", "<b>linear</b>", "<b>decay</b>", "<b>gated</b>",
+                                        "<b>delta</b>"]  # fmt: skip
+    assert "recall of 64 pairs (chapter 8) 0.50 at width 32, 0.79 at width 64" in recalled[1][1]
+    assert "recalled more than linear attention at width 64 (0.94 against 0.79, seeds 0.90-0.97" in recalled[4][3]
+    assert "recalled no differently from linear attention at width 64 (0.82 against 0.79" in recalled[2][3]
+    assert "recalled less than linear attention at width 64 (0.60" in recalled[3][3]
+    study.update({"recall delta 32": 0.2, "recall delta 32 low": 0.1, "recall delta 32 high": 0.3})
+    both = h2h.advice_rows(race, shares, numbers=study, **kw)[4][3]  # every width with linear's beside it
+    assert "less than linear attention at width 32 (0.20 against 0.50" in both and "more than" in both
     html = h2h.html_table(["a", "b"], [["1", "2"]])
     assert html == "<table><tr><th>a</th><th>b</th></tr><tr><td>1</td><td>2</td></tr></table>"
 

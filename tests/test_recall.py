@@ -57,6 +57,14 @@ def test_the_study_sweeps_then_runs_more_seeds_at_each_settings_best_rate():
     wide = {"config": {"pairs": [8, 16], "mechanisms": ["linear"]},
             "results": [{**result, "n_pairs": p} for p in (8, 16)]}  # fmt: skip
     assert recall.table(wide, 16).splitlines()[1].split() == ["linear", *["0.50", "(0.25-0.75)"] * 2, "1"]
+    wide["config"]["widths"] = [16]
+    wide["results"][1] = {**wide["results"][1], "mean": 0.75}
+    assert recall.numbers(wide) == {
+        "recall pairs": 16,
+        "recall linear 16": 0.75,
+        "recall linear 16 low": 0.25,
+        "recall linear 16 high": 0.75,
+    }  # at the most pairs; fmt: skip
 
 
 def test_state_numbers_are_what_the_layers_carry():

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -916,11 +916,19 @@ def advice_rows(
         memory_slopes: log-log slope of the live forward peak memory per mechanism.
         crossovers, lengths: :func:`crossovers` of the recording and the lengths it measured.
         layer_ratios: the MoH layer's time over a softmax layer's at every length measured (live).
-        numbers: :func:`claim_numbers` of the recordings (names absent there are said to be absent).
+        numbers: :func:`claim_numbers` of the recordings, with chapter 8's recall study
+            (:func:`attnbook.lab.recall.numbers`); names absent there are said to be absent.
     """
 
     def num(key: str, fmt: str = ".3f") -> str:
         return format(numbers[key], fmt) if key in numbers else "(not recorded here)"
+
+    def recalled(m: str) -> str:
+        widths = _recall_widths(numbers, m)
+        if not widths:
+            return "recall of many pairs (chapter 8) (not recorded here)"
+        at = ", ".join(f"{numbers[f'recall {m} {w}']:.2f} at width {w}" for w in widths)
+        return f"recall of {numbers['recall pairs']:.0f} pairs (chapter 8) {at}"
 
     lo, hi = min(layer_ratios), max(layer_ratios)
     layer = f"{lo:.2f}x" if f"{lo:.2f}" == f"{hi:.2f}" else f"{lo:.2f}x to {hi:.2f}x"
@@ -932,11 +940,11 @@ def advice_rows(
             f" lookup share {statistics.fmean(shares[m]):.2f}"
         )
         if m not in time_slopes:
-            return f"a layer {layer} a softmax layer's time over the lengths measured; {recall}"
+            return f"a layer {layer} a softmax layer's time over the lengths measured; {recall}; {recalled(m)}"
         cost = f"time ~ N<sup>{time_slopes[m]:.1f}</sup>, memory ~ N<sup>{memory_slopes[m]:.1f}</sup>"
         if m != "softmax":
             cost += f", faster than SDPA {describe_crossover(crossovers.get(m), lengths)} (CPU)"
-        return f"{cost}; {recall}"
+        return f"{cost}; {recall}; {recalled(m)}"
 
     found = sorted(n for n in crossovers.values() if n is not None)
     crossing = (
@@ -987,7 +995,55 @@ def advice_rows(
             " softmax layer's time): that needs a kernel that runs each head on its own tokens only (chapter 5)",
         ],
     }
-    return [[f"<b>{m}</b>", *rows[m]()] for m in result.mechanisms if m in rows]
+    raced = [[f"<b>{m}</b>", *rows[m]()] for m in result.mechanisms if m in rows]
+    return raced + _recall_rows(numbers, recalled)
+
+
+# Chapter 8's mechanisms (causal only, so not in the race): the paper's claim, and what the recall study showed.
+_CHAPTER_8 = {
+    "decay": ("Sun et al. (2023), RetNet: a fixed decay per head trains in parallel and generates at a fixed cost"
+              " per token, with a Transformer's quality at scale (its claim, not tested here)",
+              "causal models where recent tokens matter more than old ones (chapter 8's derivation; the recall task"
+              " asks for every pair equally)"),
+    "gated": ("Yang et al. (2024), GLA: a decay chosen by the data, per key dimension, with fast chunked training"
+              " (its claim, not tested here)",
+              "causal models that must choose what to forget; its chunks cost the most arithmetic (chapter 8)"),
+    "delta": ("Schlag et al. (2021), Yang et al. (2024), DeltaNet: a write that first corrects what the state holds"
+              " for its key recalls more than linear attention's sum (its claim, on MQAR)",
+              "causal models that must recall many facts from a state of fixed size, where the state has room"
+              " for them"),
+}  # fmt: skip
+
+
+def _recall_widths(numbers: dict[str, float], m: str) -> list[int]:
+    """The widths at which the recall study (in ``numbers``, :func:`attnbook.lab.recall.numbers`) has ``m``."""
+    return sorted(int(k.split()[2]) for k in numbers if k.startswith(f"recall {m} ") and len(k.split()) == 3)
+
+
+def _recall_rows(numbers: dict[str, float], recalled: Callable[[str], str]) -> list[list[str]]:
+    """The rows of chapter 8's mechanisms, where the recall study is in ``numbers``: each compared with linear
+    attention (the same state size) at every width studied, "more" or "less" only where the seeds' ranges do not
+    overlap."""
+    rows = []
+    for m, (claim, use) in _CHAPTER_8.items():
+        widths = [w for w in _recall_widths(numbers, m) if f"recall linear {w}" in numbers]
+        if not widths:
+            continue
+        said = []
+        for w in widths:
+            ours, linear = f"recall {m} {w}", f"recall linear {w}"
+            if numbers[f"{ours} low"] > numbers[f"{linear} high"]:
+                than = "more than"
+            elif numbers[f"{ours} high"] < numbers[f"{linear} low"]:
+                than = "less than"
+            else:
+                than = "no differently from"
+            said.append(f"{than} linear attention at width {w} ({numbers[ours]:.2f} against {numbers[linear]:.2f},"
+                        f" seeds {numbers[f'{ours} low']:.2f}-{numbers[f'{ours} high']:.2f} against"
+                        f" {numbers[f'{linear} low']:.2f}-{numbers[f'{linear} high']:.2f})")  # fmt: skip
+        measured = f"causal only, a state of H D<sup>2</sup> numbers, as linear attention's; {recalled(m)}"
+        rows.append([f"<b>{m}</b>", measured, claim, f"{use}; here it recalled " + ", and ".join(said)])
+    return rows
 
 
 def html_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:

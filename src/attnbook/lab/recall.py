@@ -42,7 +42,7 @@ from ..lm import state_bytes
 from . import training
 from .headtohead import Curve, RecallEmbedding, RecallTask
 
-__all__ = ["MultiQueryRecall", "MECHANISMS", "train", "study", "state_numbers", "costs", "table", "plot"]
+__all__ = ["MultiQueryRecall", "MECHANISMS", "train", "study", "state_numbers", "costs", "numbers", "table", "plot"]
 
 #: The mechanisms of the study: every one of the registry (Mobile-Attention non-causally, it has no causal form)
 #: and the blocks without attention.
@@ -224,7 +224,7 @@ def _map(jobs: list[_Job], workers: int, progress: Callable[[dict], None] | None
 def study(
     mechanism_names: Sequence[str] = MECHANISMS,
     *,
-    pairs: Sequence[int] = (8, 16, 32, 64),
+    pairs: Sequence[int] = (8, 32, 64),
     widths: Sequence[int] = (32, 64),
     lrs: Sequence[float] = (1e-3, 3e-3, 1e-2),
     seeds: int = 3,
@@ -266,6 +266,22 @@ def study(
 def _result(recording: dict, mechanism: str, n_pairs: int, width: int) -> dict:
     return next(r for r in recording["results"] if (r["mechanism"], r["n_pairs"], r["width"]) == (mechanism,
                 n_pairs, width))  # fmt: skip
+
+
+def numbers(recording: dict) -> dict[str, float]:
+    """A study's numbers for chapter 6's table "which mechanism when" (beside
+    :func:`attnbook.lab.headtohead.claim_numbers`): ``"recall pairs"`` the most pairs studied, ``"recall
+    {mechanism} {width}"`` each mechanism's mean final accuracy there at each width, and ``"... low"`` and
+    ``"... high"`` its lowest and highest seed."""
+    c = recording["config"]
+    most = max(c["pairs"])
+    out = {"recall pairs": float(most)}
+    for m in c["mechanisms"]:
+        for w in c["widths"]:
+            r = _result(recording, m, most, w)
+            key = f"recall {m} {w}"
+            out[key], out[f"{key} low"], out[f"{key} high"] = r["mean"], min(r["final"]), max(r["final"])
+    return out
 
 
 def table(recording: dict, width: int) -> str:
