@@ -40,9 +40,11 @@ export NBMAKE_TIMEOUT
 WHEEL_VENV := _build/wheel-venv
 # The package's tests; the book's own (notebook structure, prose numbers, website, front-ends) run in .venv.
 BOOK_TESTS := tests/test_notebooks.py tests/test_prose_numbers.py tests/browser tests/frontend
-PACKAGE_TESTS := $(foreach t,$(BOOK_TESTS),--ignore=$(t))
+# The compile tests run beside the unit tests, in .venv, as a chain of their own (see test-compile).
+COMPILE_TESTS := tests/test_compile.py
+PACKAGE_TESTS := $(foreach t,$(BOOK_TESTS) $(COMPILE_TESTS),--ignore=$(t))
 
-.PHONY: help venv assets book test test-book test-frontends steps lint unit wheel wheel-test notebooks book-strict browser browser-after-site colab serve lock clean
+.PHONY: help venv assets book test test-book test-frontends test-compile steps lint unit wheel wheel-test notebooks book-strict browser browser-after-site compile compile-after-notebooks colab serve lock clean
 
 help:
 	@echo "make book       - set up .venv, execute every chapter and build the website into _build/html"
@@ -96,15 +98,15 @@ book: venv assets
 
 # make test: three setups side by side from the start (the venv's pip installs, the npm assets, and the pip
 # installs of the front-end environments, which need no .venv: pip mostly keeps one core busy, so one setup
-# alone left the other core idle), then two chains side by side, each as soon as its setups are done: the
-# book's (lint, the chapters, the website, its browser tests, the unit tests against the wheel) and the
-# front-ends' (the Colab path, the explorers in JupyterLab and the classic notebook). On two cores the pair
-# finishes minutes before one after the other would. Each chain's log is printed whole when it ends
+# alone left the other core idle), then three chains side by side, each as soon as its setups are done: the
+# book's (lint, the chapters, the website, the unit tests against the wheel), the front-ends' (the Colab path,
+# the explorers in JupyterLab and the classic notebook, the website's browser tests) and the compile tests'. On
+# two cores they finish minutes before one after the other would. Each chain's log is printed whole when it ends
 # (--output-sync), with the seconds every step took. The chains never build into the checkout at the same
 # time: the front-end chain builds from private copies of the source (tests/frontend/envs.py: package_source).
 test:
-	@rm -f _build/html/.site-ready _build/.chain-failed
-	@$(MAKE) --no-print-directory -j4 --output-sync=recurse test-book test-frontends
+	@rm -f _build/html/.site-ready _build/.chain-failed _build/.notebooks-done
+	@$(MAKE) --no-print-directory -j6 --output-sync=recurse test-book test-frontends test-compile
 	@echo "make test: every check passed"
 
 # The chapters run first, beside the Colab path (pip installs and widget tests, no Jupyter server), so that
@@ -119,6 +121,22 @@ test-book: venv assets $(CHROMIUM)
 # alone for seven minutes while the front-end chain was done (make test took 15 min 42 s).
 test-frontends: venv frontend-setup $(CHROMIUM)
 	@$(MAKE) --no-print-directory -j1 STEPS="frontend-envs colab frontend browser-after-site" steps
+
+# The compile tests (inductor generates and builds C++: on a fresh machine its cache is empty, and they took about
+# 10 minutes of one core, most of the unit tests' time) run as a third chain, once the chapters have run (their
+# timings are those of a chapter run), beside the unit tests against the wheel and the front-end chain, which
+# leaves a core idle much of the time (make test used 1.4 of the 2 cores on average when they ran in the wheel's
+# unit tests, and took 18 minutes with a cold cache).
+test-compile: venv
+	@$(MAKE) --no-print-directory -j1 STEPS="compile-after-notebooks" steps
+
+compile-after-notebooks:
+	@for i in $$(seq 900); do [ -f _build/.notebooks-done ] || [ -f _build/.chain-failed ] && break; sleep 1; done
+	@[ -f _build/.notebooks-done ] || { echo "compile: the chapters did not run"; exit 1; }
+	@$(MAKE) --no-print-directory compile
+
+compile: venv
+	$(PARALLEL) $(BIN)/pytest -q -n $(PYTEST_WORKERS) -p no:cacheprovider --durations=10 $(COMPILE_TESTS)
 
 steps:
 	@for step in $(STEPS); do \
@@ -175,6 +193,7 @@ notebooks: venv assets
 	@# the Colab path starts at the same moment can take one first ("Address already in use")
 	flock $(KERNELS_LOCK) env $(PARALLEL) ATTNBOOK_FAST=1 $(BIN)/pytest -q -n $(PYTEST_WORKERS) --nbmake --overwrite --nbmake-timeout=$(NBMAKE_TIMEOUT) \
 	  $(addprefix $(EXECUTED)/,$(CHAPTERS))
+	mkdir -p _build && touch _build/.notebooks-done
 
 book-strict: venv assets
 	@test -d $(EXECUTED)/book || { echo "book-strict renders the chapters executed by 'make notebooks': run it first"; exit 1; }

@@ -60,10 +60,12 @@ def test_nothing_to_measure_raises():
 
 def test_both_decoders_are_timed_in_one_run_and_counted_alike():
     """The teaching step and its compiled form (one dynamic graph: no recompilation as t grows), one run."""
-    both = generation.measure(TINY, mechanism_names=["softmax", "linear"], positions=[4, 32], repeats=2, warmup=0,
+    # one mechanism: each compiled step costs 25 s or more on a cold inductor cache (tests/test_compile.py compiles
+    # every mechanism's step)
+    both = generation.measure(TINY, mechanism_names=["linear"], positions=[4, 32], repeats=2, warmup=0,
                               decoders=("eager", "compiled"), burst=2, progress=False)  # fmt: skip
-    assert {r["decoder"] for r in both["records"]} == {"eager", "compiled"} and len(both["records"]) == 2 * 2 * 2
-    for name in ("softmax", "linear"):
+    assert {r["decoder"] for r in both["records"]} == {"eager", "compiled"} and len(both["records"]) == 2 * 2
+    for name in ("linear",):
         compiled = generation.series(both, "state_bytes", "compiled")[1][name]
         assert compiled == generation.series(both, "state_bytes", "eager")[1][name]
     assert generation.series(both, "median_s")[1] == generation.series(both, "median_s", "eager")[1]
