@@ -122,8 +122,8 @@ test-book: venv assets $(CHROMIUM)
 test-frontends: venv frontend-setup $(CHROMIUM)
 	@$(MAKE) --no-print-directory -j1 STEPS="frontend-envs colab frontend browser-after-site" steps
 
-# The compile tests (inductor generates and builds C++: on a fresh machine its cache is empty, and they took about
-# 10 minutes of one core, most of the unit tests' time) run as a third chain, once the chapters have run (their
+# The compile tests (inductor generates and builds C++: on a fresh machine its cache is empty, and its 23 cases
+# took 623 s beside a two-worker job, about 100 s warm: most of the unit tests' time) run as a third chain, once the chapters have run (their
 # timings are those of a chapter run), beside the unit tests against the wheel and the front-end chain, which
 # leaves a core idle much of the time (make test used 1.4 of the 2 cores on average when they ran in the wheel's
 # unit tests, and took 18 minutes with a cold cache).
@@ -131,12 +131,16 @@ test-compile: venv
 	@$(MAKE) --no-print-directory -j1 STEPS="compile-after-notebooks" steps
 
 compile-after-notebooks:
-	@for i in $$(seq 900); do [ -f _build/.notebooks-done ] || [ -f _build/.chain-failed ] && break; sleep 1; done
-	@[ -f _build/.notebooks-done ] || { echo "compile: the chapters did not run"; exit 1; }
+	@$(call wait_for,_build/.notebooks-done,compile: the chapters did not run)
 	@$(MAKE) --no-print-directory compile
 
 compile: venv
 	$(PARALLEL) $(BIN)/pytest -q -n $(PYTEST_WORKERS) -p no:cacheprovider --durations=10 $(COMPILE_TESTS)
+
+# $(call wait_for,FILE,MESSAGE): wait until another chain's step has written FILE (at most 15 minutes; at once
+# when a chain failed), or stop with MESSAGE.
+wait_for = for i in $$(seq 900); do [ -f $(1) ] || [ -f _build/.chain-failed ] && break; sleep 1; done; \
+	[ -f $(1) ] || { echo "$(2)"; exit 1; }
 
 steps:
 	@for step in $(STEPS); do \
@@ -221,8 +225,7 @@ browser: venv $(CHROMIUM)
 
 # make test's browser step: waits for book-strict's site (at most 15 minutes; at once if the other chain failed).
 browser-after-site:
-	@for i in $$(seq 900); do [ -f _build/html/.site-ready ] || [ -f _build/.chain-failed ] && break; sleep 1; done
-	@[ -f _build/html/.site-ready ] || { echo "browser: no site built by book-strict"; exit 1; }
+	@$(call wait_for,_build/html/.site-ready,browser: no site built by book-strict)
 	@$(MAKE) --no-print-directory browser
 
 # A Colab-like environment (ipywidgets 7.7.1, torch already there), the install cell, one widget chapter.

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -923,13 +923,6 @@ def advice_rows(
     def num(key: str, fmt: str = ".3f") -> str:
         return format(numbers[key], fmt) if key in numbers else "(not recorded here)"
 
-    def recalled(m: str) -> str:
-        widths = _recall_widths(numbers, m)
-        if not widths:
-            return "recall of many pairs (chapter 8) (not recorded here)"
-        at = ", ".join(f"{numbers[f'recall {m} {w}']:.2f} at width {w}" for w in widths)
-        return f"recall of {numbers['recall pairs']:.0f} pairs (chapter 8) {at}"
-
     lo, hi = min(layer_ratios), max(layer_ratios)
     layer = f"{lo:.2f}x" if f"{lo:.2f}" == f"{hi:.2f}" else f"{lo:.2f}x to {hi:.2f}x"
 
@@ -937,14 +930,14 @@ def advice_rows(
         s = result.summary(m)
         recall = (
             f"recall {s.mean:.2f} ({s.low:.2f}-{s.high:.2f}), 90 % after {result.mean_steps_to(m):.0f} steps,"
-            f" lookup share {statistics.fmean(shares[m]):.2f}"
+            f" lookup share {statistics.fmean(shares[m]):.2f}; {_recalled(numbers, m)}"
         )
         if m not in time_slopes:
-            return f"a layer {layer} a softmax layer's time over the lengths measured; {recall}; {recalled(m)}"
+            return f"a layer {layer} a softmax layer's time over the lengths measured; {recall}"
         cost = f"time ~ N<sup>{time_slopes[m]:.1f}</sup>, memory ~ N<sup>{memory_slopes[m]:.1f}</sup>"
         if m != "softmax":
             cost += f", faster than SDPA {describe_crossover(crossovers.get(m), lengths)} (CPU)"
-        return f"{cost}; {recall}; {recalled(m)}"
+        return f"{cost}; {recall}"
 
     found = sorted(n for n in crossovers.values() if n is not None)
     crossing = (
@@ -996,7 +989,7 @@ def advice_rows(
         ],
     }
     raced = [[f"<b>{m}</b>", *rows[m]()] for m in result.mechanisms if m in rows]
-    return raced + _recall_rows(numbers, recalled)
+    return raced + _recall_rows(numbers)
 
 
 # Chapter 8's mechanisms (causal only, so not in the race): the paper's claim, and what the recall study showed.
@@ -1020,7 +1013,16 @@ def _recall_widths(numbers: dict[str, float], m: str) -> list[int]:
     return sorted(int(k.split()[2]) for k in numbers if k.startswith(f"recall {m} ") and len(k.split()) == 3)
 
 
-def _recall_rows(numbers: dict[str, float], recalled: Callable[[str], str]) -> list[list[str]]:
+def _recalled(numbers: dict[str, float], m: str) -> str:
+    """What the recall study says of ``m``: its mean recall of the most pairs at every width."""
+    widths = _recall_widths(numbers, m)
+    if not widths:
+        return "recall of many pairs (chapter 8) (not recorded here)"
+    at = ", ".join(f"{numbers[f'recall {m} {w}']:.2f} at width {w}" for w in widths)
+    return f"recall of {numbers['recall pairs']:.0f} pairs (chapter 8) {at}"
+
+
+def _recall_rows(numbers: dict[str, float]) -> list[list[str]]:
     """The rows of chapter 8's mechanisms, where the recall study is in ``numbers``: each compared with linear
     attention (the same state size) at every width studied, "more" or "less" only where the seeds' ranges do not
     overlap."""
@@ -1041,7 +1043,7 @@ def _recall_rows(numbers: dict[str, float], recalled: Callable[[str], str]) -> l
             said.append(f"{than} linear attention at width {w} ({numbers[ours]:.2f} against {numbers[linear]:.2f},"
                         f" seeds {numbers[f'{ours} low']:.2f}-{numbers[f'{ours} high']:.2f} against"
                         f" {numbers[f'{linear} low']:.2f}-{numbers[f'{linear} high']:.2f})")  # fmt: skip
-        measured = f"causal only, a state of H D<sup>2</sup> numbers, as linear attention's; {recalled(m)}"
+        measured = f"causal only, a state of H D<sup>2</sup> numbers, as linear attention's; {_recalled(numbers, m)}"
         rows.append([f"<b>{m}</b>", measured, claim, f"{use}; here it recalled " + ", and ".join(said)])
     return rows
 

@@ -297,8 +297,8 @@ def table(recording: dict, width: int) -> str:
             r = _result(recording, m, p, width)
             spread = "" if min(r["final"]) >= 0.995 else f" ({min(r['final']):.2f}-{max(r['final']):.2f})"
             cells.append(f"{r['mean']:.2f}{spread}".rjust(17))
-        numbers = _result(recording, m, c["pairs"][-1], width)["state_numbers"]
-        lines.append(f"{m:9s}" + "".join(cells) + (f"{numbers:>9d}" if numbers is not None else f"{'-':>9s}"))
+        state = _result(recording, m, c["pairs"][-1], width)["state_numbers"]
+        lines.append(f"{m:9s}" + "".join(cells) + (f"{state:>9d}" if state is not None else f"{'-':>9s}"))
     return "\n".join(lines)
 
 
