@@ -230,7 +230,7 @@ def linear_attention(
         q, k, v = q.to(acc), k.to(acc), v.to(acc)
         if keep is not None:  # zero padded keys before phi (no huge key becomes inf * 0 = NaN) and their values
             k, v = torch.where(keep, k, 0.0), torch.where(keep, v, 0.0)
-        if _annex_takes(q, phi, causal, initial_state, output_final_state):
+        if _annex_takes((q, k, v), phi, causal, initial_state, output_final_state):
             return _annex(q, k, v, phi, keep, chunk_size, eps).to(dtype)  # attnbook._fast: speed only
         fq, fk = _features(phi, q, k, keep, name=name)  # (B, H, N, R), (B, H, M, R)
         if causal:
@@ -252,13 +252,17 @@ def linear_attention(
 FEATURE_NAMES: dict[FeatureMap, str] = {phi: name for name, phi in FEATURE_MAPS.items()}
 
 
-def _annex_takes(q: torch.Tensor, phi: FeatureMap, causal: bool, state: object, output_state: bool) -> bool:
+def _annex_takes(
+    qkv: tuple[torch.Tensor, ...], phi: FeatureMap, causal: bool, state: object, output_state: bool
+) -> bool:
     """Whether the speed annex runs this call: it is on (:func:`attnbook.config.plain`), the call is causal without
-    a state, with a built-in feature map, not traced, on the CPU with one thread (its tiles are laid out for one core's
-    caches; with more threads the plain form was as fast: ``benchmarks/bench_annex.py``)."""
+    a state, with a built-in feature map, needs no gradient, is not traced, on the CPU with one thread (its tiles are
+    laid out for one core's caches; with more threads, or with a backward, the plain form was as fast, or less than
+    1.3 times slower: ``benchmarks/bench_annex.py``)."""
     if config.plain() or not causal or state is not None or output_state or phi not in FEATURE_NAMES:
         return False
-    return q.device.type == "cpu" and not tracing() and torch.get_num_threads() == 1
+    grad = torch.is_grad_enabled() and any(x.requires_grad for x in qkv)
+    return qkv[0].device.type == "cpu" and not grad and not tracing() and torch.get_num_threads() == 1
 
 
 def _annex(
@@ -270,15 +274,10 @@ def _annex(
     chunk_size: int,
     eps: float,
 ) -> torch.Tensor:
-    """The annex's causal linear attention (``attnbook._fast.causal``), imported only when it runs; its double
-    backward differentiates the plain form (:func:`_causal`)."""
+    """The annex's causal linear attention without autograd (``attnbook._fast.causal``), imported only when it runs."""
     from ._fast.causal import causal_linear_attention
 
-    def plain(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        fq, fk = _features(phi, q, k, keep, name="linear_attention")
-        return _causal(fq, fk, v, chunk_size, eps, None)[0]
-
-    return causal_linear_attention(q, k, v, FEATURE_NAMES[phi], keep, chunk_size, eps, plain)
+    return causal_linear_attention(q, k, v, FEATURE_NAMES[phi], keep, chunk_size, eps)
 
 
 def _causal(

@@ -9,7 +9,7 @@ measures it at least 1.3 times faster than the plain form in every condition: qu
 workload, beside two busy processes, on one and on two threads. The recorded table is in
 ``benchmarks/results/PERFORMANCE.md``.
 
-* :mod:`attnbook._fast.causal` -- causal linear attention on one CPU thread, tile by tile, with its own backward;
+* :mod:`attnbook._fast.causal` -- causal linear attention without autograd on one CPU thread, tile by tile;
 * :mod:`attnbook._fast.mobile` -- Mobile-Attention's flows from each position's H x H Gram matrix, without
   autograd.
 """
