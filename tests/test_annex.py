@@ -111,7 +111,7 @@ def test_causal_padding_of_one_sequence_with_whole_chunks(annex, B):
     torch.testing.assert_close(out, expected, **tol(torch.float64))
 
 
-def test_the_causal_tiles_run_on_one_thread_without_autograd_and_the_plain_form_else(monkeypatch):
+def test_the_causal_tiles_run_on_one_thread_without_autograd_and_the_plain_form_else(annex, monkeypatch):
     """The tiles are laid out for one core and have no backward; with more threads, or when a gradient is needed,
     the plain form runs (bench_annex.py measured both less than 1.3 times faster)."""
     calls = []
