@@ -5,8 +5,8 @@ torch, and reaches a path here by one dispatch line, as timm's attention reaches
 :func:`attnbook.config.plain` (``ATTNBOOK_PLAIN=1``, or :func:`attnbook.config.set_plain`) turns the annex off;
 then no module of this package is imported. Every path here gives the plain form's numbers to rounding (the
 tests compare them, and both with :mod:`attnbook.reference`), and stays only while ``benchmarks/bench_annex.py``
-measures it at least 1.3 times faster than the plain form in every condition: quiet, after another large
-workload, beside two busy processes, on one and on two threads. The recorded table is in
+measures it at least 1.3 times faster than the plain form in every condition where it runs: quiet, after another
+large workload, beside two busy processes, on one and on two threads. The recorded table is in
 ``benchmarks/results/PERFORMANCE.md``.
 
 * :mod:`attnbook._fast.causal` -- causal linear attention without autograd on one CPU thread, tile by tile;
