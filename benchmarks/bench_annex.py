@@ -23,12 +23,13 @@ Cases, at the sizes of issue 36 (float32, CPU):
 * ``tiles`` (quiet only): the annex's causal tiles of 1024, 2048 (its constant) and 4096 positions.
 
 Every case alternates its implementations in one run (:func:`attnbook.lab.profiling.compare`) and records
-medians. "annex" is the default (the annex on), and each cell records whether the annex took the call at all
+medians of 15 runs (7 left the busy condition's medians noisy: one cell read 1.30 and 1.85 in two recordings of
+one code). "annex" is the default (the annex on), and each cell records whether the annex took the call at all
 (``annex runs``: a call reached ``attnbook._fast``; the causal tiles take one thread without autograd, Mobile's
-Gram flows inference). The verdict of a fast path is the smallest plain / annex ratio over the cells where it ran
-(it stays at 1.3 or more); a case where it never ran has no verdict (None). The recording refuses a busy machine
-(the 1-minute load average above half the cores) unless ``--force``, and stores the load before and after and the
-commit.
+Gram flows inference). The verdict of a fast path is the smallest plain / annex ratio (of unrounded medians)
+over the cells where it ran (it stays at 1.3 or more); a case where it never ran has no verdict (None). The
+recording refuses a busy machine (the 1-minute load average above half the cores) unless ``--force``, and stores
+the load before and after and the commit.
 
     python benchmarks/bench_annex.py                # benchmarks/results/annex.json and a markdown table
     python benchmarks/bench_annex.py --quick        # fewer repeats, the smallest causal size only
@@ -231,10 +232,9 @@ def run(quick: bool, repeats: int) -> dict:
                         timing = compare(case["fns"], repeats=repeats, warmup=1)
                         used = annex_runs(case["fns"]["annex"])
                     cell = {impl: round(t.median * 1e3, 2) for impl, t in timing.items()}
-                    cell["plain/annex"] = round(cell["plain"] / cell["annex"], 2)
-                    for other in ("seed", "peer"):
-                        if other in cell:
-                            cell[f"{other}/annex"] = round(cell[other] / cell["annex"], 2)
+                    for other in ("plain", "seed", "peer"):  # from the unrounded medians: a verdict is not rounded
+                        if other in timing:
+                            cell[f"{other}/annex"] = round(timing[other].median / timing["annex"].median, 3)
                     cell["annex runs"] = used
                     results[name]["cells"][f"{condition}/{threads}"] = cell
                     print(f"{condition:12s} {threads} thread(s)  {name:14s} {cell}", file=sys.stderr, flush=True)
@@ -279,7 +279,7 @@ def main(argv=None) -> int:
     parser.add_argument("--force", action="store_true", help="record on a busy machine (noted in the recording)")
     args = parser.parse_args(argv)
     load = quiet_or_exit("bench_annex.py", args.force)
-    repeats = args.repeats or (3 if args.quick else 7)
+    repeats = args.repeats or (3 if args.quick else 15)  # 15: beside busy processes 7 runs left medians noisy
     recording = run(args.quick, repeats)
     recording["environment"] = stamp(environment(), load, args.force)
     recording["config"] = {"repeats": repeats, "quick": args.quick, "conditions": CONDITIONS, "threads": [1, 2]}

@@ -257,8 +257,8 @@ def _annex_takes(
 ) -> bool:
     """Whether the speed annex runs this call: it is on (:func:`attnbook.config.plain`), the call is causal without
     a state, with a built-in feature map, needs no gradient, is not traced, on the CPU with one thread (its tiles are
-    laid out for one core's caches; with more threads, or with a backward, the plain form was as fast, or less than
-    1.3 times slower: ``benchmarks/bench_annex.py``)."""
+    laid out for one core's caches; with more threads the plain form was as fast, and the tiles' own backward was
+    less than 1.3 times faster than autograd's: ``benchmarks/bench_annex.py``)."""
     if config.plain() or not causal or state is not None or output_state or phi not in FEATURE_NAMES:
         return False
     grad = torch.is_grad_enabled() and any(x.requires_grad for x in qkv)
