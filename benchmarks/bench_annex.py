@@ -15,8 +15,7 @@ Cases, at the sizes of issue 36 (float32, CPU):
 * ``linear``: non-causal linear attention without autograd, B=4 H=8 N=4096 D=64: the annex (default), the plain
   form (``config.set_plain(True)``), and the seed's formulation (fast-transformers' three einsums,
   ``tests/published.py``);
-* ``mobile``: Mobile-Attention's core without autograd, same sizes: annex, plain, the published core;
-* ``mobile_train``: the same, forward and backward;
+* ``mobile``: Mobile-Attention's core without autograd, same sizes: the default, plain, the published core;
 * ``causal``: causal linear attention without autograd at (B, H, N) = (2, 8, 1024), (2, 8, 4096), (1, 4, 16384):
   annex, plain, and fast-transformers' C++ kernel (``benchmarks/peers.py --build``; skipped without it);
 * ``causal_train``: forward and backward at (2, 8, 4096), the same three;
@@ -25,11 +24,11 @@ Cases, at the sizes of issue 36 (float32, CPU):
 Every case alternates its implementations in one run (:func:`attnbook.lab.profiling.compare`) and records
 medians of 15 runs (7 left the busy condition's medians noisy: one cell read 1.30 and 1.85 in two recordings of
 one code). "annex" is the default (the annex on), and each cell records whether the annex took the call at all
-(``annex runs``: a call reached ``attnbook._fast``; the causal tiles take one thread without autograd, Mobile's
-Gram flows inference). The verdict of a fast path is the smallest plain / annex ratio (of unrounded medians)
-over the cells where it ran (it stays at 1.3 or more); a case where it never ran has no verdict (None). The
-recording refuses a busy machine (the 1-minute load average above half the cores) unless ``--force``, and stores
-the load before and after and the commit.
+(``annex runs``: a call reached ``attnbook._fast``; the causal tiles take one thread without autograd). The
+verdict of a fast path is the smallest plain / annex ratio (of unrounded medians) over the cells where it ran (it
+stays at 1.3 or more); a case where it never ran has no verdict (None). The recording refuses a busy machine (the
+1-minute load average above half the cores) unless ``--force``, and stores the load before and after and the
+commit.
 
     python benchmarks/bench_annex.py                # benchmarks/results/annex.json and a markdown table
     python benchmarks/bench_annex.py --quick        # fewer repeats, the smallest causal size only
@@ -50,7 +49,6 @@ import torch.nn.functional as F
 import attnbook
 from attnbook import config
 from attnbook._fast import causal as annex_causal
-from attnbook._fast import mobile as annex_mobile
 from attnbook.lab.bench import environment
 from attnbook.lab.profiling import compare
 
@@ -87,22 +85,19 @@ def plain(fn):
 
 
 def annex_runs(fn) -> bool:
-    """Whether one call of fn reaches the annex: its entry points (the causal tiles, Mobile's Gram flows) spied on."""
+    """Whether one call of fn reaches the annex: its entry point (the causal tiles) spied on."""
     calls = []
-    saved = annex_causal.forward, annex_mobile.head_flows
+    saved = annex_causal.forward
 
-    def spy(f):
-        def call(*args, **kwargs):
-            calls.append(f.__name__)
-            return f(*args, **kwargs)
+    def spy(*args, **kwargs):
+        calls.append(1)
+        return saved(*args, **kwargs)
 
-        return call
-
-    annex_causal.forward, annex_mobile.head_flows = (spy(f) for f in saved)
+    annex_causal.forward = spy
     try:
         fn()
     finally:
-        annex_causal.forward, annex_mobile.head_flows = saved
+        annex_causal.forward = saved
     return bool(calls)
 
 
@@ -157,15 +152,6 @@ def cases(quick: bool, kernel) -> dict[str, dict]:
                 "seed": lambda: published_mobile_attention(q, k, v),
             },
         }
-    qg, kg, vg = (x[:2].clone().requires_grad_() for x in (q, k, v))
-    out["mobile_train"] = {
-        "size": "B=2 H=8 N=4096 D=64, forward and backward",
-        "grad": True,
-        "fns": {
-            "annex": fwd_bwd(attnbook.mobile_attention, (qg, kg, vg)),
-            "plain": plain(fwd_bwd(attnbook.mobile_attention, (qg, kg, vg))),
-        },
-    }
     sizes = [(2, 8, 1024)] if quick else [(2, 8, 1024), (2, 8, 4096), (1, 4, 16384)]
     for B, H, N in sizes:
         cq, ck, cv = (torch.randn(B, H, N, 64, generator=g) for _ in range(3))

@@ -1,6 +1,6 @@
-"""The speed annex (attnbook._fast): every path it holds gives the plain form's numbers, and the reference's,
-for outputs and gradients; ``ATTNBOOK_PLAIN=1`` and ``config.set_plain`` turn it off, and then it is not even
-imported.
+"""The speed annex (attnbook._fast): every path it holds gives the plain form's numbers, and the reference's, and
+runs only where it was measured faster (one thread, no gradient); ``ATTNBOOK_PLAIN=1`` and ``config.set_plain`` turn
+it off, and then it is not even imported.
 
 The annex's paths are reached through the public functions, with the annex on (``config.set_plain(False)``,
 whatever the environment says) and off (``config.set_plain(True)``)."""
@@ -130,29 +130,6 @@ def test_the_causal_tiles_run_on_one_thread_without_autograd_and_the_plain_form_
         torch.set_num_threads(threads)
 
 
-@pytest.mark.parametrize("mask", [False, True], ids=["no_mask", "padded"])
-@pytest.mark.parametrize("eps", [1e-6, 0.0], ids=["eps", "no_eps"])
-def test_mobile_gram_flows_give_the_reference_and_the_plain_form(annex, eps, mask):
-    """Inference: the Gram form of the flows (every statistic) against the plain form and the reference."""
-    q, k, v = qkv(2, 4, 9, 9, 3, 5, dtype=torch.float64)
-    padding = None
-    if mask:
-        padding = torch.zeros(2, 9, dtype=torch.bool)
-        padding[1, 6:] = True
-    expected = reference.mobile_attention(q, k, v, eps=eps, return_flows=True)
-    if mask:  # the reference has no padding: the unpadded second sequence alone
-        short = reference.mobile_attention(*(x[1:, :, :6] for x in (q, k, v)), eps=eps, return_flows=True)
-    call = functools.partial(attnbook.mobile_attention, key_padding_mask=padding, eps=eps, return_flows=True)
-    with torch.no_grad():  # the Gram form serves inference only
-        (out, stats), (plain, plain_stats) = both_paths(lambda: call(q, k, v))
-    torch.testing.assert_close(out, plain, **tol(torch.float64))
-    for a, b in zip(stats, plain_stats, strict=True):
-        torch.testing.assert_close(a, b, **tol(torch.float64))
-    torch.testing.assert_close(out[:1], expected[0][:1], **tol(torch.float64))
-    if mask:
-        torch.testing.assert_close(out[1:, :, :6], short[0], **tol(torch.float64))
-
-
 def test_set_plain_wins_over_the_environment_and_none_gives_it_back(monkeypatch):
     monkeypatch.setenv("ATTNBOOK_PLAIN", "1")
     assert config.plain()
@@ -193,7 +170,7 @@ for name, m in MECHANISMS.items():
 DecoderLM("linear", dim=16, n_heads=2).generate(torch.randint(0, 256, (1, 5)), 3)
 print(sorted(n for n in sys.modules if n.startswith("attnbook._fast")))
 """
-    annex = "['attnbook._fast', 'attnbook._fast.causal', 'attnbook._fast.mobile']"
+    annex = "['attnbook._fast', 'attnbook._fast.causal']"
     for plain, expected in (("1", "[]"), ("0", annex)):
         env = {**os.environ, "ATTNBOOK_PLAIN": plain}
         done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)

@@ -31,7 +31,6 @@ from typing import TYPE_CHECKING, Any, Literal, NoReturn, TypedDict, overload
 import torch
 from torch import Tensor
 
-from . import config
 from ._checks import (
     check_bool,
     check_choice,
@@ -44,7 +43,7 @@ from ._checks import (
     check_supported,
 )
 from ._module import ProjectedAttention
-from ._runtime import accumulation_dtype, autocast_disabled, result_dtype, tracing
+from ._runtime import accumulation_dtype, autocast_disabled, result_dtype
 from .flow import FlowStats, _reciprocal, _zero_padded
 
 if TYPE_CHECKING:
@@ -169,13 +168,7 @@ def _mobile(
     qs, ks = torch.sigmoid(q), torch.sigmoid(k)  # (B, H, N, D)
     if keep is not None:
         qs, ks = torch.where(real, qs, 0.0), torch.where(real, ks, 0.0)
-    if config.plain() or tracing() or torch.is_grad_enabled():  # the annex's Gram form: for inference only
-        flows = head_flows(qs, ks, eps, keep)
-    else:
-        from ._fast.mobile import head_flows as gram_flows  # the speed annex (attnbook._fast)
-
-        flows = gram_flows(qs, ks, eps, keep)
-    incoming, outgoing, conserved_incoming, conserved_outgoing_raw = flows  # (B, H, N) each
+    incoming, outgoing, conserved_incoming, conserved_outgoing_raw = head_flows(qs, ks, eps, keep)  # (B, H, N) each
     conserved_outgoing = conserved_outgoing_raw.clamp(-1.0, 1.0)  # for stability, as published
     allocation = torch.sigmoid(conserved_incoming * (N / M))  # a_hi; N / M = 1
     scores = conserved_outgoing if keep is None else conserved_outgoing.masked_fill(~keep, float("-inf"))
@@ -184,7 +177,9 @@ def _mobile(
         competition, allocation = torch.where(keep, competition, 0.0), torch.where(keep, allocation, 0.0)
     kv = ks.transpose(-2, -1) @ (v * competition.unsqueeze(-1))  # (B, H, D, Dv): sum_j k~_j (c_j v_j)^T
     out = (qs @ kv).mul_((allocation * _reciprocal(incoming, keep)).unsqueeze(-1))  # (B, H, N, Dv): a_i / I_i
-    stats = FlowStats(*flows[:3], conserved_outgoing, competition, allocation, conserved_outgoing_raw)
+    stats = FlowStats(
+        incoming, outgoing, conserved_incoming, conserved_outgoing, competition, allocation, conserved_outgoing_raw
+    )
     return out, _zero_padded(stats, keep, keep)
 
 

@@ -1,7 +1,7 @@
 """The speed annex: code that exists only to make the plain forms of the mechanism modules faster.
 
-Each mechanism module (:mod:`attnbook.linear`, :mod:`attnbook.mobile`) is its chapter's mathematics in plain
-torch, and reaches a path here by one dispatch line, as timm's attention reaches SDPA through ``fused_attn``.
+Each mechanism module is its chapter's mathematics in plain torch; :mod:`attnbook.linear` reaches a path here by
+one dispatch line, as timm's attention reaches SDPA through ``fused_attn``.
 :func:`attnbook.config.plain` (``ATTNBOOK_PLAIN=1``, or :func:`attnbook.config.set_plain`) turns the annex off;
 then no module of this package is imported. Every path here gives the plain form's numbers to rounding (the
 tests compare them, and both with :mod:`attnbook.reference`), and stays only while ``benchmarks/bench_annex.py``
@@ -9,7 +9,8 @@ measures it at least 1.3 times faster than the plain form in every condition whe
 large workload, beside two busy processes, on one and on two threads. The recorded table is in
 ``benchmarks/results/PERFORMANCE.md``.
 
-* :mod:`attnbook._fast.causal` -- causal linear attention without autograd on one CPU thread, tile by tile;
-* :mod:`attnbook._fast.mobile` -- Mobile-Attention's flows from each position's H x H Gram matrix, without
-  autograd.
+* :mod:`attnbook._fast.causal` -- causal linear attention without autograd on one CPU thread, tile by tile.
+
+Mobile-Attention's flows from each position's H x H Gram matrix were here until ``bench_annex.py`` measured them
+0.66 times the plain form on two threads beside busy processes (``benchmarks/results/annex.json``).
 """
