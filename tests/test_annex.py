@@ -176,3 +176,15 @@ print(sorted(n for n in sys.modules if n.startswith("attnbook._fast")))
         done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stderr
         assert done.stdout.strip().startswith(expected), done.stdout
+
+
+def test_the_tests_of_the_annex_pass_with_attnbook_plain():
+    """``ATTNBOOK_PLAIN=1`` must leave every unit test passing. This file's tests are the ones that set the annex's
+    state (one of them once failed only there), so they run again under it; the whole suite: ``ATTNBOOK_PLAIN=1
+    make unit``."""
+    this = "test_the_tests_of_the_annex_pass_with_attnbook_plain"
+    env = {**os.environ, "ATTNBOOK_PLAIN": "1"}
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k", f"not {this}"]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    assert " passed" in done.stdout and "failed" not in done.stdout, done.stdout[-2000:]
