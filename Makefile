@@ -123,10 +123,10 @@ test-frontends: venv frontend-setup $(CHROMIUM)
 	@$(MAKE) --no-print-directory -j1 STEPS="frontend-envs colab frontend browser-after-site" steps
 
 # The compile tests (inductor generates and builds C++: on a fresh machine its cache is empty, and its 23 cases
-# took 623 s beside a two-worker job, about 100 s warm: most of the unit tests' time) run as a third chain, once the chapters have run (their
-# timings are those of a chapter run), beside the unit tests against the wheel and the front-end chain, which
-# leaves a core idle much of the time (make test used 1.4 of the 2 cores on average when they ran in the wheel's
-# unit tests, and took 18 minutes with a cold cache).
+# took 623 s beside a two-worker job, about 100 s warm: most of the unit tests' time) run as a third chain, once
+# the chapters have run (their timings are those of a chapter run), beside the unit tests against the wheel and
+# the front-end chain, which leaves a core idle much of the time (make test used 1.4 of the 2 cores on average
+# when they ran in the wheel's unit tests, and took 18 minutes with a cold cache).
 test-compile: venv
 	@$(MAKE) --no-print-directory -j1 STEPS="compile-after-notebooks" steps
 

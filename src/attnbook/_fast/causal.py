@@ -129,7 +129,7 @@ class _Workspace:
         self.Z = self.flat["Z"].view(self.nr, self.m + 1, D)
         self.slots, self.zslots = self.S.unbind(1), self.Z.unbind(1)  # (nr, D, Dv) and (nr, D) each
         self._views: dict[tuple[int, int, int], _TileViews] = {}
-        self.D, self.Dv = D, Dv
+        self.D = D
 
     def views(self, nr: int, m: int, c: int) -> _TileViews:
         """The views of a tile of nr rows of m chunks of c positions (a namespace), made once per shape."""
@@ -157,7 +157,7 @@ class _Workspace:
         w.hi, w.lo = [S[i, 1 : m + 1] for i in range(nr)], [S[i, :m] for i in range(nr)]  # (m, D, Dv)
         w.zhi, w.zlo = [Z[i, 1 : m + 1] for i in range(nr)], [Z[i, :m] for i in range(nr)]  # (m, D)
         w.zlo_row = [x.unsqueeze(1) for x in w.zlo]  # (m, 1, D)
-        w.S_run, w.Z_run = S[:, : m + 1], Z[:, : m + 1]  # the slots a running sum covers
+        w.Z_run = Z[:, : m + 1]  # the sums' slots a running sum covers
         return w
 
 
@@ -180,7 +180,6 @@ class _TileViews:
     zhi: list[torch.Tensor]
     zlo: list[torch.Tensor]
     zlo_row: list[torch.Tensor]
-    S_run: torch.Tensor
     Z_run: torch.Tensor
 
 
@@ -195,14 +194,14 @@ def _features(kind: str, w: _TileViews, qt: torch.Tensor, kt: torch.Tensor, dt: 
         w.fk.masked_fill_(dt, 0.0)
 
 
-def _carry(ws: _Workspace, into: int, source: int | None) -> None:
-    """Puts the carry into slot ``into`` of ``ws``'s states: from slot ``source`` (where the tile before left
-    it), or zero for a row group's first tile (``source`` None)."""
+def _carry(ws: _Workspace, source: int | None) -> None:
+    """Puts the carry into slot 0 of ``ws``'s states: from slot ``source`` (where the tile before left it), or
+    zero for a row group's first tile (``source`` None)."""
     for slots in (ws.slots, ws.zslots):
         if source is None:
-            slots[into].zero_()
+            slots[0].zero_()
         else:
-            slots[into].copy_(slots[source])
+            slots[0].copy_(slots[source])
 
 
 def _running_sum(ws: _Workspace, w: _TileViews, m: int) -> None:
@@ -239,7 +238,7 @@ def forward(
         for s0, m, c in spans:
             qt, kt, vt, ot, dt = tiles(r0, nr, s0, m, c)
             w = ws.views(nr, m, c)
-            _carry(ws, 0, last)
+            _carry(ws, last)
             _features(kind, w, qt, kt, dt)
             scores = torch.bmm(w.fq, w.fkT, out=w.scores).tril_()  # (t, c, c)
             torch.sum(scores, -1, keepdim=True, out=w.den)  # (t, c, 1): the normaliser inside each chunk
