@@ -64,6 +64,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     for size in args.sizes:
         load_before = quiet_or_exit("bench_generation", args.force)
+        torch._dynamo.reset()  # each size compiles its own steps: torch keeps at most 8 graphs of DecoderLM.step
         result = generation.measure(
             SIZES[size],
             mechanism_names=args.mechanisms,

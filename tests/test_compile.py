@@ -280,3 +280,19 @@ def test_chapter_8_steps_compile_once_for_every_token(name):
             expected, eager_state = layer.step(x[:, t], eager_state)
             torch.testing.assert_close(y_t, expected, **tol(torch.float32))
     assert frame_count() - start == 1
+
+
+def test_a_timed_compiled_step_is_compiled_or_fails(monkeypatch):
+    """Chapter 7's generation benchmark times ``DecoderLM.step`` compiled; past torch's recompile limit (8 graphs of
+    that one method, here lowered to 1) torch would run the step eagerly and it would be timed as compiled (the
+    recording of 0a79af3 compiled 12 models in one process). The step is compiled with fullgraph=True, so that
+    this is an error, not a number."""
+    from attnbook.lab import generation, lm
+
+    real_compile = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: real_compile(fn, **{**kw, "backend": "eager"}))
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 1)
+    options = dict(positions=[4], repeats=1, warmup=0, decoders=["compiled"], burst=1, progress=False)
+    generation.measure(lm.SMALL, mechanism_names=["linear"], **options)  # one model: one graph
+    with pytest.raises(torch._dynamo.exc.FailOnRecompileLimitHit):
+        generation.measure(lm.SMALL, mechanism_names=["flow"], **options)  # another: past the limit

@@ -57,7 +57,9 @@ class _Generation:
         self.model, self.text, self.device = model, text, device
         # the bytes as token ids on the device once, so that a step's next token is a view, not five operations
         self.tokens = text.reshape(-1).to(device, torch.long)
-        self.step = torch.compile(model.step, dynamic=True) if decoder == "compiled" else model.step
+        # fullgraph: past torch's recompile limit (8 graphs of DecoderLM.step in a process) a compiled step would
+        # run eagerly, and be timed as compiled; fullgraph makes that an error
+        self.step = torch.compile(model.step, dynamic=True, fullgraph=True) if decoder == "compiled" else model.step
         self.state: Any = None
         self.t = 0
 
