@@ -14,6 +14,11 @@ script refuses to start on a busy machine unless ``--force``, and stores the com
     python benchmarks/bench_recall.py                   # benchmarks/results/recall/recall_cpu.json
     python benchmarks/bench_recall.py --quick --force   # two mechanisms, one setting: a smoke test
     python benchmarks/bench_recall.py --pairs 8 16 32 64   # 16 pairs too (360 runs)
+    python benchmarks/bench_recall.py --replace linear     # record one mechanism again, in the recording
+
+``--replace`` records the named mechanisms at the recording's own settings and puts their runs and results in
+place of the old ones; ``environment["replaced"]`` keeps, per mechanism, the commit, date, loads and seconds of
+the new runs (the rest of the environment is the first recording's).
 """
 
 from __future__ import annotations
@@ -43,9 +48,18 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="softmax and linear, 8 pairs, width 32, 50 steps")
     parser.add_argument("--force", action="store_true", help="record even when the machine is busy")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "recall" / "recall_cpu.json")
+    parser.add_argument("--replace", nargs="+", default=None, help="record these mechanisms again, in --out")
     args = parser.parse_args()
     load = quiet_or_exit("bench_recall", args.force)
     options = {"steps": args.steps, "pairs": args.pairs, "widths": args.widths, "lrs": args.lrs, "seeds": args.seeds}
+    old = None
+    if args.replace:
+        old = json.loads(args.out.read_text())
+        kept = {k: old["config"][k] for k in ("steps", "pairs", "widths", "lrs", "seeds")}
+        missing = sorted(set(args.replace) - set(old["config"]["mechanisms"]))
+        if missing:
+            sys.exit(f"bench_recall: --replace {missing}: not in {args.out}'s mechanisms {old['config']['mechanisms']}")
+        options = {**kept, "mechanism_names": tuple(args.replace)}
     if args.quick:
         options = {"mechanism_names": ("softmax", "linear"), "pairs": (8,), "widths": (32,), "steps": 50, "seeds": 2}
     start = time.time()
@@ -62,12 +76,20 @@ def main() -> None:
     env["threads"] = 1
     env["workers"] = args.workers
     record["environment"] = stamp(env, load, args.force)
-    record["wall_seconds"] = round(time.time() - start, 1)
+    record["wall_seconds"] = seconds = round(time.time() - start, 1)
+    if old is not None:  # the new mechanisms' runs and results in place of the old ones
+        new = set(args.replace)
+        for key in ("runs", "results"):
+            old[key] = [r for r in old[key] if r["mechanism"] not in new] + record[key]
+        stamped = ("commit", "date_utc", "load_average_before", "load_average_after")
+        note = {k: record["environment"][k] for k in stamped} | {"wall_seconds": record["wall_seconds"]}
+        old["environment"].setdefault("replaced", {}).update({m: note for m in args.replace})
+        record = old
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(record, indent=1) + "\n")
     for width in record["config"]["widths"]:
         print(recall.table(record, width))
-    print(f"written {args.out} ({len(record['runs'])} runs, {record['wall_seconds']:.0f} s)")
+    print(f"written {args.out} ({len(record['runs'])} runs; this one took {seconds:.0f} s)")
 
 
 if __name__ == "__main__":

@@ -70,3 +70,36 @@ def test_the_commit_ignores_recordings_but_not_code(tmp_path):
     assert copy.commit() == head
     (tmp_path / "code.py").write_text("x = 2\n")
     assert copy.commit() == head + "+changes"
+
+
+def test_bench_recall_replaces_one_mechanism_and_notes_where_its_runs_came_from(tmp_path, monkeypatch):
+    """``--replace linear`` records linear attention again at the recording's own settings, puts its runs and
+    results in place of the old ones, leaves every other mechanism's as they were, and notes the new runs' commit
+    and loads; a name the recording lacks is refused."""
+    import json
+
+    from attnbook.lab import recall
+
+    spec = importlib.util.spec_from_file_location("bench_recall", BENCHMARKS / "bench_recall.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    settings = dict(pairs=(8,), widths=(32,), lrs=(0.01,), seeds=1, steps=2)
+    old = recall.study(mechanism_names=("softmax", "linear"), workers=1, **settings)
+    old["environment"] = {"commit": "old"}
+    for r in old["runs"] + old["results"]:
+        r["marker"] = "old"
+    out = tmp_path / "recall.json"
+    out.write_text(json.dumps(old))
+    monkeypatch.setattr(
+        sys, "argv", ["bench_recall.py", "--replace", "linear", "--workers", "1", "--force", "--out", str(out)]
+    )
+    bench.main()
+    new = json.loads(out.read_text())
+    for key in ("runs", "results"):
+        assert {(r["mechanism"], r.get("marker")) for r in new[key]} == {("softmax", "old"), ("linear", None)}
+    assert new["config"] == json.loads(json.dumps(old["config"])) and new["environment"]["commit"] == "old"
+    replaced = new["environment"]["replaced"]["linear"]
+    assert set(replaced) == {"commit", "date_utc", "load_average_before", "load_average_after", "wall_seconds"}
+    monkeypatch.setattr(sys, "argv", ["bench_recall.py", "--replace", "delta", "--force", "--out", str(out)])
+    with pytest.raises(SystemExit, match=r"--replace \['delta'\]: not in"):
+        bench.main()
