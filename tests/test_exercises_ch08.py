@@ -125,7 +125,8 @@ def test_delta_write_rejects_writes_into_the_state():
 
 def test_delta_write_reports_shapes_exceptions_and_stubs():
     rejected(check("8.2", lambda S, k, v, beta: delta_write(S, k, v, beta)[..., 0]), "has shape")
-    rejected(check("8.2", lambda S, k, v, beta: S @ v), "delta_write raised RuntimeError")
+    # S (B, H, D, Dv) and v (B, H, Dv) never concatenate (S @ v did not raise whenever the random draw had Dv == H)
+    rejected(check("8.2", lambda S, k, v, beta: torch.cat([S, v])), "delta_write raised RuntimeError")
     undiagnosed(check("8.2", lambda S, k, v, beta: 2 * S))
 
     def stub(S, k, v, beta):
