@@ -210,7 +210,8 @@ def test_ut_transform_tries_float32_and_names_a_float64_answer():
 
 
 def test_ut_transform_reports_exceptions_and_stubs():
-    rejected(check("8.3", lambda k, beta: k @ beta), "ut_transform raised RuntimeError")
+    # A shape mistake that raises on every draw (k @ beta broadcast without an error on some random shapes).
+    rejected(check("8.3", lambda k, beta: k @ k.new_ones(k.shape[-1] + 1)), "ut_transform raised RuntimeError")
     rejected(check("8.3", lambda k, beta: None), "returned None")
 
 
