@@ -12,11 +12,19 @@ memory above the inputs (CUDA allocator peak, or tensors allocated by torch oper
 Writes benchmarks/results/<device>_<dtype>.json (or --out) with the device name, dtype, torch / attnbook /
 python versions and the date, the load average before and after and the commit. It refuses to record while the
 1-minute load average is above half the cores, unless ``--force`` (then the recording says so).
+
+``--beside-busy`` measures the shared machine on purpose: on a quiet machine (the same rule) the script starts two
+processes of its own, each running torch's matrix products on two threads, records beside them and stops them;
+the recording names the condition, and its load average after includes the two jobs.
+
+    python benchmarks/bench_all.py --threads 2 --beside-busy --lengths 256 512 1024 2048 4096 8192 \
+        --out benchmarks/results/cpu_float32_busy.json                 # chapter 6's busy recording
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 from pathlib import Path
@@ -24,7 +32,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from recording import quiet_or_exit, stamp  # noqa: E402
+from recording import beside_busy, quiet_or_exit, stamp  # noqa: E402
 
 from attnbook import mechanisms  # noqa: E402
 from attnbook.lab.bench import CASES, environment, run_benchmark, series  # noqa: E402
@@ -57,28 +65,33 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=0, help="torch.set_num_threads; 0 keeps the default")
     parser.add_argument("--out", default=None)
     parser.add_argument("--force", action="store_true", help="record even when the machine is busy")
+    parser.add_argument(
+        "--beside-busy", action="store_true", help="record beside two busy processes that the script starts itself"
+    )
     args = parser.parse_args()
     load = quiet_or_exit("bench_all", args.force)
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     torch.manual_seed(0)
-    result = run_benchmark(
-        args.lengths,
-        mechanisms=args.mechanisms,
-        batch=args.batch,
-        heads=args.heads,
-        head_dim=args.head_dim,
-        device=device,
-        dtype=DTYPES[args.dtype],
-        repeats=args.repeats,
-        warmup=args.warmup,
-        backward=not args.no_backward,
-        memory=not args.no_memory,
-        max_matrix_bytes=args.max_matrix_gib * 2**30,
-        compile=args.compile,
-    )
+    with beside_busy() if args.beside_busy else contextlib.nullcontext(None) as condition:
+        result = run_benchmark(
+            args.lengths,
+            mechanisms=args.mechanisms,
+            batch=args.batch,
+            heads=args.heads,
+            head_dim=args.head_dim,
+            device=device,
+            dtype=DTYPES[args.dtype],
+            repeats=args.repeats,
+            warmup=args.warmup,
+            backward=not args.no_backward,
+            memory=not args.no_memory,
+            max_matrix_bytes=args.max_matrix_gib * 2**30,
+            compile=args.compile,
+        )
     env = stamp(environment(device), load, args.force)
+    env["condition"] = condition or ("busy (--force)" if env["forced"] else "quiet")
     report = {"benchmark": "attnbook.lab.bench.run_benchmark", "environment": env, **result}
 
     c = result["config"]

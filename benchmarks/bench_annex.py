@@ -37,8 +37,8 @@ commit.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -57,18 +57,10 @@ sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from peers import import_causal_product  # noqa: E402
 from published import fast_transformers_linear_attention, published_mobile_attention  # noqa: E402
-from recording import quiet_or_exit, stamp  # noqa: E402
+from recording import beside_busy, quiet_or_exit, stamp  # noqa: E402
 
 CONDITIONS = ("quiet", "after_work", "beside_busy")
 THRESHOLD = 1.3  # a fast path stays when plain / annex is at least this in every condition
-BUSY_JOB = """
-import torch, time
-torch.set_num_threads(2)
-a = torch.randn(1024, 1024)
-end = time.time() + {seconds}
-while time.time() < end:
-    a = torch.tanh(a @ a.T / 1024)
-"""
 
 
 def plain(fn):
@@ -203,12 +195,7 @@ def run(quick: bool, repeats: int) -> dict:
     table = cases(quick, kernel)
     results: dict[str, dict] = {name: {"size": case["size"], "cells": {}} for name, case in table.items()}
     for condition in CONDITIONS:
-        busy = []
-        if condition == "beside_busy":
-            seconds = 1200 if not quick else 300
-            busy = [subprocess.Popen([sys.executable, "-c", BUSY_JOB.format(seconds=seconds)]) for _ in range(2)]
-            time.sleep(2.0)
-        try:
+        with beside_busy() if condition == "beside_busy" else contextlib.nullcontext():
             for threads in (1, 2):
                 torch.set_num_threads(threads)
                 for name, case in table.items():
@@ -224,10 +211,6 @@ def run(quick: bool, repeats: int) -> dict:
                     cell["annex runs"] = used
                     results[name]["cells"][f"{condition}/{threads}"] = cell
                     print(f"{condition:12s} {threads} thread(s)  {name:14s} {cell}", file=sys.stderr, flush=True)
-        finally:
-            for job in busy:
-                job.kill()
-                job.wait()
     torch.set_num_threads(1)
     tiles = tile_sizes(repeats)
     verdicts = {}

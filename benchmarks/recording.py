@@ -8,10 +8,24 @@ recording stores the load average before and after it and the commit it measured
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import subprocess
 import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
+
+#: One neighbour of a recording "beside busy processes": torch's matrix products on two threads, until it is
+#: stopped, its parent has gone or ``seconds`` have passed.
+BUSY_JOB = """
+import os, time, torch
+torch.set_num_threads(2)
+end = time.time() + {seconds}
+a = torch.randn(1024, 1024)
+while time.time() < end and os.getppid() == {parent}:
+    a = torch.tanh(a @ a.T / 1024)
+"""
 
 
 def quiet_or_exit(script: str, force: bool) -> list[float]:
@@ -27,6 +41,22 @@ def quiet_or_exit(script: str, force: bool) -> list[float]:
             sys.exit(message + ". Wait for a quiet moment, or pass --force to record anyway (it is noted).")
         print(message + "; recording anyway (--force).", file=sys.stderr)
     return load
+
+
+@contextlib.contextmanager
+def beside_busy(jobs: int = 2, seconds: float = 3600) -> Iterator[str]:
+    """Runs ``jobs`` copies of :data:`BUSY_JOB` while the block runs, and stops them after it (also on an error).
+    Yields the condition in words, for the recording. The quiet rule is checked before, never during: the jobs are
+    the condition measured, not a neighbour's work."""
+    job = BUSY_JOB.format(seconds=seconds, parent=os.getpid())  # the parent's pid, read before the job starts
+    busy = [subprocess.Popen([sys.executable, "-c", job], stdout=subprocess.DEVNULL) for _ in range(jobs)]
+    try:
+        time.sleep(2.0)  # the jobs have imported torch and are multiplying
+        yield f"beside {jobs} processes started by the script, each running torch matrix products on 2 threads"
+    finally:
+        for job in busy:
+            job.kill()
+            job.wait()
 
 
 def commit() -> str | None:

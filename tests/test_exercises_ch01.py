@@ -539,7 +539,13 @@ def causal_from_a_128_buffer(q, k, v):
 def test_causal_attention_draws_sizes_past_a_128_buffer_with_a_seed_it_prints():
     s = spy(causal_attention_solution)
     accepted(check("1.2", s))
-    assert longest(s.calls) > 128 and {q.shape[-1] for (q, k, v), _ in s.calls} - {2, 3, 4, 8, 16}
+    assert longest(s.calls) > 128
+    widths = set()  # over a few draws: one draw in 300 (seed 187) happens to take only the old fixed widths
+    for seed in range(3):
+        s = spy(causal_attention_solution)
+        accepted(check("1.2", s, seed=seed))
+        widths |= {q.shape[-1] for (q, k, v), _ in s.calls}
+    assert widths - {2, 3, 4, 8, 16}
     r = check("1.2", causal_from_a_128_buffer)
     rejected(r, "raised RuntimeError", "random, seed ", "depend on a fixed size")
     seed = int(r.message.split("random, seed ")[1].split(")")[0])

@@ -103,3 +103,50 @@ def test_bench_recall_replaces_one_mechanism_and_notes_where_its_runs_came_from(
     monkeypatch.setattr(sys, "argv", ["bench_recall.py", "--replace", "delta", "--force", "--out", str(out)])
     with pytest.raises(SystemExit, match=r"--replace \['delta'\]: not in"):
         bench.main()
+
+
+def test_beside_busy_runs_its_jobs_during_the_block_and_stops_them_after(monkeypatch):
+    """``bench_all.py --beside-busy`` and ``bench_annex.py`` measure beside processes they start themselves: the
+    jobs run while the block runs and are stopped after it, also when it raises."""
+    started = []
+    popen = recording.subprocess.Popen
+
+    def spy(*args, **kwargs):
+        started.append(popen(*args, **kwargs))
+        return started[-1]
+
+    monkeypatch.setattr(recording.subprocess, "Popen", spy)
+    monkeypatch.setattr(recording, "BUSY_JOB", "import time\ntime.sleep({seconds})  # {parent}\n")  # start, stop
+    with recording.beside_busy(jobs=2, seconds=60) as condition:
+        assert len(started) == 2 and all(job.poll() is None for job in started)
+    assert "beside 2 processes" in condition and all(job.poll() is not None for job in started)
+    started.clear()
+    with pytest.raises(KeyError), recording.beside_busy(jobs=1, seconds=60):
+        raise KeyError("a failing benchmark")
+    assert len(started) == 1 and started[0].poll() is not None
+
+
+def test_a_busy_job_stops_when_the_script_that_started_it_has_gone(tmp_path):
+    """A recording killed before it could stop its jobs leaves no process multiplying matrices for an hour."""
+    import os
+    import subprocess
+    import time
+
+    parent = (
+        f"import sys; sys.path.insert(0, {str(BENCHMARKS)!r}); import os, subprocess, recording\n"
+        "job = recording.BUSY_JOB.format(seconds=600, parent=os.getpid())\n"
+        "job = subprocess.Popen([sys.executable, '-c', job], stdout=subprocess.DEVNULL)\n"
+        "print(job.pid, flush=True); os._exit(0)\n"
+    )
+    pid = int(subprocess.run([sys.executable, "-c", parent], stdout=subprocess.PIPE, text=True, check=True).stdout)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            state = (pathlib.Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except FileNotFoundError:
+            return
+        if state == "Z":
+            return
+        time.sleep(0.5)
+    os.kill(pid, 9)
+    pytest.fail(f"the busy job {pid} still ran 60 s after its parent had gone")
