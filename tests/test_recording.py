@@ -126,17 +126,17 @@ def test_beside_busy_runs_its_jobs_during_the_block_and_stops_them_after(monkeyp
     assert len(started) == 1 and started[0].poll() is not None
 
 
-def test_a_busy_job_stops_when_the_script_that_started_it_has_gone(tmp_path):
-    """A recording killed before it could stop its jobs leaves no process multiplying matrices for an hour."""
+def test_a_busy_job_stops_when_the_script_that_started_it_has_gone():
+    """A recording killed before it could stop its jobs leaves no process multiplying matrices for an hour: the
+    script below dies inside ``beside_busy`` (os._exit skips its cleanup) after printing its job's pid."""
     import os
     import subprocess
     import time
 
     parent = (
-        f"import sys; sys.path.insert(0, {str(BENCHMARKS)!r}); import os, subprocess, recording\n"
-        "job = recording.BUSY_JOB.format(seconds=600, parent=os.getpid())\n"
-        "job = subprocess.Popen([sys.executable, '-c', job], stdout=subprocess.DEVNULL)\n"
-        "print(job.pid, flush=True); os._exit(0)\n"
+        f"import sys; sys.path.insert(0, {str(BENCHMARKS)!r}); import os, recording\n"
+        "with recording.beside_busy(jobs=1, seconds=600):\n"
+        "    print(open(f'/proc/{os.getpid()}/task/{os.getpid()}/children').read(), flush=True); os._exit(0)\n"
     )
     pid = int(subprocess.run([sys.executable, "-c", parent], stdout=subprocess.PIPE, text=True, check=True).stdout)
     deadline = time.monotonic() + 60
