@@ -26,9 +26,10 @@ medians of 15 runs (7 left the busy condition's medians noisy: one cell read 1.3
 one code). "annex" is the default (the annex on), and each cell records whether the annex took the call at all
 (``annex runs``: a call reached ``attnbook._fast``; the causal tiles take one thread without autograd). The
 verdict of a fast path is the smallest plain / annex ratio (of unrounded medians) over the cells where it ran (it
-stays at 1.3 or more); a case where it never ran has no verdict (None). The recording refuses a busy machine (the
-1-minute load average above half the cores) unless ``--force``, and stores the load before and after and the
-commit.
+stays at 1.3 or more); a case where it never ran has no verdict (None). Where the annex did not run, both columns
+time the same code: their ratio is the bench's own noise (:func:`same_code_spread`, printed under the tables).
+The recording refuses a busy machine (the 1-minute load average above half the cores) unless ``--force``, and
+stores the load before and after and the commit.
 
     python benchmarks/bench_annex.py                # benchmarks/results/annex.json and a markdown table
     python benchmarks/bench_annex.py --quick        # fewer repeats, the smallest causal size only
@@ -224,6 +225,17 @@ def run(quick: bool, repeats: int) -> dict:
     return {"results": results, "tiles_ms": tiles, "verdicts": verdicts, "threshold": THRESHOLD}
 
 
+def same_code_spread(recording: dict) -> dict[str, tuple[float, float]]:
+    """Per condition and thread count (``"quiet/1"``), the smallest and largest plain / annex ratio over the cells
+    where the annex did not run: there both columns time the same code, so their spread is the bench's own noise."""
+    spread: dict[str, list[float]] = {}
+    for r in recording["results"].values():
+        for key, cell in r["cells"].items():
+            if not cell["annex runs"]:
+                spread.setdefault(key, []).append(cell["plain/annex"])
+    return {key: (min(ratios), max(ratios)) for key, ratios in spread.items()}
+
+
 def markdown(recording: dict) -> str:
     lines = []
     for name, r in recording["results"].items():
@@ -236,6 +248,8 @@ def markdown(recording: dict) -> str:
             condition, threads = key.split("/")
             lines.append(f"| {condition} | {threads} | " + " | ".join(str(cell[c]) for c in impls + ratios) + " |")
         lines.append(f"\nworst over the conditions: {r['worst']}\n")
+    noise = ", ".join(f"{key} {lo:g} to {hi:g}" for key, (lo, hi) in same_code_spread(recording).items())
+    lines.append(f"same code timed twice (plain / annex where the annex did not run): {noise}\n")
     lines.append(f"tiles (quiet, 1 thread, B=2 H=8 N=4096, ms): {recording['tiles_ms']}")
     return "\n".join(lines)
 

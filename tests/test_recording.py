@@ -150,3 +150,29 @@ def test_a_busy_job_stops_when_the_script_that_started_it_has_gone():
         time.sleep(0.5)
     os.kill(pid, 9)
     pytest.fail(f"the busy job {pid} still ran 60 s after its parent had gone")
+
+
+def test_bench_annex_reports_the_spread_of_the_same_code_timed_twice():
+    """Where the annex did not run, annex and plain time the same code: their spread per condition and thread
+    count is the bench's noise, taken from those cells only (where the annex ran is a comparison) and printed."""
+    spec = importlib.util.spec_from_file_location("bench_annex", BENCHMARKS / "bench_annex.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+
+    def cell(ratio, runs):
+        return {"annex": 1.0, "plain": ratio, "plain/annex": ratio, "annex runs": runs}
+
+    recording = {
+        "results": {
+            "a": {"size": "s", "cells": {"quiet/1": cell(0.99, False), "beside_busy/1": cell(1.4, False)}},
+            "b": {"size": "s", "cells": {"quiet/1": cell(1.02, False), "beside_busy/1": cell(2.5, True)}},
+        },
+        "tiles_ms": {},
+    }
+    for r in recording["results"].values():
+        r["worst"] = {}
+    assert bench.same_code_spread(recording) == {"quiet/1": (0.99, 1.02), "beside_busy/1": (1.4, 1.4)}
+    assert (
+        "same code timed twice (plain / annex where the annex did not run): quiet/1 0.99 to 1.02, "
+        "beside_busy/1 1.4 to 1.4" in bench.markdown(recording)
+    )
