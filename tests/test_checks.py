@@ -460,6 +460,51 @@ case(
     TypeError,
     r"SoftmaxAttention.step: state must be a KVCache \(from a previous call or step\) or None",
 )
+
+
+for cls_name in ("SoftmaxAttention", "LinearAttention", "FlowAttention", "MoHAttention", "GatedLinearAttention"):
+    for kw_id, kw, error, message in (  # each failed inside torch's nn.Linear
+        ("dtype-int64", {"dtype": torch.int64}, ValueError, "dtype must be a floating-point dtype, got torch.int64"),
+        ("dtype-string", {"dtype": "float32"}, TypeError, "dtype must be a torch.dtype, got 'float32'"),
+        ("device-unknown", {"device": "bogus"}, ValueError, "device must be a device string such as 'cpu'"),
+    ):
+        case(
+            f"{cls_name}-{kw_id}",
+            lambda cls_name=cls_name, kw=kw: getattr(attnbook, cls_name)(8, num_heads=2, **kw),
+            error,
+            rf"^{cls_name}: {message}",
+        )
+
+
+def _continue_cache(**change):
+    """A softmax layer's step from a cache of 3 tokens (one padded) with fields changed: name -> f(cache)."""
+    layer, x = attnbook.SoftmaxAttention(8, 8, 8, 2, causal=True), torch.randn(2, 4, 8)
+    padding = torch.tensor([[True, False, False], [False, False, False]])
+    _, cache = layer(x[:, :3], key_padding_mask=padding, output_final_state=True)
+    return layer.step(x[:, 3], cache._replace(**{field: f(cache) for field, f in change.items()}))
+
+
+for field_id, change, error, message in (  # each was misread (an int padding as a float mask) or failed in torch
+    ("padding-int", {"padding": lambda c: c.padding.long()}, TypeError, r"state.padding must be None or a bool"),
+    ("padding-shape", {"padding": lambda c: c.padding[:, :2]}, ValueError, r"shape \(B, t\) = \(2, 3\)"),
+    ("values-length", {"values": lambda c: c.values[:, :, :2]}, ValueError, "as many tokens as state.keys"),
+    ("keys-None", {"keys": lambda c: None}, ValueError, "must both be tensors or both None"),
+    ("keys-list", {"keys": lambda c: [1, 2]}, TypeError, "state.keys must be a torch.Tensor or None"),
+):
+    case(f"SoftmaxAttention.step-cache-{field_id}", lambda change=change: _continue_cache(**change), error, message)
+for ext_id, call, error, message in (  # each raised torch's "Sizes of tensors must match" from torch.cat
+    ("batch", lambda c: c.extend(torch.randn(2, 2, 1, 4), torch.randn(2, 2, 1, 4)), ValueError, r"self.keys must"),
+    ("width", lambda c: c.append(torch.randn(1, 2, 5), torch.randn(1, 2, 4)), ValueError, r"= \(1, 2, t, 5\)"),
+    ("lengths", lambda c: c.extend(torch.randn(1, 2, 1, 4), torch.randn(1, 2, 2, 4)), ValueError, "new keys'"),
+    ("padding", lambda c: c.extend(*torch.randn(2, 1, 2, 1, 4), torch.ones(1, 1)), TypeError, "padding must be"),
+    ("list", lambda c: c.extend([1], torch.randn(1, 2, 1, 4)), TypeError, "k must be a torch.Tensor"),
+):
+    case(
+        f"KVCache.extend-{ext_id}",
+        lambda call=call: call(attnbook.KVCache.empty().extend(torch.randn(1, 2, 3, 4), torch.randn(1, 2, 3, 4))),
+        error,
+        rf"^KVCache.extend: .*{message}",
+    )
 case(
     "LinearAttention.forward-initial_state",
     lambda: attnbook.LinearAttention(8, 8, 8, 2, causal=True)(torch.randn(1, 3, 8), initial_state=(1, 2)),
@@ -528,6 +573,24 @@ case(
     ValueError,
     "N == M",
 )
+for fn_name, arg, bad, error in (  # each was accepted, and NaN, inf or a negative one made NaN outputs
+    ("softmax_attention", "scale", float("nan"), ValueError),
+    ("softmax_attention", "scale", 0.0, ValueError),
+    ("softmax_attention", "scale", "1", TypeError),
+    ("linear_attention", "eps", -1e-6, ValueError),
+    ("flow_attention", "eps", float("inf"), ValueError),
+    ("mobile_attention", "eps", float("nan"), ValueError),
+    ("gated_linear_attention", "scale", -1.0, ValueError),
+):
+    extra = {"mobile_attention": (), "gated_linear_attention": (-torch.rand(1, 1, 3),)}.get(fn_name, ())
+    case(
+        f"reference.{fn_name}-{arg}-{bad!r}",
+        lambda fn_name=fn_name, arg=arg, bad=bad, extra=extra: getattr(reference, fn_name)(
+            *qkv(1, 1, 3, 3, 2, 2), *extra, **{arg: bad}
+        ),
+        error,
+        rf"^reference\.{fn_name}: {arg} must be a (finite )?number",
+    )
 case(
     "reference.linear_attention-feature_map",
     lambda: reference.linear_attention(*_qkv(), feature_map="x"),

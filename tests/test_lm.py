@@ -159,20 +159,35 @@ def test_bad_construction_arguments_raise_naming_them(kwargs, error, match):
 
 def test_bad_tokens_and_states_raise_naming_them():
     model = tiny("softmax")
-    with pytest.raises(TypeError, match="integer tensor"):
-        model(torch.rand(1, 4))
+    for dtype in (torch.float32, torch.int8, torch.int16, torch.uint8, torch.bool):  # int8 failed in the embedding
+        with pytest.raises(TypeError, match="tokens must be an int64 or int32 tensor of token ids"):
+            model(torch.ones(1, 4, dtype=dtype))
+    assert model(torch.ones(1, 4, dtype=torch.int32)).shape == model(torch.ones(1, 4, dtype=torch.int64)).shape
     with pytest.raises(ValueError, match=r"token ids in 0\.\.255, got values in 0\.\.300"):
         model(torch.tensor([[0, 300]]))
     with pytest.raises(ValueError, match=r"\(B, N\)"):
         model(torch.tensor([1, 2]))
-    with pytest.raises(ValueError, match="start must be an int >= 0"):
+    with pytest.raises(ValueError, match=r"start must be an int in 0\.\.4611686018427387904, got -1"):
         model(torch.tensor([[1, 2]]), start=-1)
     with pytest.raises(ValueError, match="^DecoderLM.step: state.layers must hold 2 layers, got 0 layers$"):
         model.step(torch.tensor([1]), LMState(0, ()))
     with pytest.raises(TypeError, match="^DecoderLM.step: state must be an LMState with 2 layers or None, got 0$"):
         model.step(torch.tensor([1]), 0)
+    _, state = model(torch.tensor([[1, 2]]), output_final_state=True)
+    for bad, error, message in (  # a ValueError from torch.tensor, and "object of type 'int' has no len()"
+        (state._replace(t="a"), TypeError, r"^DecoderLM.step: state.t must be an int, got 'a'$"),
+        (state._replace(t=-1), ValueError, r"^DecoderLM.step: state.t must be an int in 0\.\."),
+        (state._replace(layers=5), TypeError, r"^DecoderLM.step: state.layers must be a tuple of 2 layer states"),
+    ):
+        with pytest.raises(error, match=message):
+            model.step(torch.tensor([1]), bad)
     with pytest.raises(ValueError, match="temperature must be"):
         model.generate(torch.tensor([[1]]), 3, temperature=-1.0)
+    for seed in (2**64, -(2**63) - 1):  # torch's "Overflow when unpacking long long"
+        with pytest.raises(ValueError, match=r"seed must be an int in -9223372036854775808\.\.18446744073709551615"):
+            model.generate(torch.tensor([[1]]), 3, seed=seed)
+    with pytest.raises(ValueError, match=r"start must be an int in 0\.\.4611686018427387904"):  # an OverflowError
+        model(torch.tensor([[1, 2]]), start=10**30)
 
 
 @pytest.mark.parametrize("mechanism", CAUSAL)
@@ -197,6 +212,16 @@ def test_sampling_is_reproducible_by_seed_and_restores_the_training_mode():
     assert model.training
     top1 = model.generate(prompt, 5, top_k=1, seed=9)
     assert torch.equal(top1, model.generate(prompt, 5, temperature=0))
+
+
+@pytest.mark.parametrize("temperature", [1e-40, 1e-30, 1e-8])
+def test_a_tiny_temperature_samples_the_likeliest_token(temperature):
+    """logits / 1e-40 overflowed to inf, softmax gave NaN and torch.multinomial raised; the largest logit is
+    subtracted first, so a tiny temperature is greedy decoding (up to exact ties)."""
+    model = tiny("softmax").eval()
+    prompt = torch.tensor([[10, 20, 30], [5, 6, 7]])
+    out = model.generate(prompt, 6, temperature=temperature, seed=0)
+    assert torch.equal(out, model.generate(prompt, 6, temperature=0))
 
 
 def test_sinusoidal_positions_follow_the_formula_for_every_width_and_position():

@@ -72,6 +72,54 @@ def test_a_mask_and_is_causal_together_and_an_empty_row_give_zeros_not_nan():
     assert (out[0, :, 3] == 0).all()
 
 
+@pytest.mark.parametrize(
+    "masks",
+    [
+        {"is_causal": True, "key_padding_mask": torch.tensor([[True, False, False, False]])},
+        {"attn_mask": torch.tensor([[False] * 4, [True] * 4, [True] * 4, [True] * 4])},
+        {"attn_mask": torch.tensor([[float("-inf")] * 4, [0.0] * 4, [0.0] * 4, [0.0] * 4])},
+    ],
+    ids=["left-padding", "bool-row", "inf-row"],
+)
+def test_a_query_with_no_key_that_holds_nan_gets_zeros_and_gives_no_nan_gradient(masks):
+    """The docstring's promise, zeros "whatever it holds", for gradients too: the NaN filler of a left-padded
+    query (which sees no key) reached SDPA and every key's and value's gradient was NaN."""
+    q, k, v = (
+        torch.randn(1, 1, 4, 4, generator=torch.Generator().manual_seed(i), requires_grad=True) for i in range(3)
+    )
+    poisoned = torch.where(torch.arange(4)[:, None] == 0, float("nan"), q)
+    out = attnbook.softmax_attention(poisoned, k, v, **masks)
+    out.sum().backward()
+    assert (out[0, 0, 0] == 0).all() and torch.isfinite(out).all()
+    assert (q.grad[0, 0, 0] == 0).all() and torch.isfinite(q.grad).all()
+    assert torch.isfinite(k.grad).all() and torch.isfinite(v.grad).all()
+    clean = attnbook.softmax_attention(q.detach(), k.detach(), v.detach(), **masks)
+    torch.testing.assert_close(out[0, 0, 1:], clean[0, 0, 1:])
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_a_float_mask_is_added_in_the_inputs_dtype_where_a_value_beyond_its_range_forbids(dtype):
+    """A float mask of -1e5 is -inf in float16 (and -1e39 in bfloat16), as SDPA adds it: a row of such values has
+    no key and gets zeros by the package's rule, whatever its query holds (it was judged before the cast: a NaN
+    query there gave a NaN row); a row with one such value is the row with that key forbidden."""
+    big = 1e5 if dtype == torch.float16 else 1e39
+    q, k, v = (torch.randn(1, 2, 3, 4, generator=torch.Generator().manual_seed(i)).to(dtype) for i in range(3))
+    mask = torch.zeros(3, 3, dtype=torch.float64)
+    mask[2] = -big  # beyond the dtype's range: no key
+    mask[1, 0] = -big  # key 0 forbidden for query 1
+    out = attnbook.softmax_attention(torch.where(torch.arange(3)[:, None] == 2, float("nan"), q), k, v, attn_mask=mask)
+    assert (out[:, :, 2] == 0).all()
+    allowed = torch.tensor([[True] * 3, [False, True, True], [True] * 3])  # row 2: any, it is zeroed
+    expected = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=allowed)
+    torch.testing.assert_close(out[:, :, :2].float(), expected[:, :, :2], atol=1e-2, rtol=1e-2)
+    padding = torch.tensor([[0.0, 0.0, -big]], dtype=torch.float64)  # a float key_padding_mask alike
+    out = attnbook.softmax_attention(q, k, v, key_padding_mask=padding)
+    expected = F.scaled_dot_product_attention(
+        q.float(), k.float(), v.float(), attn_mask=torch.tensor([[True, True, False]])
+    )
+    torch.testing.assert_close(out.float(), expected.expand_as(out), atol=1e-2, rtol=1e-2)
+
+
 @pytest.mark.parametrize("kind", ["bool", "float"])
 def test_key_padding_mask_as_in_multihead_attention(kind):
     """SoftmaxAttention with MHA's weights, fed MHA's inputs and mask, gives MHA's output."""

@@ -7,7 +7,8 @@ import torch
 from support import BAD_QKV_SHAPES, BAD_STEP_SHAPES, assert_matches_reference, qkv, tol
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from attnbook import mechanisms
+import attnbook
+from attnbook import mechanisms, reference
 from attnbook.mechanisms import MECHANISMS
 
 QKV = mechanisms.names(inputs="qkv")
@@ -279,14 +280,44 @@ def test_a_non_finite_query_gives_a_nan_output_row_not_zeros(name, causal, N, ba
     assert torch.isfinite(out[1]).all(), "other batch elements are untouched"
 
 
+@pytest.mark.parametrize("position", [0, 2])
 @pytest.mark.parametrize("where", ["key", "value"])
 @pytest.mark.parametrize("name,causal", params(QKV_FORMS))
-def test_a_nan_visible_key_or_value_reaches_the_queries_that_see_it(name, causal, where):
+def test_a_nan_visible_key_or_value_reaches_the_queries_that_see_it(name, causal, where, position):
+    """Position 0 too: causal query 0 sees key 0 alone, and torch's CPU SDPA gave it a finite row for a NaN key."""
     q, k, v = qkv(2, 2, 6, 6, 3, 4)
-    (k if where == "key" else v)[1, 0, 2, 1] = float("nan")
+    (k if where == "key" else v)[1, 0, position, 1] = float("nan")
     out = call(name, causal, q, k, v)
-    assert out[1, 0, 2:].isnan().any(dim=-1).all(), "every query that sees position 2 has a NaN output"
+    seen = out[1, 0, position:] if causal else out[1, 0]
+    assert seen.isnan().any(dim=-1).all(), f"every query that sees position {position} has a NaN output"
     assert torch.isfinite(out[0]).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("M", [64, 65, 128, 200])
+def test_a_half_precision_query_holding_inf_gives_a_nan_row_at_any_length(dtype, M):
+    """Above 64 keys torch's float16 and bfloat16 CPU kernels dropped an inf query to a row of zeros at some
+    lengths (64, 65, 128, 200), where float32's propagate it: the rule holds at every length in half precision."""
+    q, k, v = (x.to(dtype) for x in qkv(1, 2, M, M, 8, 8))
+    q[0, 0, 5, 3], q[0, 1, M - 1, 0] = float("inf"), float("-inf")
+    for causal in (False, True):
+        out = attnbook.softmax_attention(q, k, v, is_causal=causal)
+        assert out[0, 0, 5].isnan().all() and out[0, 1, M - 1].isnan().all()
+        assert torch.isfinite(out[0, 0, :5]).all()
+
+
+def test_a_nan_in_a_float_mask_reaches_its_row_in_the_package_and_the_reference():
+    """A NaN in a float mask is added to that score, as SDPA adds it: its row is NaN. The package counted the key
+    as forbidden yet added the NaN, and the reference hid it as a forbidden key (a finite row)."""
+    q, k, v = qkv(1, 1, 3, 3, 4, 4)
+    mask = torch.zeros(3, 3)
+    mask[1, 2] = float("nan")
+    mask[2] = float("nan")  # a row of NaN only: not an empty row (zeros) but a NaN one
+    for out in (
+        attnbook.softmax_attention(q, k, v, attn_mask=mask),
+        reference.softmax_attention(q, k, v, attn_mask=mask),
+    ):
+        assert torch.isfinite(out[0, 0, 0]).all() and out[0, 0, 1:].isnan().all()
 
 
 # ----------------------------------------------------------------------------------------------------------

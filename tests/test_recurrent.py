@@ -166,6 +166,32 @@ def test_every_layer_matches_its_literal_float64_evaluation_with_padding(name):
     torch.testing.assert_close(y[2:, 3:], real)
 
 
+@pytest.mark.parametrize("poison", [float("nan"), float("inf")], ids=["nan", "inf"])
+@pytest.mark.parametrize("name", GATED)
+def test_what_a_padded_token_holds_reaches_no_real_output_state_or_gradient(name, poison):
+    """NaN or inf filler in a padded token: the real outputs, the final state and every gradient stay those of
+    clean filler (k * keep made NaN * 0 = NaN, and the state was NaN from the padded token on)."""
+    torch.manual_seed(2)
+    layer = MECHANISMS[name].module(16, 2)
+    x = torch.randn(2, 7, 16)
+    pad = torch.zeros(2, 7, dtype=torch.bool)
+    pad[0, :2] = True
+    pad[1, 4] = True
+    results = []
+    for filler in (0.0, poison):
+        xi = x.clone().requires_grad_()
+        y, S = layer(torch.where(pad[..., None], filler, xi), key_padding_mask=pad, output_final_state=True)
+        layer.zero_grad()
+        y[~pad].square().sum().backward()
+        results.append((y[~pad], S, xi.grad, [p.grad.clone() for p in layer.parameters()]))
+    (y0, S0, gx0, gp0), (y1, S1, gx1, gp1) = results
+    torch.testing.assert_close(y1, y0)
+    torch.testing.assert_close(S1, S0)
+    torch.testing.assert_close(gx1, gx0)
+    for a, b in zip(gp1, gp0, strict=True):
+        torch.testing.assert_close(a, b)
+
+
 @pytest.mark.parametrize("name", GATED)
 def test_layer_gradients_match_the_float64_evaluation(name):
     torch.manual_seed(1)

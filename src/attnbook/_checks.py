@@ -212,6 +212,14 @@ def check_dtype(dtype: object, arg: str, *, name: str, floating: bool = True) ->
     return dtype
 
 
+def check_factory(device: object, dtype: object, *, name: str) -> dict[str, Any]:
+    """A layer's ``device`` and ``dtype`` keywords, as torch's modules take them (either None): a floating dtype."""
+    return {
+        "device": check_device(device, name=name),
+        "dtype": None if dtype is None else check_dtype(dtype, "dtype", name=name),
+    }
+
+
 def check_exclusive(first: bool, second: bool, first_arg: str, second_arg: str, *, name: str, why: str = "") -> None:
     """Two flags that cannot both be True: ``second`` must be False when ``first`` is (``why`` says why)."""
     if first and second:
@@ -626,10 +634,21 @@ def check_kv_cache(cache: object, cls: type[Any], k: torch.Tensor, v: torch.Tens
             f"{name}: {arg} must be a {cls.__name__} (from a previous call or step) or None, got {describe(cache)}"
         )
     B, H = k.shape[0], k.shape[1]
+    if v.shape[:3] != k.shape[:3]:
+        raise ValueError(
+            f"{name}: the new values must have the new keys' (B, H, n) = {tuple(k.shape[:3])}, got {describe(v)}"
+        )
+    if (cache.keys is None) != (cache.values is None):
+        raise ValueError(
+            f"{name}: {arg}.keys and {arg}.values must both be tensors or both None (an empty cache), got keys "
+            f"{describe(cache.keys)} and values {describe(cache.values)}"
+        )
     for label, held, new in (("keys", cache.keys, k), ("values", cache.values, v)):
         if held is None:  # an empty cache
             continue
-        if held.shape[0] != B or held.shape[1] != H or held.shape[-1] != new.shape[-1]:
+        if not isinstance(held, torch.Tensor):
+            raise TypeError(f"{name}: {arg}.{label} must be a torch.Tensor or None, got {describe(held)}")
+        if held.dim() != 4 or held.shape[0] != B or held.shape[1] != H or held.shape[-1] != new.shape[-1]:
             width = "D" if label == "keys" else "Dv"
             raise ValueError(
                 f"{name}: {arg}.{label} must have shape (B, H, t, {width}) = ({B}, {H}, t, {new.shape[-1]}) for "
@@ -640,6 +659,25 @@ def check_kv_cache(cache: object, cls: type[Any], k: torch.Tensor, v: torch.Tens
                 f"{name}: {arg}.{label} must have the dtype and device of the new {label} ({new.dtype} on "
                 f"{new.device}), got {describe(held)}"
             )
+    t = 0 if cache.keys is None else cache.keys.shape[2]
+    if cache.values is not None and cache.values.shape[2] != t:
+        raise ValueError(
+            f"{name}: {arg}.values must hold as many tokens as {arg}.keys ({t}), got {describe(cache.values)}"
+        )
+    check_padding(cache.padding, B, t, k.device, name=name, arg=f"{arg}.padding", length="t")
+
+
+def check_padding(
+    padding: object, B: int, n: int, device: torch.device, *, name: str, arg: str = "padding", length: str = "n"
+) -> None:
+    """None or a (B, n) bool tensor on ``device``, True = padding: the padding a KV cache holds for its tokens."""
+    if padding is None:
+        return
+    expected = f"None or a bool tensor of shape (B, {length}) = ({B}, {n}) (True = padding)"
+    if not isinstance(padding, torch.Tensor) or padding.dtype != torch.bool:
+        raise TypeError(f"{name}: {arg} must be {expected}, got {describe(padding)}")
+    if tuple(padding.shape) != (B, n) or padding.device != device:
+        raise ValueError(f"{name}: {arg} must be {expected} on {device}, got {describe(padding)}")
 
 
 def check_same_value(
@@ -705,8 +743,8 @@ def check_token_ids(tokens: object, arg: str, *, name: str, vocab: int, layout: 
     dims = len([part for part in layout.strip("()").split(",") if part.strip()])  # "(B,)" -> 1
     if not isinstance(tokens, torch.Tensor):
         raise TypeError(f"{name}: {arg} must be a torch.Tensor of token ids {layout}, got {describe(tokens)}")
-    if tokens.dtype.is_floating_point or tokens.dtype.is_complex or tokens.dtype == torch.bool:
-        raise TypeError(f"{name}: {arg} must be an integer tensor of token ids, got {describe(tokens)}")
+    if tokens.dtype not in (torch.int64, torch.int32):  # what nn.Embedding takes
+        raise TypeError(f"{name}: {arg} must be an int64 or int32 tensor of token ids, got {describe(tokens)}")
     if tokens.dim() != dims or tokens.numel() == 0:
         raise ValueError(f"{name}: {arg} must be a non-empty {layout} tensor, got {describe(tokens)}")
     if tracing():  # the range needs the values on the host: a compiled graph leaves it to the embedding

@@ -22,6 +22,7 @@ from ._checks import (
     check_bool,
     check_choice,
     check_divisible,
+    check_factory,
     check_int,
     check_is_causal,
     check_key_padding_mask,
@@ -122,7 +123,7 @@ class ProjectedAttention(nn.Module, Generic[StateT]):
             why = " (this mechanism never forms attention weights to drop)"
             check_choice(float(self.attn_drop), "attn_drop", (0.0,), name=name, why=why)
         self.d_input, self.d_model, self.d_output, self.n_heads = d_input, d_model, d_output, n_heads
-        factory: dict[str, Any] = {"device": device, "dtype": dtype}
+        factory = check_factory(device, dtype, name=name)
         bias = check_bool(qkv_bias, "qkv_bias", name=name)
         self.query_projection = nn.Linear(d_input, d_model, bias=bias, **factory)
         self.key_projection = nn.Linear(d_input, d_model, bias=bias, **factory)
@@ -279,7 +280,8 @@ class RecurrentAttention(nn.Module):
     As flash-linear-attention's layers: ``Layer(dim, num_heads)`` projects x (B, N, C) to H heads of D = C / H, computes
     a gate from x (:meth:`gates`), lets the mechanism mix them (:meth:`mix`, :meth:`mix_step`), merges the heads and
     projects out. ``forward(x, initial_state=S, output_final_state=True)`` returns ``(y, S)``; a padded token
-    (``key_padding_mask`` (B, N) True) leaves the state as it was (:meth:`neutral`).
+    (``key_padding_mask`` (B, N) True) is read as zeros, whatever it holds, and leaves the state as it was
+    (:meth:`neutral`).
 
     Example:
         >>> import torch, attnbook
@@ -310,7 +312,7 @@ class RecurrentAttention(nn.Module):
         self.n_heads = check_int(8 if heads is None else heads, "num_heads", name=name, minimum=1)
         check_divisible(dim, self.n_heads, name=name, total_arg="dim", parts_arg="num_heads")
         self.dim, self.head_dim = dim, dim // self.n_heads
-        factory: dict[str, Any] = {"device": device, "dtype": dtype}
+        factory = check_factory(device, dtype, name=name)
         bias = check_bool(qkv_bias, "qkv_bias", name=name)
         self.query_projection = nn.Linear(dim, dim, bias=bias, **factory)
         self.key_projection = nn.Linear(dim, dim, bias=bias, **factory)
@@ -375,10 +377,13 @@ class RecurrentAttention(nn.Module):
         why = " (this mechanism is causal only: its state is written token by token)"
         check_choice(check_is_causal(is_causal, name=name), "is_causal", (True,), name=name, why=why)
         output_final_state = check_bool(output_final_state, "output_final_state", name=name)
-        q, k, v, gate = self._project(x)
+        keep = None
         if key_padding_mask is not None:
             pad = check_key_padding_mask(key_padding_mask, x.shape[0], x.shape[1], name=name).to(x.device)
             keep = ~pad[:, None, :]  # (B, 1, N): True = a real token
+            x = torch.where(keep.transpose(1, 2), x, 0.0)  # whatever a padded token holds (NaN) goes nowhere
+        q, k, v, gate = self._project(x)
+        if keep is not None:
             k, v = k * keep[..., None], v * keep[..., None]
             gate = self.neutral(gate, keep)
         result = self.mix(q, k, v, gate, initial_state, output_final_state)

@@ -35,7 +35,7 @@ from ._checks import (
     check_same_value,
     check_token_ids,
 )
-from ._runtime import accumulation_dtype
+from ._runtime import accumulation_dtype, tracing
 from .softmax import KVCache
 
 # KVCache is imported here for code written for 0.1 (attnbook.lm.KVCache); it is documented as attnbook.KVCache
@@ -303,7 +303,7 @@ class DecoderLM(nn.Module):
             if start is not None:
                 check_same_value(t, start, "initial_state.t", "start", name=name, why=" (positions continue the state)")
             start = t
-        start = check_int(0 if start is None else start, "start", name=name, minimum=0)
+        start = check_int(0 if start is None else start, "start", name=name, minimum=0, maximum=2**62)  # int64
         positions = torch.arange(start, start + tokens.shape[1], device=tokens.device)  # (N,)
         x = self._embed(tokens, positions)  # (B, N, C)
         if initial_state is None and not output_final_state:
@@ -322,7 +322,10 @@ class DecoderLM(nn.Module):
     def _check_state(self, state: Any, *, name: str, arg: str) -> None:
         n = len(self.blocks)
         check_instance(state, arg, LMState, name=name, what=f"an LMState with {n} layers or None")
+        check_instance(state.layers, f"{arg}.layers", (tuple, list), name=name, what=f"a tuple of {n} layer states")
         check_count(state.layers, f"{arg}.layers", name=name, minimum=n, maximum=n, item="layer")
+        if not tracing():  # traced, t is a symbolic int
+            check_int(state.t, f"{arg}.t", name=name, minimum=0, maximum=2**62, why=" (the tokens seen)")
 
     def initial_state(self) -> LMState:
         """The state before the first token (position 0, every layer empty)."""
@@ -367,7 +370,9 @@ class DecoderLM(nn.Module):
         temperature = check_number(temperature, "temperature", name=name, minimum=0.0)
         if top_k is not None:
             top_k = check_int(top_k, "top_k", name=name, minimum=1, maximum=self.vocab)
-        generator = torch.Generator(device=prompt.device).manual_seed(check_int(seed, "seed", name=name))
+        generator = torch.Generator(device=prompt.device).manual_seed(
+            check_int(seed, "seed", name=name, minimum=-(2**63), maximum=2**64 - 1, why=" (a 64-bit seed)")
+        )
         decoder = check_choice(decoder, "decoder", ("eager", "compiled", "static"), name=name)
         if decoder == "static":
             warnings.warn(
@@ -388,7 +393,8 @@ class DecoderLM(nn.Module):
                 if temperature == 0:
                     token = logits.argmax(-1)  # (B,)
                 else:
-                    logits = logits / temperature
+                    # less the largest first: the largest is then 0 at any temperature, never inf / inf
+                    logits = (logits - logits.amax(-1, keepdim=True)) / temperature
                     if top_k is not None:
                         kth = logits.topk(top_k, dim=-1).values[:, -1:]  # (B, 1)
                         logits = logits.masked_fill(logits < kth, float("-inf"))

@@ -33,6 +33,7 @@ from ._checks import (
     check_attn_mask,
     check_bool,
     check_choice,
+    check_factory,
     check_found,
     check_head_dim,
     check_int,
@@ -183,7 +184,7 @@ class MoHAttention(nn.Module):
         why = " (timm's sigmoid output gate is not part of MoH, whose per-token head gates take its place)"
         check_choice(check_bool(gated, "gated", name=name), "gated", (False,), name=name, why=why)
         norm_layer = nn.LayerNorm if norm_layer is None else norm_layer
-        factory: dict[str, Any] = {"device": device, "dtype": dtype}
+        factory = check_factory(device, dtype, name=name)
         attn_drop = check_probability(attn_drop, "attn_drop", name=name)
         proj_drop = check_probability(proj_drop, "proj_drop", name=name)
         qkv_bias = check_bool(qkv_bias, "qkv_bias", name=name)

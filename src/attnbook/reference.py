@@ -28,6 +28,7 @@ from ._checks import (
     check_feature_map,
     check_is_causal,
     check_key_padding_mask,
+    check_number,
     check_qkv,
     check_renamed_mask,
 )
@@ -54,6 +55,11 @@ __all__ = [
     "delta_rule_attention",
     "recurrent_layer",
 ]
+
+
+def _positive(value: float | None, arg: str, *, name: str, zero: bool = False) -> Any:
+    """A finite number > 0 (>= 0 with ``zero``), or None: a NaN, inf or negative one made NaN outputs."""
+    return None if value is None else check_number(value, arg, name=name, minimum=0.0, strict_minimum=not zero)
 
 
 def _f64(*xs: torch.Tensor) -> list[torch.Tensor]:
@@ -113,6 +119,7 @@ def softmax_attention(
     """
     name = "reference.softmax_attention"
     check_qkv(q, k, v, name=name)
+    scale = _positive(scale, "scale", name=name)
     is_causal = check_is_causal(is_causal, causal, name=name)
     attn_mask = check_renamed_mask(attn_mask, mask, name=name)
     q, k, v = _f64(q, k, v)
@@ -131,7 +138,7 @@ def softmax_attention(
             allowed = allowed & m.to(q.device)
         else:
             scores = scores + m.to(q.device, torch.float64)
-            allowed = allowed & (m.to(q.device) > -math.inf)
+            allowed = allowed & (m.to(q.device) != -math.inf)  # a NaN forbids nothing: its row is NaN
     allowed = allowed.expand_as(scores)
     scores = scores.masked_fill(~allowed, -math.inf)  # a forbidden score is -inf before exp, whatever it was
     row_max = scores.amax(dim=-1, keepdim=True)
@@ -205,6 +212,7 @@ def linear_attention(
     """
     causal = check_is_causal(is_causal, causal, name="reference.linear_attention")
     check_qkv(q, k, v, name="reference.linear_attention", same_length=causal)
+    eps = _positive(eps, "eps", name="reference.linear_attention", zero=True)
     q, k, v = _f64(q, k, v)
     N, M = q.shape[-2], k.shape[-2]
     fq, fk = _linear_phi(feature_map, q), _linear_phi(feature_map, k)  # (B, H, N, R), (B, H, M, R)
@@ -245,6 +253,7 @@ def linear_attention_loop(
         True
     """
     check_qkv(q, k, v, name="reference.linear_attention_loop", same_length=True)
+    eps = _positive(eps, "eps", name="reference.linear_attention_loop", zero=True)
     q, k, v = _f64(q, k, v)
     B, H, N, _ = q.shape
     fq, fk = _linear_phi(feature_map, q), _linear_phi(feature_map, k)  # (B, H, N, R)
@@ -512,6 +521,7 @@ def flow_attention(
 
     causal = check_is_causal(is_causal, causal, name="reference.flow_attention")
     check_qkv(q, k, v, name="reference.flow_attention", same_length=causal)
+    eps = _positive(eps, "eps", name="reference.flow_attention", zero=True)
     q, k, v = _f64(q, k, v)
     qs, ks = torch.sigmoid(q), torch.sigmoid(k)
     N, M = qs.shape[-2], ks.shape[-2]
@@ -599,6 +609,7 @@ def mobile_attention(
     from .flow import FlowStats  # the result type only
 
     check_qkv(q, k, v, name="reference.mobile_attention", same_length=True)
+    eps = _positive(eps, "eps", name="reference.mobile_attention", zero=True)
     q, k, v = _f64(q, k, v)
     qs, ks = torch.sigmoid(q), torch.sigmoid(k)
     N, M = qs.shape[-2], ks.shape[-2]
@@ -645,6 +656,7 @@ def gated_linear_attention(
         True
     """
     check_qkv(q, k, v, name="reference.gated_linear_attention", same_length=True)
+    scale = _positive(scale, "scale", name="reference.gated_linear_attention")
     q, k, v, g = _f64(q, k, v, g)
     g = g if g.dim() == 4 else g.unsqueeze(-1)  # (B, H, N, D or 1)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
@@ -685,6 +697,7 @@ def delta_rule_attention(
         True
     """
     check_qkv(q, k, v, name="reference.delta_rule_attention", same_length=True)
+    scale = _positive(scale, "scale", name="reference.delta_rule_attention")
     q, k, v, beta = _f64(q, k, v, beta)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     S = q.new_zeros(*q.shape[:2], q.shape[-1], v.shape[-1]) if initial_state is None else initial_state.double()
@@ -701,7 +714,8 @@ def delta_rule_attention(
 def recurrent_layer(layer: RecurrentAttention, x: torch.Tensor, *, key_padding_mask: Tensor | None = None) -> Tensor:
     """A :class:`attnbook.GatedLinearAttention` or :class:`attnbook.DeltaRuleAttention` layer evaluated literally in
     float64 on x (B, N, C) (a float64 copy, unless the layer is float64: then its parameters get the gradients). A
-    padded token (``key_padding_mask`` (B, N) True) has zero key and value and g = 0 or beta = 0.
+    padded token (``key_padding_mask`` (B, N) True) has a zero input (whatever it held), zero key and value, and
+    g = 0 or beta = 0.
 
     Example:
         >>> import torch, attnbook
@@ -714,6 +728,8 @@ def recurrent_layer(layer: RecurrentAttention, x: torch.Tensor, *, key_padding_m
     if any(p.dtype != torch.float64 for p in layer.parameters()):
         layer = copy.deepcopy(layer).double()
     x = x.double()
+    if key_padding_mask is not None:
+        x = torch.where(key_padding_mask[..., None], 0.0, x)
     q, k = layer.qk(layer.heads(layer.query_projection(x)), layer.heads(layer.key_projection(x)))
     v, gate = layer.heads(layer.value_projection(x)), layer.gates(x).double()
     if key_padding_mask is not None:

@@ -37,13 +37,15 @@ from ._checks import (
     check_key_padding_mask,
     check_kv_cache,
     check_no_attn_mask,
+    check_padding,
     check_probability,
     check_qkv,
     check_renamed_mask,
     check_scale,
+    check_tensor,
 )
 from ._module import ProjectedAttention
-from ._runtime import tracing
+from ._runtime import result_dtype, tracing
 
 __all__ = ["softmax_attention", "SoftmaxAttention", "KVCache", "zero_unseen_keys", "combine_masks", "cached_attention"]
 
@@ -77,8 +79,9 @@ def softmax_attention(
 
     Args:
         q, k, v: queries (B, H, N, D), keys (B, H, M, D), values (B, H, M, Dv).
-        attn_mask: as in SDPA: bool (True = may attend) or floating (added to the scores; -inf forbids),
-            broadcastable to (B, H, N, M). May be combined with ``is_causal``.
+        attn_mask: as in SDPA: bool (True = may attend) or floating (added to the scores in the inputs' dtype;
+            -inf forbids, as does a value beyond that dtype's range, -1e9 in float16), broadcastable to
+            (B, H, N, M). May be combined with ``is_causal``.
         dropout_p: dropout on the attention weights, as in SDPA (whenever it is > 0: pass 0.0 in evaluation).
         is_causal: query i attends only to keys j <= i (top-left aligned when N != M, as in SDPA).
         scale: multiplies the scores; default 1 / sqrt(D); a normal float32 number.
@@ -156,46 +159,66 @@ def _attend(
     lower_right: bool = False,
 ) -> torch.Tensor:
     """SDPA with the package's rules for masks: keys nobody sees are zeroed, empty rows are zero, and a query with a NaN
-    or inf that attends to something gives a NaN row. ``lower_right`` aligns the causal mask to the last key."""
+    or inf, or one that sees a key holding a NaN, gives a NaN row. ``lower_right`` aligns the causal mask to the last
+    key."""
     N, M = q.shape[-2], k.shape[-2]
     if attn_mask is None and key_padding_mask is None and not (causal and lower_right and N != M):
         # The fused kernels handle the causal mask themselves; every row has key 0, so none is empty.
         out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=causal, scale=scale)
-        return _keep_broken_queries(q, out, M)  # (B, H, N, Dv)
+        return _keep_broken_rows(q, k, out, None, causal)  # (B, H, N, Dv)
     allowed, additive = combine_masks(attn_mask, key_padding_mask, causal, N, M, q.device, lower_right)
     visible = allowed
     if additive is not None:
-        finite = additive > float("-inf")
-        visible = finite if visible is None else visible & finite
+        # In the dtype SDPA adds it in: a value beyond that dtype's range (-1e9 in float16) is -inf there.
+        additive = additive.to(result_dtype(q))
+        not_forbidden = additive != float("-inf")  # a NaN forbids nothing: it reaches the scores, and the row is NaN
+        visible = not_forbidden if visible is None else visible & not_forbidden
     assert visible is not None  # a mask was given, or the causal mask was made
     has_key = visible.any(dim=-1, keepdim=True)  # (b, h, n, 1)
-    k, v = zero_unseen_keys(k, v, visible)
+    seen_k, seen_v = zero_unseen_keys(k, v, visible)
     if additive is None:
         # A fully masked row would be softmax over nothing (NaN): let it attend to everything, then zero it.
         sdpa_mask: torch.Tensor = visible | ~has_key
     else:
-        additive = additive.to(q.dtype)
         if allowed is not None:
             additive = additive.masked_fill(~allowed, float("-inf"))
         sdpa_mask = torch.where(has_key, additive, 0.0)
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=sdpa_mask, dropout_p=dropout_p, scale=scale)
-    return torch.where(has_key, _keep_broken_queries(q, out, M), 0.0)  # (B, H, N, Dv)
+    # A query with no key is zeroed too: whatever it holds (NaN) then reaches no weight and no gradient.
+    out = F.scaled_dot_product_attention(
+        torch.where(has_key, q, 0.0), seen_k, seen_v, attn_mask=sdpa_mask, dropout_p=dropout_p, scale=scale
+    )
+    return torch.where(has_key, _keep_broken_rows(q, k, out, visible, False), 0.0)  # (B, H, N, Dv)
 
 
-# Below this many keys, torch's CPU SDPA kernel returns zeros for a query holding a NaN (measured with torch
-# 2.13: its vectorised loop over keys propagates the NaN, the scalar tail for M < 8 does not); with more keys
-# the kernels propagate it themselves, and the tests check both sides of the bound. Traced (torch.compile,
-# torch.export) the rule is applied at every M: a branch on M would tie the graph to one side of the bound.
+# Below this many keys, torch's CPU SDPA kernels return a finite row for a query holding a NaN or seeing a key k that
+# holds one (measured with torch 2.13: their vectorised loop over keys propagates the NaN, the scalar tail for M < 8
+# does not); in float32 and float64 with more keys they propagate it themselves, and the tests check both sides of
+# the bound. In float16 and bfloat16 they dropped an inf query at some M above it (64, 65, 128, 200), and traced
+# (torch.compile, torch.export) a branch on M would tie the graph to one side of the bound: there the rule is
+# applied at every M.
 _SHORT_KEYS = 64
 
 
-def _keep_broken_queries(q: torch.Tensor, out: torch.Tensor, M: int) -> torch.Tensor:
-    """``out`` with the row of every query holding a NaN or inf set to NaN, for short key lengths M (above, SDPA
-    does it); elementwise, no host synchronisation."""
-    if not tracing() and M >= _SHORT_KEYS:
+def _keep_broken_rows(
+    q: torch.Tensor, k: torch.Tensor, out: torch.Tensor, visible: torch.Tensor | None, causal: bool
+) -> torch.Tensor:
+    """``out`` with NaN in the row of every query that holds a NaN or inf or may attend to a key whose k holds a NaN
+    (a NaN value reaches its channel through the weighted sum, which SDPA keeps); ``visible`` (..., N, M) bool says
+    which keys each query sees (None: every key, or with ``causal`` the keys j <= i). Elementwise, no host
+    synchronisation."""
+    M = k.shape[-2]
+    if not tracing() and M >= _SHORT_KEYS and q.dtype in (torch.float32, torch.float64):
         return out
     broken = ~torch.isfinite(q.detach()).all(dim=-1, keepdim=True)  # (B, H, N, 1)
-    return torch.where(broken, float("nan"), out)
+    bad_key = k.detach().isnan().any(-1)  # (B, H, M)
+    if visible is not None:
+        sees_bad = (visible & bad_key.unsqueeze(-2)).any(dim=-1, keepdim=True)  # (B, H, N, 1)
+    elif causal:  # query i sees the keys j <= i
+        bad_before = bad_key.cumsum(-1) > 0  # (B, H, M): a bad key at j or before it
+        sees_bad = bad_before[..., torch.arange(q.shape[-2], device=q.device).clamp(max=M - 1)].unsqueeze(-1)
+    else:
+        sees_bad = bad_key.any(dim=-1, keepdim=True).unsqueeze(-1)  # (B, H, 1, 1)
+    return torch.where(broken | sees_bad, float("nan"), out)
 
 
 class KVCache(NamedTuple):
@@ -233,6 +256,11 @@ class KVCache(NamedTuple):
 
     def extend(self, k: torch.Tensor, v: torch.Tensor, padding: torch.Tensor | None = None) -> KVCache:
         """The cache with n more tokens: k (B, H, n, D), v (B, H, n, Dv); ``padding`` (B, n) bool, True = padding."""
+        name = "KVCache.extend"
+        k = check_tensor(k, "k", name=name, dims=4, layout="(B, H, n, D)")
+        v = check_tensor(v, "v", name=name, dims=4, layout="(B, H, n, Dv)")
+        check_kv_cache(self, KVCache, k, v, name=name, arg="self")
+        check_padding(padding, k.shape[0], k.shape[2], k.device, name=name)
         if self.keys is None or self.values is None:  # contiguous, as the concatenations that follow are
             return KVCache(k.contiguous(), v.contiguous(), padding)
         if padding is not None or self.padding is not None:
