@@ -12,6 +12,7 @@ from attnbook import reference
 from attnbook.feature_maps import PerformerFeatures
 from attnbook.lab.profiling import peak_memory
 from attnbook.linear import chunked_causal_product
+from attnbook.mechanisms import MECHANISMS
 
 SHAPES = {  # (B, H, N, M, D, Dv)
     "square": (2, 3, 7, 7, 8, 8),
@@ -110,6 +111,25 @@ def test_the_chunked_causal_product_is_the_masked_matrix_for_any_chunk(N, chunk_
     out, final = chunked_causal_product(q, k, v, chunk_size, S0)
     torch.testing.assert_close(out, masked_product(q, k, v) + q @ S0, **tol(torch.float64))
     torch.testing.assert_close(final, S0 + k.transpose(-2, -1) @ v, **tol(torch.float64))
+
+
+@pytest.mark.parametrize("mechanism", ["linear", "flow", "decay", "gated", "delta"])
+def test_a_chunk_longer_than_the_sequence_is_the_sequence(mechanism):
+    """chunk_size = 10**12 on 9 tokens: the chunk was padded to 10**12 positions (a failed allocation; 20,000 took
+    seconds and 1.6 GB for 10 tokens, 10**30 a TypeError in F.pad); it is now cut to the sequence."""
+    q, k, v = qkv(1, 2, 9, 9, 4, 4)
+    if mechanism in ("linear", "flow"):
+        fn = getattr(attnbook, f"{mechanism}_attention")
+        huge, small = (fn(q, k, v, is_causal=True, chunk_size=c) for c in (10**12, 4))
+    else:
+        fn = MECHANISMS[mechanism].function
+        extra = (
+            -torch.rand(1, 2, 9, 4)
+            if mechanism == "gated"
+            else torch.rand(1, 2, 9) * (-1 if mechanism == "decay" else 1)
+        )
+        huge, small = (fn(q, k, v, extra, chunk_size=c) for c in (10**12, 4))
+    torch.testing.assert_close(huge, small)
 
 
 def test_bfloat16_products_accumulate_and_carry_their_state_in_float32():

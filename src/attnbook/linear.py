@@ -87,7 +87,10 @@ def chunked_causal_product(
     Returns (o (..., N, Dv), S_0 + sum_j k_j v_j^T (..., R, Dv)), in the accumulation dtype.
     """
     acc, mm = q.dtype, product_dtype(q)
-    N, ell = q.shape[-2], chunk_size
+    N = q.shape[-2]
+    # A chunk longer than the sequence is the sequence (ell x ell scores of padding were computed and dropped);
+    # traced, ell stays as given, so that one graph serves lengths on both sides of it.
+    ell = chunk_size if tracing() else min(chunk_size, N)
     n = chunk_count(N, ell)  # chunks; the last one padded with zeros
     qc, kc, vc = (
         F.pad(x, (0, 0, 0, n * ell - N)).reshape(*x.shape[:-2], n, ell, x.shape[-1]).to(mm) for x in (q, k, v)
@@ -199,7 +202,8 @@ def linear_attention(
         causal: the deprecated name of ``is_causal``.
 
     Returns:
-        (B, H, N, Dv), or ``(out, final_state)``; a NaN or inf in a visible input makes the outputs on it NaN.
+        (B, H, N, Dv), or ``(out, final_state)``; a NaN or inf in a visible input makes the outputs on it NaN (and,
+        causal, the earlier outputs of its chunk: there a weight of 0 multiplies it, and 0 * NaN is NaN).
 
     Example:
         >>> import torch, attnbook
