@@ -360,7 +360,8 @@ def flow_attention(
 
     Returns:
         out (B, H, N, Dv), or ``(out, FlowStats)``, ``(out, FlowState)`` or ``(out, FlowStats, FlowState)``. A NaN in
-        a visible input makes the outputs that depend on it NaN (non-causal: every output).
+        a visible input makes the outputs that depend on it NaN (non-causal: every output; causal: also the earlier
+        outputs of its chunk, where a weight of 0 multiplies it).
 
     Example:
         >>> import torch, attnbook
