@@ -293,6 +293,16 @@ def test_a_nan_visible_key_or_value_reaches_the_queries_that_see_it(name, causal
     assert torch.isfinite(out[0]).all()
 
 
+@pytest.mark.parametrize("N", [3, 8, 63])
+def test_causal_query_0_that_sees_only_a_nan_key_gets_a_nan_row(N):
+    """torch's fused CPU kernel (D == Dv: the test above, with D != Dv, runs the math kernel) gave query 0 a finite
+    row when its one visible key held a NaN, at every length below the rule's bound."""
+    q, k, v = qkv(1, 2, N, N, 4, 4)
+    k[0, 1, 0, 2] = float("nan")
+    out = attnbook.softmax_attention(q, k, v, is_causal=True)
+    assert out[0, 1].isnan().all() and torch.isfinite(out[0, 0]).all()
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("M", [64, 65, 128, 200])
 def test_a_half_precision_query_holding_inf_gives_a_nan_row_at_any_length(dtype, M):
