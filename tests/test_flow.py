@@ -123,6 +123,21 @@ def test_conservation_deviation_with_eps_is_exactly_the_eps_terms(eps):
         assert (dev_out.abs() > 1e-6).all()  # the eps terms are real: the identity is not exact with eps
 
 
+@pytest.mark.parametrize("x", [-46.0, -60.0])
+def test_eps_zero_with_saturated_sigmoids_is_right_in_float64_as_the_docstring_advises(x):
+    """eps = 0 and inputs of -46 or -60: float32's flows fall under its smallest normal number (inf or 0 out, as
+    the docstring says); float64 inputs, its advice, give the reference's sigmoid(1) for both mechanisms."""
+    q, k = (torch.full((1, 1, 2, 1), x, dtype=torch.float64) for _ in range(2))
+    v = torch.ones(1, 1, 2, 1, dtype=torch.float64)
+    out32 = attnbook.flow_attention(q.float(), k.float(), v.float(), eps=0.0)
+    assert not torch.isclose(out32.double(), reference.flow_attention(q, k, v, eps=0.0)).any()
+    torch.testing.assert_close(attnbook.flow_attention(q, k, v, eps=0.0), reference.flow_attention(q, k, v, eps=0.0))
+    torch.testing.assert_close(attnbook.flow_attention(q, k, v, eps=0.0), torch.sigmoid(torch.ones_like(v)))
+    torch.testing.assert_close(
+        attnbook.mobile_attention(q, k, v, eps=0.0), reference.mobile_attention(q, k, v, eps=0.0)
+    )
+
+
 def test_clamp_clips_sources_in_self_attention():
     """In self-attention (N == M) the O^_j average 1, so the clamp at 1 changes many of them."""
     x = torch.randn(1, 4, 64, 16, dtype=torch.float64)

@@ -352,7 +352,9 @@ def flow_attention(
         is_causal, attn_mask, chunk_size, out_dtype, causal: as in :func:`attnbook.linear_attention`.
         key_padding_mask: (B, M) bool, True = padding (causal: padded *positions*, left padding works).
         query_padding_mask: (B, N) bool, True = padding: padded sinks output 0; None when causal.
-        eps: added to every component of the flow vectors, as published (0 <= eps <= 1).
+        eps: added to every component of the flow vectors, as published (0 <= eps <= 1). With eps = 0, queries
+            and keys below about -45 make flows under float32's smallest normal number and the output inf (at -46)
+            or 0 (at -60) where the float64 answer is finite: pass float64 inputs there.
         return_flows: also return the :class:`FlowStats`.
         competition, allocation: False sets c_j = 1 or a_i = 1 (the paper's ablations).
         initial_state, output_final_state: causal only: the :class:`FlowState` before these tokens, or None; and
