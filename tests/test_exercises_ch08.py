@@ -137,9 +137,12 @@ def test_delta_write_reports_shapes_exceptions_and_stubs():
 
 
 def test_delta_write_draws_its_inputs_again_from_the_seed_it_prints():
-    r = check("8.2", no_beta)
+    def wrong_when_drawn(S, k, v, beta):  # right on the fixed cases (float64, D <= 4), wrong on a drawn float32 one
+        return no_beta(S, k, v, beta) if S.dtype == torch.float32 else delta_write(S, k, v, beta)
+
+    r = check("8.2", wrong_when_drawn)
     seed = int(r.message.split("random, seed ")[1].split(")")[0])
-    assert check("8.2", no_beta, seed=seed).message == r.message
+    assert check("8.2", wrong_when_drawn, seed=seed).message == r.message
     widths = set()
     for seed in range(4):
         s = spy(delta_write)
@@ -200,6 +203,22 @@ def test_ut_transform_mistakes_are_named(answer, diagnosis):
     r = check("8.3", answer)
     diagnosed(r, diagnosis)
     fits_the_box(r)
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        lambda k, beta: torch.linalg.inv(  # torch.bmm: 3-D only
+            torch.eye(k.shape[-2], dtype=k.dtype) + (beta.unsqueeze(-1) * torch.bmm(k, k.transpose(1, 2))).tril(-1)
+        ),
+        lambda k, beta: torch.stack([ut_transform(k[0], beta[0]), ut_transform(k[1], beta[1])]),  # a batch of 2
+    ],
+    ids=["bmm-3d-only", "unrolled-batch-of-2"],
+)
+def test_ut_transform_answers_for_one_layout_only_are_rejected(answer):
+    """The statement's k is (..., ell, D): both passed when every case was (2, ell, D) (30 of 30 seeds)."""
+    for seed in range(5):
+        assert not check("8.3", answer, seed=seed).passed
 
 
 def test_ut_transform_tries_float32_and_names_a_float64_answer():

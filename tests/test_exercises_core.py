@@ -136,6 +136,19 @@ def test_check_dispatches_by_id_and_names_the_exercises_for_an_unknown_one():
     assert isinstance(r, Result) and not r.passed and r.message.startswith("there is no exercise '0.0'")
 
 
+def test_a_wrong_exercise_id_or_seed_is_blamed_on_itself_not_on_the_answer():
+    """check(1.1, ...) said "there is no exercise 1.1; the exercises are 1.1, ..."; a bad seed was reported as the
+    checker not being able to use the answer."""
+    r = check(1.1, lambda x: x)
+    assert not r.passed and r.message == "exercises.check: exercise_id must be a string such as '1.1', got 1.1"
+    for seed, says in ((-1, "seed must be an int >= 0, got -1"), ("7", "seed must be an int, got '7'")):
+        r = check("1.2", lambda q, k, v: v, seed=seed)
+        assert not r.passed and r.message == f"exercises.check('1.2'): {says}"
+    for D, says in ((0, "D must be an int >= 1, got 0"), (16.5, "D must be an int, got 16.5")):  # 7.1's option
+        r = check("7.1", 9, D=D)  # was marked right
+        assert not r.passed and r.message == f"exercises.check('7.1'): {says}"
+
+
 # --- the policies of issue 29 ---------------------------------------------------------------------------------
 
 

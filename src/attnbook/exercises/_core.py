@@ -704,9 +704,16 @@ def exercise(exercise_id: str) -> Callable[[Callable[..., Result]], Callable[...
                 inspect.signature(checker).bind(*args, **kwargs)
             except TypeError as exc:
                 return Result(False, f"{exercise_id}: the checker was called with the wrong arguments: {exc}")
+            if kwargs.get("seed") is not None:  # the caller's seed, not the answer, is wrong
+                try:
+                    check_int(kwargs["seed"], "seed", name=f"exercises.check({exercise_id!r})", minimum=0)
+                except (TypeError, ValueError) as exc:
+                    return Result(False, str(exc))
             try:
                 result = checker(*args, **kwargs)
             except Exception as exc:
+                if str(exc).startswith("exercises.check("):  # a checker's option (7.1's D) was wrong, not the answer
+                    return Result(False, str(exc))
                 return Result(
                     False, f"{exercise_id}: the checker could not use this answer ({type(exc).__name__}: {exc}); "
                     "check its type against the exercise statement"
@@ -746,6 +753,8 @@ def check(exercise_id: str, *answer, **kwargs) -> Result:
     labels) draws the same ones again: ``check("1.2", causal_attention, seed=52311)``.
     """
     known = registered()
+    if not isinstance(exercise_id, str):
+        return Result(False, f"exercises.check: exercise_id must be a string such as '1.1', got {exercise_id!r}")
     if exercise_id not in known:
         return Result(False, f"there is no exercise {exercise_id!r}; the exercises are {', '.join(known)}")
     return known[exercise_id](*answer, **kwargs)

@@ -14,6 +14,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
+from .._checks import check_int
 from ._core import Case, Diagnosis, Draw, Result, as_number, check_function, check_value, exercise
 
 # --- 7.1 -------------------------------------------------------------------------------------------------
@@ -27,6 +28,7 @@ def cache_crossover(D: int) -> int:
 @exercise("7.1")
 def check_cache_crossover(answer, D: int = 16) -> Result:
     """7.1: the first position t at which one head's KV cache holds more numbers than its linear state."""
+    D = check_int(D, "D", name="exercises.check('7.1')", minimum=1)  # the head width asked about, not the answer
     return check_value(
         f"the first t at which the cache is larger (D = {D})", answer, cache_crossover(D),
         hint="compare 2 t D numbers (keys and values) with D * D + D (S and z) and solve for t",

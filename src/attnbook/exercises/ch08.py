@@ -12,7 +12,7 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 
-from ._core import Diagnosis, Draw, Result, check_function, check_value, exercise
+from ._core import Case, Diagnosis, Draw, Result, check_function, check_value, exercise, randn
 
 # ------------------------------------------------------------------------------------------------ 8.1
 
@@ -67,7 +67,15 @@ def _write_cases(draw: Draw):
             draw.rand(B, H).to(dtype),
         ), f"B = {B}, H = {H}, D = {D}, Dv = {Dv}"
 
-    return draw.cases(write, long=(2, 24), short=(2, 24))
+    f64 = {"dtype": torch.float64}
+    e1, S1 = torch.tensor([[[1.0, 0.0]]], **f64), torch.arange(6, **f64).reshape(1, 1, 2, 3)  # D = 2, Dv = 3
+    fixed = [
+        Case((S1, e1, torch.ones(1, 1, 3, **f64), torch.ones(1, 1, **f64)), label="beta = 1, key e_1: row 1 replaced"),
+        Case((S1, e1, torch.ones(1, 1, 3, **f64), torch.zeros(1, 1, **f64)), label="beta = 0: nothing written"),
+        Case((randn(6, 3, 2, 4, 5), F.normalize(randn(7, 3, 2, 4), dim=-1), randn(8, 3, 2, 5),
+              randn(9, 3, 2).sigmoid()), label="3 sequences, 2 heads, D = 4, Dv = 5"),
+    ]  # fmt: skip
+    return fixed + draw.cases(write, long=(2, 24), short=(2, 24))
 
 
 @exercise("8.2")
@@ -91,7 +99,7 @@ def _ut(k, beta, *, diagonal=-1, invert=True, beta_on_rows=True):
 
 
 def ut_reference(k, beta):
-    """(I + tril(diag(beta) K K^T, -1))^-1 for one chunk's keys k (..., L, D) and beta (..., L)."""
+    """(I + tril(diag(beta) K K^T, -1))^-1 for one chunk's keys k (..., ell, D) and beta (..., ell)."""
     A = _ut(k, beta, invert=False)  # (..., L, L), unit lower triangular
     eye = torch.eye(k.shape[-2], dtype=k.dtype).expand_as(A)
     return torch.linalg.solve_triangular(A, eye, upper=False, unitriangular=True)
@@ -106,18 +114,28 @@ UT_MISTAKES = [
 ]  # fmt: skip
 
 
-def _ut_cases(draw: Draw):
-    def chunk(L, dtype):  # unit keys (2, L, D), betas in [0, 1]
-        D = draw.int(2, 32)
-        k = F.normalize(draw.randn(2, L, D), dim=-1).to(dtype)
-        return (k, draw.rand(2, L).to(dtype)), f"L = {L}, D = {D}"
+def _ut_cases(draw: Draw) -> list[Case]:
+    def keys(seed, *shape):
+        return F.normalize(randn(seed, *shape), dim=-1)
 
-    return draw.cases(chunk, long=(2, 40), short=(2, 40))
+    fixed = [  # leading dimensions (...) of every count: the statement's k is (..., ell, D)
+        Case((keys(1, 4, 3), torch.tensor([1.0, 0.5, 0.25, 1.0], dtype=torch.float64)), label="one chunk (4, 3)"),
+        Case((keys(2, 3, 2, 5, 4), randn(3, 3, 2, 5).sigmoid()), label="3 sequences, 2 heads, chunks of 5"),
+        Case((keys(4, 1, 1, 6), torch.ones(1, 1, dtype=torch.float64)), label="a chunk of one key: T = [[1]]"),
+        Case((keys(5, 2, 6, 3), torch.zeros(2, 6, dtype=torch.float64)), label="beta = 0, nothing written: T = I"),
+    ]
+
+    def chunk(L, dtype):  # unit keys (..., L, D) behind one to three leading dimensions, betas in [0, 1]
+        lead, D = tuple(draw.int(1, 4, avoid=(2,)) for _ in range(draw.int(1, 3))), draw.int(2, 32)
+        k = F.normalize(draw.randn(*lead, L, D), dim=-1).to(dtype)
+        return (k, draw.rand(*lead, L).to(dtype)), f"k {(*lead, L, D)}"
+
+    return fixed + draw.cases(chunk, long=(2, 40), short=(2, 40))
 
 
 @exercise("8.3")
 def check_ut_transform(fn, *, seed: int | None = None) -> Result:
-    """Exercise 8.3: ``ut_transform(k, beta)`` -> T (..., L, L)."""
+    """Exercise 8.3: ``ut_transform(k, beta)`` -> T (..., ell, ell)."""
     return check_function(fn, _ut_cases(Draw(seed)), expected=ut_reference, name="ut_transform", diagnoses=UT_MISTAKES)
 
 
