@@ -80,6 +80,10 @@ def test_scaling_exponent_fits_a_power_law_over_the_points_asked_for():
     assert s.exponent("a") == pytest.approx(3.0)  # the two largest: 8 -> 64
     assert s.exponent("a", last=3) == pytest.approx(2.5)  # 2 -> 8 -> 64: a straight line in log-log
     assert 1 < s.exponent("a", last=None) < 3
+    shuffled = Scaling((8, 1, 4, 2), {"a": [64.0, 1.0, 8.0, 2.0]}, {})  # measured in any order: the same fit
+    assert shuffled.exponent("a") == pytest.approx(3.0) and shuffled.exponent("a", last=3) == pytest.approx(2.5)
+    with pytest.raises(ValueError, match=r"^Scaling.exponent: the memory at N = 2 must be a finite number > 0, got 0"):
+        Scaling((1, 2), {}, {"a": [4.0, 0.0]}).exponent("a", "memory")  # was "math domain error"
 
 
 def test_measure_scaling_and_scaling_reject_bad_arguments():

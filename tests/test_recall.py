@@ -72,3 +72,29 @@ def test_state_numbers_are_what_the_layers_carry():
     assert recall.state_numbers("delta", 32, 100) == recall.state_numbers("gated", 32, 7) == 4 * 8 * 8
     assert recall.state_numbers("softmax", 32, 100) == 2 * 100 * 32
     assert recall.state_numbers("mobile", 32, 100) is None
+
+
+def test_train_refuses_a_single_query_task_and_names_bad_arguments():
+    """Chapter 6's RecallTask (one query) trained to a meaningless curve: its targets broadcast against the
+    multi-query ones. A bad seed or device failed inside torch."""
+    import pytest
+
+    from attnbook.lab.headtohead import RecallTask
+
+    with pytest.raises(TypeError, match=r"^recall.train: task must be a MultiQueryRecall, got RecallTask"):
+        recall.train("linear", RecallTask(), steps=1)
+    task = recall.MultiQueryRecall(n_pairs=4)
+    with pytest.raises(TypeError, match=r"^recall.train: seed must be an int, got 1.5$"):
+        recall.train("linear", task, steps=1, seed=1.5)
+    with pytest.raises(ValueError, match=r"^recall.train: device must be a device string such as 'cpu'"):
+        recall.train("linear", task, steps=1, device="gpu")
+
+
+def test_generation_measure_refuses_an_empty_list_of_mechanisms():
+    """mechanism_names=[] measured every causal mechanism (an empty list read as 'not given')."""
+    import pytest
+
+    from attnbook.lab import generation
+
+    with pytest.raises(ValueError, match=r"^measure: mechanism_names must hold at least 1 mechanism, got 0"):
+        generation.measure(None, mechanism_names=[])  # refused before the setup is read

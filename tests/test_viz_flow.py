@@ -545,8 +545,24 @@ def test_inactive_controls_are_exactly_those_that_change_nothing(trial):
         (dict(causal="yes"), TypeError, "causal must be True or False"),
         (dict(n_heads=2, head=2), ValueError, r"head must be an int in 0\.\.1"),
         (dict(colour="red"), ValueError, "unknown parameter"),
+        # accepted, then moved silently by the sliders (1 -> 2 tokens, magnitude 1000 -> 4, seed 10**7 -> 20)
+        (dict(n_tokens=1), ValueError, r"n_tokens must be an int in 2\.\.12 \(the slider's range\), got 1"),
+        (dict(magnitude=1000.0), ValueError, r"magnitude must be a finite number >= 0.25 and <= 4 \(the slider's"),
+        (dict(seed=10**7), ValueError, r"seed must be an int in 0\.\.20 \(the slider's range\)"),
+        (dict(n_heads=100, head=50), ValueError, r"n_heads must be an int in 1\.\.6 \(the slider's range\)"),
     ],
-    ids=["no_tokens", "nan_similarity", "float_heads", "string_causal", "head_past_heads", "unknown"],
+    ids=[
+        "no_tokens",
+        "nan_similarity",
+        "float_heads",
+        "string_causal",
+        "head_past_heads",
+        "unknown",
+        "one_token",
+        "huge_magnitude",
+        "large_seed",
+        "many_heads",
+    ],  # fmt: skip
 )
 def test_explorer_rejects_bad_starting_values(overrides, error, message):
     with pytest.raises(error, match=rf"^flow_explorer: .*{message}"):

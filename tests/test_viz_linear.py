@@ -130,6 +130,15 @@ def test_retrieval_toy_defaults_are_chapter_2s_numbers():
         assert torch.equal(got, want)
 
 
+def test_retrieval_toy_refuses_a_dtype_that_is_not_floating():
+    """dtype=torch.int64 rounded the toy to 0, -1 and 1 without a word; a string failed as a device string."""
+    with pytest.raises(ValueError, match=r"^retrieval_toy: dtype must be a floating-point dtype, got torch.int64$"):
+        retrieval_toy(dtype=torch.int64)
+    with pytest.raises(TypeError, match=r"^retrieval_toy: dtype must be a torch.dtype, got 'float32'$"):
+        retrieval_toy(dtype="float32")
+    assert all(x.dtype == torch.float32 for x in retrieval_toy(dtype=torch.float32))
+
+
 def test_retrieval_toy_scores_are_cosines_and_the_diagonal_is_the_best_match():
     q, k, _ = retrieval_toy(n_tokens=12, dim=8, noise=0.3, seed=3)
     scores = (q @ k.transpose(-2, -1))[0, 0] / math.sqrt(8)  # (12, 12)

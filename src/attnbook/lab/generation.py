@@ -117,7 +117,8 @@ def measure(
         ``state_bytes``, ``allocated_bytes``, ``step_peak_bytes`` (None for a compiled step on the CPU) and
         ``recurrent``.
     """
-    names = list(mechanism_names or mechanisms.names(causal=True))
+    names = list(mechanisms.names(causal=True) if mechanism_names is None else mechanism_names)
+    check_count(names, "mechanism_names", name="measure", item="mechanism")  # [] measured every mechanism
     check_count(positions, "positions", name="measure", item="position")
     positions = sorted(check_int(t, "positions", name="measure", minimum=1) for t in positions)
     check_count(decoders, "decoders", name="measure", item="decoder")

@@ -31,6 +31,7 @@ from .._checks import (
     check_found,
     check_instance,
     check_int,
+    check_number,
     check_sequence,
     check_subset,
 )
@@ -173,7 +174,10 @@ class Scaling:
         """The exponent p of ``value ~ N^p``: the least-squares slope of log value against log N over the
         ``last`` largest lengths where ``name`` was measured (2: between the two largest; None: all of them)."""
         where = "Scaling.exponent"
-        ns, ys = self.measured(name, metric)
+        pairs = sorted(zip(*self.measured(name, metric), strict=True))  # by N: the lengths may be measured in any order
+        for n, y in pairs:  # on a log scale
+            check_number(y, f"the {metric} at N = {n}", name=where, minimum=0.0, strict_minimum=True)
+        ns, ys = [n for n, _ in pairs], [y for _, y in pairs]
         if last is not None:
             last = check_int(last, "last", name=where, minimum=2)
             ns, ys = ns[-last:], ys[-last:]

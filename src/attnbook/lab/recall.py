@@ -37,7 +37,7 @@ import torch
 from torch import nn
 
 from .. import mechanisms
-from .._checks import check_int, check_number
+from .._checks import check_device, check_instance, check_int, check_number
 from ..lm import state_bytes
 from . import training
 from .headtohead import Curve, RecallEmbedding, RecallTask
@@ -110,9 +110,12 @@ def train(
     name = "recall.train"
     if mechanism not in MECHANISMS:
         mechanisms.get(mechanism)  # raises, naming the registry's mechanisms
+    # chapter 6's single-query RecallTask trained to a meaningless curve (its targets broadcast against these)
+    check_instance(task, "task", MultiQueryRecall, name=name, what="a MultiQueryRecall")
+    seed = check_int(seed, "seed", name=name, minimum=0)
+    device = check_device(device, name=name) or torch.device("cpu")
     lr = check_number(lr, "lr", name=name, minimum=0.0, strict_minimum=True)
     steps = check_int(steps, "steps", name=name, minimum=1)
-    device = torch.device(device)
     torch.manual_seed(seed)
     net = model(mechanism, task, width).to(device)
     data = torch.Generator().manual_seed(seed + 1)

@@ -455,6 +455,12 @@ _LABELS["heads_compete"] = "mode"
 _MODES = [("Flow: tokens compete", False), ("Mobile: heads compete", True)]
 
 
+# The explorer's slider ranges, which flow_explorer's overrides must keep to (a slider would move a value outside
+# its range without a word). Magnitude from 0.25: at 0 every q and k is 0, every token alike, and the picture is
+# fixed; up to 4: beyond, sigmoid features near 0 let the normaliser's eps (1e-6) move the picture by percents.
+_SLIDER_RANGES = {"n_tokens": (2, 12), "magnitude": (0.25, 4.0), "n_heads": (1, 6), "seed": (0, 20)}
+
+
 class FlowExplorer(widgets.VBox):
     """The box :func:`flow_explorer` returns; its ``explorer`` attribute holds the controls and the state."""
 
@@ -468,15 +474,13 @@ class _FlowController(Explorer):
         w = widgets
         # wide enough for the whole label in every front-end (the default width cut "Flow" off)
         wide = {"description_width": "initial", "button_width": "190px"}
-        magnitude = min(max(p["magnitude"], 0.25), 4.0)
+        r = _SLIDER_RANGES
         controls = {
-            "n_tokens": slider(w.IntSlider, "tokens", p["n_tokens"], 2, 12),
+            "n_tokens": slider(w.IntSlider, "tokens", p["n_tokens"], *r["n_tokens"]),
             "similarity": slider(w.FloatSlider, "similarity", p["similarity"], 0.0, 1.0, step=0.05),
-            # from 0.25: at magnitude 0 every q and k is 0, every token alike, and the picture is fixed; up to 4:
-            # beyond, sigmoid features near 0 let the normaliser's eps (1e-6) move the picture by percents
-            "magnitude": slider(w.FloatSlider, "magnitude", magnitude, 0.25, 4.0, step=0.25),
-            "n_heads": slider(w.IntSlider, "heads", p["n_heads"], 1, 6),
-            "seed": slider(w.IntSlider, "seed", p["seed"], 0, 20),
+            "magnitude": slider(w.FloatSlider, "magnitude", p["magnitude"], *r["magnitude"], step=0.25),
+            "n_heads": slider(w.IntSlider, "heads", p["n_heads"], *r["n_heads"]),
+            "seed": slider(w.IntSlider, "seed", p["seed"], *r["seed"]),
             "head": slider(w.IntSlider, "head shown", p["head"], 0, max(p["n_heads"] - 1, 0)),
             "competition": w.Checkbox(value=p["competition"], description="competition", indent=False),
             "allocation": w.Checkbox(value=p["allocation"], description="allocation", indent=False),
@@ -532,7 +536,11 @@ def flow_explorer(**overrides) -> FlowExplorer:
     :func:`plot_flow` of the state. The range of "head shown" follows "heads"; controls that cannot change the
     picture are disabled (:func:`inactive_controls`). The box's ``explorer`` holds the controls and the state.
     """
-    return _FlowController(_params("flow_explorer", **overrides)).box(FlowExplorer)
+    p = _params("flow_explorer", **overrides)
+    for name, (low, high) in _SLIDER_RANGES.items():
+        check = check_number if isinstance(low, float) else check_int
+        check(p[name], name, name="flow_explorer", minimum=low, maximum=high, why=" (the slider's range)")
+    return _FlowController(p).box(FlowExplorer)
 
 
 # Chapters 3 and 4's figures take plain numbers, so that a chapter computes what it shows in a visible cell and

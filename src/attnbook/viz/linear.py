@@ -14,6 +14,7 @@ from .._checks import (
     check_callable,
     check_count,
     check_dims,
+    check_dtype,
     check_int,
     check_non_negative,
     check_nonzero,
@@ -43,6 +44,7 @@ def retrieval_toy(
     dim = check_int(dim, "dim", name="retrieval_toy", minimum=1)
     noise = check_number(noise, "noise", name="retrieval_toy", minimum=0.0)
     seed = check_int(seed, "seed", name="retrieval_toy")
+    dtype = check_dtype(dtype, "dtype", name="retrieval_toy")  # an int64 toy was all rounded to 0, -1 and 1
     gen = torch.Generator().manual_seed(seed)
     k = torch.randn(1, 1, n_tokens, dim, dtype=torch.float64, generator=gen)  # (1, 1, N, D)
     q = k + noise * torch.randn(k.shape, dtype=torch.float64, generator=gen)  # noisy copies of the keys
