@@ -57,6 +57,12 @@ def test_the_study_sweeps_then_runs_more_seeds_at_each_settings_best_rate():
     wide = {"config": {"pairs": [8, 16], "mechanisms": ["linear"]},
             "results": [{**result, "n_pairs": p} for p in (8, 16)]}  # fmt: skip
     assert recall.table(wide, 16).splitlines()[1].split() == ["linear", *["0.50", "(0.25-0.75)"] * 2, "1"]
+    # a cell without a range keeps its column: the next cell's mean does not run into it ("1.00 0.96 (...)")
+    solid = {**result, "mechanism": "softmax", "final": [1.0, 1.0], "mean": 1.0}
+    both = {"config": {"pairs": [8, 16], "mechanisms": ["linear", "softmax"]},
+            "results": [{**r, "n_pairs": p} for r in (result, solid) for p in (8, 16)]}  # fmt: skip
+    head, ranged, bare = recall.table(both, 16).splitlines()
+    assert [head.index("P=16") + 4, ranged.index("0.50", 12) + 4] == [bare.rindex("1.00") + 4] * 2
     wide["config"]["widths"] = [16]
     wide["results"][1] = {**wide["results"][1], "mean": 0.75}
     assert recall.numbers(wide) == {

@@ -3,6 +3,8 @@
 import pytest
 import torch
 
+import attnbook
+from attnbook import reference
 from attnbook.testing import assert_matches_reference
 
 
@@ -34,3 +36,22 @@ def test_the_baseline_must_compute_in_the_dtype_under_test():
         assert_matches_reference(
             cancelling, lambda x: x, x, dtype=torch.float32, baseline=lambda x: cancelling(x.double())
         )
+
+
+def test_bad_arguments_are_named():
+    """dtype="float32" failed as a device string, an int64 dtype in autograd, a list result with AttributeError,
+    no inputs inside torch.autograd.grad, and a negative factor was accepted."""
+    import pytest
+
+    q, k, v = (torch.randn(1, 2, 5, 4) for _ in range(3))
+    fast, ref = attnbook.flow_attention, reference.flow_attention
+    cases = [
+        ((fast, ref, [q, k, v]), {"dtype": "float32"}, TypeError, "dtype must be a torch.dtype, got 'float32'"),
+        ((fast, ref, [q, k, v]), {"dtype": torch.int64}, ValueError, "dtype must be a floating-point dtype"),
+        ((fast, ref, [q, k, v]), {"dtype": torch.float32, "factor": -1}, ValueError, "factor must be a finite"),
+        ((lambda *a: [1], ref, [q, k, v]), {"dtype": torch.float32}, TypeError, "fast_fn's result must be a torch"),
+        ((fast, ref, []), {"dtype": torch.float32}, ValueError, "inputs must hold at least 1 tensor, got 0"),
+    ]
+    for args, kwargs, error, message in cases:
+        with pytest.raises(error, match=f"^assert_matches_reference: {message}"):
+            assert_matches_reference(*args, **kwargs)

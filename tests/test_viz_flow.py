@@ -536,6 +536,17 @@ def test_inactive_controls_are_exactly_those_that_change_nothing(trial):
         assert changed == (name not in inactive), (name, p, inactive.get(name))
 
 
+def test_frames_and_summaries_refuse_what_they_would_lose_or_misread():
+    """Two values of one label (0.30000001 and 0.3 print as "0.3") made one frame; a head past the state's raised an
+    IndexError, and head -1 showed the last head labelled "head -1"."""
+    with pytest.raises(ValueError, match=r"^explorer_frames: values must be distinct as labels .*0.30000001 and 0.3"):
+        vf.explorer_frames("similarity", [0.30000001, 0.3])
+    state = vf.compute_flow_state(*vf.make_toy_input(6, 0.5, 1.0, 2, 0))
+    for head in (2, -1):
+        with pytest.raises(ValueError, match=r"^explorer_summary: head must be an int in 0\.\.1 \(the state's heads\)"):
+            vf.explorer_summary(state, head=head)
+
+
 @pytest.mark.parametrize(
     "overrides, error, message",
     [

@@ -289,3 +289,19 @@ def test_temperature_explorer_redraws_its_image_when_beta_moves():
         temperature_explorer(maps_at, value=1000.0)
     with pytest.raises(TypeError, match="maps_at must be"):
         temperature_explorer(3)
+
+
+def test_heat_maps_refuse_labels_that_do_not_match_and_a_list_of_maps():
+    """One label on a 3 x 3 map, or 3 on a 3 x 4 one, mislabelled the ticks without a word; a list of maps failed
+    with AttributeError 'items'."""
+    from attnbook.viz.linear import attention_maps_figure
+    from attnbook.viz.plots import attention_heatmap
+
+    with pytest.raises(ValueError, match=r"^attention_heatmap: queries must hold 3 labels, got 1 label$"):
+        attention_heatmap(torch.rand(3, 3), queries=["x"])
+    with pytest.raises(ValueError, match=r"^attention_heatmap: keys must hold 4 labels, got 3 labels$"):
+        attention_heatmap(torch.rand(3, 4), keys=list("abc"))
+    with pytest.raises(TypeError, match=r"^attention_maps_figure: maps must be a mapping, got a list"):
+        attention_maps_figure([torch.rand(3, 3)])
+    with pytest.raises(ValueError, match=r"^attention_heatmap: queries must hold 3 labels"):
+        attention_maps_figure({"a": torch.rand(3, 3)}, labels=["x"])

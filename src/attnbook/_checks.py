@@ -280,6 +280,15 @@ def check_sequence(
     return value
 
 
+def check_distinct(items: Iterable[T], arg: str, *, name: str, key: Callable[[T], object], why: str = "") -> None:
+    """No two of ``items`` share ``key(item)`` (``why`` says what the key is)."""
+    seen: dict[object, T] = {}
+    for item in items:
+        if key(item) in seen:
+            raise ValueError(f"{name}: {arg} must be distinct{why}, got {seen[key(item)]!r} and {item!r}")
+        seen[key(item)] = item
+
+
 def check_subset(values: Iterable[object], arg: str, allowed: Iterable[object], *, name: str) -> None:
     """Every one of ``values`` (names, keys) is among ``allowed``; the message lists the unknown ones."""
     known = list(allowed)

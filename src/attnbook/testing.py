@@ -16,7 +16,7 @@ from typing import TypedDict
 
 import torch
 
-from ._checks import check_choice
+from ._checks import check_callable, check_choice, check_count, check_dtype, check_number, check_tensor
 
 __all__ = ["TOLERANCES", "tol", "assert_matches_reference"]
 
@@ -76,10 +76,18 @@ def assert_matches_reference(
         ...     dtype=torch.float32,
         ... )
     """
+    name = "assert_matches_reference"
+    check_callable(fast_fn, "fast_fn", name=name)
+    check_callable(ref_fn, "ref_fn", name=name)
+    check_count(inputs, "inputs", name=name, item="tensor")
+    for i, x in enumerate(inputs):
+        check_tensor(x, f"inputs[{i}]", name=name, floating=False)  # a bool mask may be one
+    dtype = check_dtype(dtype, "dtype", name=name)
+    factor = check_number(factor, "factor", name=name, minimum=0.0, strict_minimum=True)
     fast_in = [x.detach().to(dtype).requires_grad_(x.is_floating_point()) for x in inputs]
     ref_in = [x.detach().to(torch.float64).requires_grad_(x.is_floating_point()) for x in inputs]
-    out = fast_fn(*fast_in)
-    ref = ref_fn(*ref_in)
+    out = check_tensor(fast_fn(*fast_in), "fast_fn's result", name=name)
+    ref = check_tensor(ref_fn(*ref_in), "ref_fn's result", name=name)
     assert out.dtype == dtype, f"output dtype {out.dtype}, expected the input dtype {dtype}"
     upstream = torch.randn_like(ref)
     lows: list[torch.Tensor | None] = [None] * (1 + len(fast_in))  # the baseline's output and gradients

@@ -292,14 +292,17 @@ def table(recording: dict, width: int) -> str:
     of pairs, for one width, and the numbers one layer holds at the largest (``state``): a text table of at most
     70 columns with three numbers of pairs (17 more per number)."""
     c = recording["config"]
-    head = f"{'width ' + str(width):9s}" + "".join(f"{'P=' + str(p):>17s}" for p in c["pairs"]) + f"{'state':>9s}"
+    # each cell: the mean right-aligned under its header, then the range or blanks, so that no two cells touch
+    head = (
+        f"{'width ' + str(width):9s}" + "".join(f"{'P=' + str(p):>5s}{'':12s}" for p in c["pairs"]) + f"{'state':>9s}"
+    )
     lines = [head]
     for m in c["mechanisms"]:
         cells = []
         for p in c["pairs"]:
             r = _result(recording, m, p, width)
-            spread = "" if min(r["final"]) >= 0.995 else f" ({min(r['final']):.2f}-{max(r['final']):.2f})"
-            cells.append(f"{r['mean']:.2f}{spread}".rjust(17))
+            spread = "" if min(r["final"]) >= 0.995 else f"({min(r['final']):.2f}-{max(r['final']):.2f})"
+            cells.append(f"{r['mean']:5.2f} {spread:11s}")
         state = _result(recording, m, c["pairs"][-1], width)["state_numbers"]
         lines.append(f"{m:9s}" + "".join(cells) + (f"{state:>9d}" if state is not None else f"{'-':>9s}"))
     return "\n".join(lines)

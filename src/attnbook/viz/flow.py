@@ -28,6 +28,7 @@ from matplotlib.ticker import NullFormatter
 from .._checks import (
     check_bool,
     check_choice,
+    check_distinct,
     check_dtype,
     check_eps,
     check_exclusive,
@@ -370,11 +371,18 @@ def explorer_frames(parameter: str, values: Sequence, **overrides) -> dict[str, 
     and ``overrides``), keyed by the value's label: the input of :func:`attnbook.viz.frame_slider`."""
     check_choice(parameter, "parameter", sorted(DEFAULTS), name="explorer_frames")
     check_sequence(values, "values", name="explorer_frames", minimum=1, item="value")
+    why = " as labels (one frame replaced another)"
+    check_distinct(values, "values", name="explorer_frames", key=_frame_label, why=why)
     frames = {}
     for value in values:
         p = _params("explorer_frames", **{**overrides, parameter: value})
-        frames[f"{value:g}" if isinstance(value, float) else str(value)] = plot_flow(_state_from(p), head=p["head"])
+        frames[_frame_label(value)] = plot_flow(_state_from(p), head=p["head"])
     return frames
+
+
+def _frame_label(value: object) -> str:
+    """A frame's key: 0.3 as "0.3", 4 as "4"."""
+    return f"{value:g}" if isinstance(value, float) else str(value)
 
 
 _IDENTICAL = 1.0 - 1e-9  # similarity at or above this: every token is the same vector
@@ -431,6 +439,7 @@ def explorer_summary(state: FlowPicture, *, head: int = 0, inactive: dict[str, s
     """One-line HTML summary of a state: the conservation sums and what the clamp did, for one head; then, if
     ``inactive`` is given (from :func:`inactive_controls`), why each greyed-out control cannot act."""
     H, N, M = state.edges.shape
+    head = check_int(head, "head", name="explorer_summary", minimum=0, maximum=H - 1, why=" (the state's heads)")
     raw = state.conserved_outgoing_raw
     conserved = raw if raw is not None else state.conserved_outgoing
     clipped = "" if raw is None else f", clamp clips {int((raw[head] > 1).sum())} of {M} sources"

@@ -20,6 +20,7 @@ from .._checks import (
     check_nonzero,
     check_number,
     check_same_shape,
+    check_sequence,
     check_square,
     check_tensor,
 )
@@ -98,7 +99,7 @@ def attention_maps_figure(
     ``shared=True`` puts every map on one colour scale from 0 with one colour bar, so that they can be compared.
     ``labels`` names the tokens (tick labels on both axes, for square maps of self-attention).
     """
-    check_count(maps, "maps", name="attention_maps_figure", item="map")
+    check_sequence(maps, "maps", name="attention_maps_figure", mapping=True, minimum=1, item="map")
     n = len(maps)
     ncols = min(n, 2) if ncols is None else check_int(ncols, "ncols", name="attention_maps_figure", minimum=1)
     ncols = min(ncols, n)
