@@ -461,7 +461,7 @@ def test_quality_cost_table_puts_quality_training_speed_and_writing_in_one_row()
     speed = {"steps": {"softmax eager": {"tokens_per_s": 1234.4}, "linear eager": {"tokens_per_s": 99.0},
                        "nanogpt eager": {"tokens_per_s": 2000.0}}}  # fmt: skip
     table = lab_lm.quality_cost_table({"runs": _recorded_runs()}, writing, speed, early=4).splitlines()
-    assert table[1].split() == ["tokens/s", "t=4", "t=16", "KiB"]
+    assert table[1].split() == ["mean", "±", "sd", "tokens/s", "t=4", "t=16", "KiB"]  # sd over the seeds
     softmax = table[2].split()
     assert softmax[:5] == ["softmax", "3.100", "±", "0.10", "1,234"]
     assert float(softmax[-1]) == round(2 * 1 * 8 * 16 * 4 / 1024)  # the cache after 16 tokens, KiB

@@ -738,7 +738,8 @@ def ratio_table(result: dict, factor: float = 3.0) -> str:
 
 
 def best_head_shares(result: Race, tokens: torch.Tensor) -> dict[str, list[float]]:
-    """For every mechanism and seed, the mean over ``tokens`` of the best head's :func:`lookup_share`.
+    """For every mechanism and seed, the mean over the sequences ``tokens`` of each sequence's best head's
+    :func:`lookup_share` (the largest share among the heads, per sequence; not one head for all of them).
 
     Needs the trained models (``race(..., keep_models=True)``); ``tokens`` are recall sequences of the race's
     task (B, N).
@@ -993,16 +994,17 @@ def advice_rows(
 
 
 # Chapter 8's mechanisms (causal only, so not in the race): the paper's claim, and what the recall study showed.
-_CHAPTER_8 = {
-    "decay": ("Sun et al. (2023), RetNet: a fixed decay per head trains in parallel and generates at a fixed cost"
-              " per token, with a Transformer's quality at scale (its claim, not tested here)",
+_CHAPTER_8 = {  # the papers are in chapter 8's references
+    "decay": ("Sun et al. (2023, chapter 8), RetNet: a fixed decay per head trains in parallel and generates at a"
+              " fixed cost per token, with a Transformer's quality at scale (its claim, not tested here)",
               "causal models where recent tokens matter more than old ones (chapter 8's derivation; the recall task"
               " asks for every pair equally)"),
-    "gated": ("Yang et al. (2024), GLA: a decay chosen by the data, per key dimension, with fast chunked training"
-              " (its claim, not tested here)",
+    "gated": ("Yang et al. (2024, chapter 8), GLA: a decay chosen by the data, per key dimension, with fast chunked"
+              " training (its claim, not tested here)",
               "causal models that must choose what to forget; its chunks cost the most arithmetic (chapter 8)"),
-    "delta": ("Schlag et al. (2021), Yang et al. (2024), DeltaNet: a write that first corrects what the state holds"
-              " for its key recalls more than linear attention's sum (its claim, on MQAR)",
+    "delta": ("Schlag et al. (2021) and Yang et al. (2024, chapter 8), DeltaNet: a write that first corrects what the"
+              " state holds for its key recalls more than linear attention's sum (its claim, on multi-query"
+              " associative recall)",
               "causal models that must recall many facts from a state of fixed size, where the state has room"
               " for them"),
 }  # fmt: skip
@@ -1039,7 +1041,7 @@ def _recall_rows(numbers: dict[str, float]) -> list[list[str]]:
             elif numbers[f"{ours} high"] < numbers[f"{linear} low"]:
                 than = "less than"
             else:
-                than = "no differently from"
+                than = "within the seeds' spread of"  # the ranges overlap, if only at their ends
             said.append(f"{than} linear attention at width {w} ({numbers[ours]:.2f} against {numbers[linear]:.2f},"
                         f" seeds {numbers[f'{ours} low']:.2f}-{numbers[f'{ours} high']:.2f} against"
                         f" {numbers[f'{linear} low']:.2f}-{numbers[f'{linear} high']:.2f})")  # fmt: skip

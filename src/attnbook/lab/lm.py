@@ -333,7 +333,7 @@ def bpb_table(runs) -> str:
     seconds: dict[str, list[float]] = {}
     for r in runs:
         seconds.setdefault(_field(r, "mechanism"), []).append(float(_field(r, "wall_s")[-1]))
-    lines = [f"{'':8s} {'bits per byte':>16s} {'seconds per run':>16s}"]
+    lines = [f"{'':8s} {'bits per byte ± sd':>17s} {'seconds per run':>16s}"]  # sd: over the seeds
     for name, values in final_bpb(runs).items():
         mean, sd = spread(values)
         lines.append(f"{name:8s} {mean:9.3f} ± {sd:.3f} {statistics.fmean(seconds[name]):16.1f}")
@@ -373,8 +373,8 @@ def quality_cost_table(trained: dict, writing: dict, speed: dict | None = None, 
     early = check_int(early, "early", name="quality_cost_table", minimum=1)
     i, last = ts.index(min(t for t in ts if t >= early)), len(ts) - 1
     bpb = final_bpb(trained["runs"])
-    head = f"{'':8s}{'bits per byte':>14s}{'train':>10s}{'ms per token':>19s}{'state':>10s}"
-    sub = f"{'':8s}{'':>14s}{'tokens/s':>10s}{'t=' + str(ts[i]):>9s}{'t=' + str(ts[last]):>10s}{'KiB':>10s}"
+    head = f"{'':8s}{'bits per byte':>15s}{'train':>10s}{'ms per token':>19s}{'state':>10s}"
+    sub = f"{'':8s}{'mean ± sd':>15s}{'tokens/s':>10s}{'t=' + str(ts[i]):>9s}{'t=' + str(ts[last]):>10s}{'KiB':>10s}"
     lines = [head, sub]
     for name, values in bpb.items():
         mean, sd = spread(values)
