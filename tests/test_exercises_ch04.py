@@ -282,6 +282,14 @@ def test_spread_growth_right_answers(answer):
     accepted(check("4.4", answer))
 
 
+def test_spread_growth_quotes_the_spread_over_the_seeds_it_asks_about():
+    """The solution says "give or take 0.7" over the seeds 0 to 7; the checker said 0.83 (over 16 seeds)."""
+    growths = [growth(s) for s in range(8)]
+    r = check("4.4", statistics.fmean(growths))
+    assert r.passed and f"varies by about {statistics.stdev(growths):.2g}." in r.message
+    assert round(statistics.stdev(growths), 1) == 0.7  # the solution's number
+
+
 @pytest.mark.parametrize(
     "answer, says",
     [
