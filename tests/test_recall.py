@@ -1,6 +1,7 @@
 """attnbook.lab.recall: the multi-query recall task asks what it says, the study picks each setting's rate by its
 sweep and records what it ran, and the state counts are the layers' own."""
 
+import pytest
 import torch
 
 from attnbook.lab import recall
@@ -83,8 +84,6 @@ def test_state_numbers_are_what_the_layers_carry():
 def test_train_refuses_a_single_query_task_and_names_bad_arguments():
     """Chapter 6's RecallTask (one query) trained to a meaningless curve: its targets broadcast against the
     multi-query ones. A bad seed or device failed inside torch."""
-    import pytest
-
     from attnbook.lab.headtohead import RecallTask
 
     with pytest.raises(TypeError, match=r"^recall.train: task must be a MultiQueryRecall, got RecallTask"):
@@ -98,8 +97,6 @@ def test_train_refuses_a_single_query_task_and_names_bad_arguments():
 
 def test_generation_measure_refuses_an_empty_list_of_mechanisms():
     """mechanism_names=[] measured every causal mechanism (an empty list read as 'not given')."""
-    import pytest
-
     from attnbook.lab import generation
 
     with pytest.raises(ValueError, match=r"^measure: mechanism_names must hold at least 1 mechanism, got 0"):

@@ -36,6 +36,7 @@ __all__ = [
     "tracing",
     "exporting",
     "chunk_count",
+    "chunk_length",
 ]
 
 
@@ -96,6 +97,13 @@ def exporting() -> bool:
         return flag
     is_exporting = getattr(torch.compiler, "is_exporting", None)  # a torch without the flag
     return bool(is_exporting is not None and is_exporting())
+
+
+def chunk_length(N: int, chunk_size: int) -> int:
+    """The chunk length ell of a chunked form: ``chunk_size``, cut to N untraced (a longer chunk is the sequence,
+    padded: its ell x ell scores of padding were computed and dropped). Traced it stays as given, so that one graph
+    serves lengths on both sides of it."""
+    return chunk_size if tracing() else min(chunk_size, N)
 
 
 def chunk_count(N: int, C: int) -> int:

@@ -40,7 +40,7 @@ from torch import Tensor, nn
 
 from ._checks import check_bool, check_gated, check_int
 from ._module import RecurrentAttention
-from ._runtime import accumulation_dtype, autocast_disabled, chunk_count, tracing
+from ._runtime import accumulation_dtype, autocast_disabled, chunk_count, chunk_length
 
 __all__ = ["delta_rule_attention", "delta_rule_step", "chunked_delta_product", "DeltaRuleAttention"]
 
@@ -51,7 +51,7 @@ def chunked_delta_product(
     """The chunked form of the module docstring: q (already scaled), k (B, H, N, D), v (B, H, N, Dv), beta (B, H, N)
     and S (B, H, D, Dv), in one dtype -> (o (B, H, N, Dv), the state after the last token)."""
     N = q.shape[-2]
-    ell = chunk_size if tracing() else min(chunk_size, N)  # as in attnbook.linear.chunked_causal_product
+    ell = chunk_length(N, chunk_size)
     n = chunk_count(N, ell)  # chunks; the last one padded with beta = 0: no write
     qc, kc, vc, bc = (
         F.pad(x, (0, 0, 0, n * ell - N)).reshape(*x.shape[:-2], n, ell, x.shape[-1])

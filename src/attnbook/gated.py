@@ -38,7 +38,7 @@ from torch import Tensor, nn
 
 from ._checks import check_bool, check_choice, check_gated, check_int, check_number
 from ._module import RecurrentAttention
-from ._runtime import accumulation_dtype, autocast_disabled, chunk_count, tracing
+from ._runtime import accumulation_dtype, autocast_disabled, chunk_count, chunk_length
 
 __all__ = [
     "gated_linear_attention",
@@ -65,7 +65,7 @@ def chunked_gated_product(
     """The chunked form of the module docstring: q (already scaled), k (B, H, N, D), v (B, H, N, Dv), log-decays g
     (B, H, N, X), X = D or 1, and S (B, H, D, Dv), in one dtype -> (o (B, H, N, Dv), the state after the last token)."""
     N = q.shape[-2]
-    ell = chunk_size if tracing() else min(chunk_size, N)  # as in attnbook.linear.chunked_causal_product
+    ell = chunk_length(N, chunk_size)
     n = chunk_count(N, ell)  # chunks, the last padded: no decay (g = 0) and no write (k = 0) there
     qc, kc, vc, gc = (
         F.pad(x, (0, 0, 0, n * ell - N)).reshape(*x.shape[:-2], n, ell, x.shape[-1]) for x in (q, k, v, g)

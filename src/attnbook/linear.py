@@ -43,7 +43,15 @@ from ._checks import (
     shape_str,
 )
 from ._module import ProjectedAttention
-from ._runtime import accumulation_dtype, autocast_disabled, chunk_count, product_dtype, result_dtype, tracing
+from ._runtime import (
+    accumulation_dtype,
+    autocast_disabled,
+    chunk_count,
+    chunk_length,
+    product_dtype,
+    result_dtype,
+    tracing,
+)
 from .feature_maps import FEATURE_MAPS, FeatureMap, PerformerFeatures, resolve_feature_map
 
 if TYPE_CHECKING:
@@ -88,9 +96,7 @@ def chunked_causal_product(
     """
     acc, mm = q.dtype, product_dtype(q)
     N = q.shape[-2]
-    # A chunk longer than the sequence is the sequence (ell x ell scores of padding were computed and dropped);
-    # traced, ell stays as given, so that one graph serves lengths on both sides of it.
-    ell = chunk_size if tracing() else min(chunk_size, N)
+    ell = chunk_length(N, chunk_size)
     n = chunk_count(N, ell)  # chunks; the last one padded with zeros
     qc, kc, vc = (
         F.pad(x, (0, 0, 0, n * ell - N)).reshape(*x.shape[:-2], n, ell, x.shape[-1]).to(mm) for x in (q, k, v)

@@ -93,14 +93,14 @@ def _ut(k, beta, *, diagonal=-1, invert=True, beta_on_rows=True):
     """(I + tril(diag(beta) K K^T, ``diagonal``))^-1 with one piece changed: the diagonal kept, no inverse, beta
     on the columns."""
     eye = torch.eye(k.shape[-2], dtype=k.dtype)
-    kk = k @ k.transpose(-2, -1)  # (..., L, L)
+    kk = k @ k.transpose(-2, -1)  # (..., ell, ell)
     A = eye + (beta.unsqueeze(-1) * kk if beta_on_rows else kk * beta.unsqueeze(-2)).tril(diagonal)
     return torch.linalg.inv(A) if invert else A
 
 
 def ut_reference(k, beta):
     """(I + tril(diag(beta) K K^T, -1))^-1 for one chunk's keys k (..., ell, D) and beta (..., ell)."""
-    A = _ut(k, beta, invert=False)  # (..., L, L), unit lower triangular
+    A = _ut(k, beta, invert=False)  # (..., ell, ell), unit lower triangular
     eye = torch.eye(k.shape[-2], dtype=k.dtype).expand_as(A)
     return torch.linalg.solve_triangular(A, eye, upper=False, unitriangular=True)
 

@@ -81,6 +81,9 @@ def attention_heatmap(
     """
     w = to_numpy(weights)
     check_dims(w, "weights", 2, name="attention_heatmap", layout="(N, M)")
+    for arg, labels, size in (("queries", queries, w.shape[0]), ("keys", keys, w.shape[1])):
+        if labels is not None:  # fewer or more labels than ticks mislabelled them without a word
+            check_count(labels, arg, name="attention_heatmap", minimum=size, maximum=size, item="label")
     if vmax is not None:
         vmax = check_number(vmax, "vmax", name="attention_heatmap", minimum=0.0, strict_minimum=True)
     if ax is None:
@@ -93,9 +96,6 @@ def attention_heatmap(
         top = float(np.nanmax(w)) if vmax is None else vmax
         for (i, j), value in np.ndenumerate(w):
             ax.text(j, i, f"{value:.2f}", ha="center", va="center", color="black" if value > 0.6 * top else "white")
-    for arg, labels, size in (("queries", queries, w.shape[0]), ("keys", keys, w.shape[1])):
-        if labels is not None:  # fewer or more labels than ticks mislabelled them without a word
-            check_count(labels, arg, name="attention_heatmap", minimum=size, maximum=size, item="label")
     if queries is not None:
         ax.set_yticks(range(len(queries)), queries)
     if keys is not None:
