@@ -7,6 +7,7 @@ import pathlib
 import sys
 
 import pytest
+import torch
 
 BENCHMARKS = pathlib.Path(__file__).resolve().parents[1] / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))
@@ -176,3 +177,31 @@ def test_bench_annex_reports_the_spread_of_the_same_code_timed_twice():
         "same code timed twice (plain / annex where the annex did not run): quiet/1 0.99 to 1.02, "
         "beside_busy/1 1.4 to 1.4" in bench.markdown(recording)
     )
+
+
+def test_bench_annex_sees_every_entry_into_the_annex():
+    """The "annex runs" column: a call that reaches any path of the annex (the causal tiles on one thread, the
+    Mobile core without autograd) counts, a call of the plain form does not, and the entry points come back."""
+    import attnbook
+    from attnbook import config
+    from attnbook._fast import causal, mobile
+
+    spec = importlib.util.spec_from_file_location("bench_annex", BENCHMARKS / "bench_annex.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    entries = (causal.forward, mobile.mobile_core)
+    q, k, v = (torch.randn(1, 2, 16, 4) for _ in range(3))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    config.set_plain(False)
+    try:
+        with torch.no_grad():
+            assert bench.annex_runs(lambda: attnbook.linear_attention(q, k, v, is_causal=True))
+            assert bench.annex_runs(lambda: attnbook.mobile_attention(q, k, v))
+            assert not bench.annex_runs(lambda: attnbook.linear_attention(q, k, v))
+            config.set_plain(True)
+            assert not bench.annex_runs(lambda: attnbook.mobile_attention(q, k, v))
+    finally:
+        config.set_plain(None)
+        torch.set_num_threads(threads)
+    assert (causal.forward, mobile.mobile_core) == entries
