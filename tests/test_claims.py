@@ -153,13 +153,13 @@ def test_compare_alternates_every_variant_over_the_seeds_and_summarises_them():
 
 def test_effective_rank_counts_the_directions_a_head_output_spans():
     one = torch.randn(20, 1) @ torch.randn(1, 4)  # (N, D) of rank 1
-    assert claims._effective_rank(one.double()).item() == pytest.approx(1.0, abs=1e-6)
+    assert claims.effective_rank(one.double()).item() == pytest.approx(1.0, abs=1e-6)
     q, _ = torch.linalg.qr(torch.randn(20, 4, dtype=torch.float64))
     spread = q - q.mean(0)  # centred: four directions of similar size
-    assert 3.0 < claims._effective_rank(spread).item() <= 4.0
-    assert claims._effective_rank(torch.ones(5, 3, dtype=torch.float64)).item() == 0.0  # no spread at all
+    assert 3.0 < claims.effective_rank(spread).item() <= 4.0
+    assert claims.effective_rank(torch.ones(5, 3, dtype=torch.float64)).item() == 0.0  # no spread at all
     same = torch.randn(1, 3, dtype=torch.float64).expand(5, 3) * (1 + 1e-15 * torch.randn(5, 1, dtype=torch.float64))
-    assert claims._effective_rank(same).item() == 0.0  # rounding is no direction
+    assert claims.effective_rank(same).item() == 0.0  # rounding is no direction
 
 
 def test_the_relative_spread_is_the_varying_share_of_a_head_output_whatever_its_size():

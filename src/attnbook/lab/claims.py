@@ -37,7 +37,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import torch
 from torch import nn
@@ -59,7 +59,7 @@ from .._module import ProjectedAttention
 from ..moh import MoHAttention, moh_load_balancing_loss
 from ..softmax import SoftmaxAttention
 from . import training
-from .headtohead import RecallEmbedding, RecallTask, Summary
+from .headtohead import RecallEmbedding, RecallTask, Summary, _seeds, _summary
 from .listops import ListOps, label_distribution
 
 __all__ = [
@@ -143,22 +143,21 @@ class Variant:
         return mechanisms.get(self.mechanism).module(dim, n_heads, **dict(self.options))
 
 
-def _variants(*items: Variant) -> dict[str, Variant]:
-    return {v.name: v for v in items}
-
-
 #: The mechanisms and ablations the studies train, by name: a registry mechanism and its keyword settings.
-VARIANTS: dict[str, Variant] = _variants(
-    Variant("softmax", "softmax", title="softmax"),
-    Variant("linear", "linear", title="linear (elu + 1)"),
-    Variant("flow", "flow", title="Flow-Attention"),
-    Variant("flow_no_competition", "flow", (("competition", False),), "Flow, no competition (c_j = 1)"),
-    Variant("flow_no_allocation", "flow", (("allocation", False),), "Flow, no allocation (a_i = 1)"),
-    Variant("mobile", "mobile", title="Mobile-Attention"),
-    Variant("moh", "moh", title="MoH (registry split)"),
-    Variant(training.NO_ATTENTION, training.NO_ATTENTION, title="no attention"),
-    Variant("linear_sigmoid", "linear", (("feature_map", torch.sigmoid),), "linear (sigmoid features)"),
-)
+VARIANTS: dict[str, Variant] = {
+    v.name: v
+    for v in (
+        Variant("softmax", "softmax", title="softmax"),
+        Variant("linear", "linear", title="linear (elu + 1)"),
+        Variant("flow", "flow", title="Flow-Attention"),
+        Variant("flow_no_competition", "flow", (("competition", False),), "Flow, no competition (c_j = 1)"),
+        Variant("flow_no_allocation", "flow", (("allocation", False),), "Flow, no allocation (a_i = 1)"),
+        Variant("mobile", "mobile", title="Mobile-Attention"),
+        Variant("moh", "moh", title="MoH (registry split)"),
+        Variant(training.NO_ATTENTION, training.NO_ATTENTION, title="no attention"),
+        Variant("linear_sigmoid", "linear", (("feature_map", torch.sigmoid),), "linear (sigmoid features)"),
+    )
+}
 #: The mechanisms of the ListOps comparison, in the order they alternate (the no-attention baseline last).
 LISTOPS_VARIANTS = ("softmax", "linear", "flow", "flow_no_competition", "flow_no_allocation", "mobile", "moh",
                     training.NO_ATTENTION)  # fmt: skip
@@ -362,13 +361,19 @@ class _Recall:
 _TASKS = (ListOpsTask, MultiKeyRecallTask, _Recall)
 
 
-def _task(task, name: str):
+def _task_setup(task, setup, sizes, name: str) -> tuple:
+    """``(task, setup)`` of a study: ``sizes()`` when ``task`` is None (a ``setup`` given replaces its setup),
+    else ``task`` in this module's task interface and ``setup`` (default ``Setup()``)."""
+    if task is None:
+        task, default = sizes()
+        setup = default if setup is None else setup
     if isinstance(task, RecallTask):
-        return _Recall(task)
-    if isinstance(task, ListOps):
-        return ListOpsTask(task)
+        task = _Recall(task)
+    elif isinstance(task, ListOps):
+        task = ListOpsTask(task)
     what = "a ListOpsTask (or ListOps), a MultiKeyRecallTask or a RecallTask"
-    return check_instance(task, "task", _TASKS, name=name, what=what)
+    check_instance(task, "task", _TASKS, name=name, what=what)
+    return task, Setup() if setup is None else check_instance(setup, "setup", Setup, name=name, what="a Setup")
 
 
 def _config(task) -> dict:
@@ -500,14 +505,9 @@ class Run:
 
     def to_dict(self) -> dict:
         """JSON-ready, without the model."""
+        record = {f: getattr(self, f) for f in ("variant", "mechanism", "seed", "steps", "accuracy", "loss", "wall_s")}
         return {
-            "variant": self.variant,
-            "mechanism": self.mechanism,
-            "seed": self.seed,
-            "steps": self.steps,
-            "accuracy": self.accuracy,
-            "loss": self.loss,
-            "wall_s": self.wall_s,
+            **record,
             "final_accuracy": self.final_accuracy,
             "final_loss": self.loss[-1],
             "majority": self.majority,
@@ -564,11 +564,7 @@ def train(
     """
     name = "train"
     v = _variant(variant, name)
-    if task is None:
-        task, default_setup = listops_sizes()
-        setup = default_setup if setup is None else setup
-    task = _task(task, name)
-    setup = Setup() if setup is None else check_instance(setup, "setup", Setup, name=name, what="a Setup")
+    task, setup = _task_setup(task, setup, listops_sizes, name)
     seed = check_int(seed, "seed", name=name, minimum=0)
     keep_model = check_bool(keep_model, "keep_model", name=name)
     device = torch.device(device)
@@ -607,27 +603,8 @@ def _majority(target: torch.Tensor, n_classes: int) -> float:
     return torch.bincount(target.cpu(), minlength=n_classes).max().item() / target.numel()
 
 
-def _summary(runs: Sequence[Run]) -> Summary:
-    final = [r.final_accuracy for r in runs]
-    return Summary(
-        mean=statistics.fmean(final),
-        low=min(final),
-        high=max(final),
-        std=statistics.stdev(final) if len(final) > 1 else 0.0,
-        step_ms=statistics.median(r.step_ms for r in runs),
-        seeds=len(final),
-    )
-
-
 def _summary_dict(s: Summary) -> dict:
     return {**asdict(s), "spread": s.spread}
-
-
-def _seeds(seeds, name: str) -> list[int]:
-    if isinstance(seeds, Sequence):
-        check_count(seeds, "seeds", name=name, item="seed")
-        return [check_int(s, "seeds", name=name, minimum=0) for s in seeds]
-    return list(range(check_int(seeds, "seeds", name=name, minimum=1)))
 
 
 @dataclass
@@ -700,11 +677,7 @@ def compare(
         a :class:`Comparison`.
     """
     name = "compare"
-    if task is None:
-        task, default_setup = listops_sizes()
-        setup = default_setup if setup is None else setup
-    task = _task(task, name)
-    setup = Setup() if setup is None else check_instance(setup, "setup", Setup, name=name, what="a Setup")
+    task, setup = _task_setup(task, setup, listops_sizes, name)
     if variants is not None:
         check_sequence(variants, "variants", name=name, minimum=1, item="variant")
     chosen = [_variant(v, name) for v in (LISTOPS_VARIANTS if variants is None else variants)]
@@ -770,20 +743,6 @@ def _relative_spread(x: torch.Tensor) -> torch.Tensor:
     return (var / second.clamp_min(torch.finfo(x.dtype).tiny)).sqrt()
 
 
-def _effective_rank(x: torch.Tensor) -> torch.Tensor:
-    """exp(entropy of the normalised singular values) of x (..., N, D) centred over N -> (...).
-
-    Singular values below 1e-9 of x's own size (rounding left by centring rows that are equal) count as 0,
-    so rows that are all the same have rank 0 rather than a rank made of rounding errors."""
-    s = torch.linalg.svdvals(x - x.mean(-2, keepdim=True))  # (..., min(N, D))
-    size = torch.linalg.matrix_norm(x).unsqueeze(-1)  # (..., 1)
-    s = torch.where(s > 1e-9 * size, s, torch.zeros_like(s))
-    total = s.sum(-1, keepdim=True)
-    p = s / total.clamp_min(torch.finfo(s.dtype).tiny)
-    entropy = -(p * p.clamp_min(torch.finfo(s.dtype).tiny).log()).sum(-1)
-    return torch.where(total.squeeze(-1) > 0, entropy.exp(), torch.zeros_like(entropy))
-
-
 def head_stats(model: Classifier, tokens: torch.Tensor, *, block: int = 0) -> HeadStats:
     """Each head's output across queries in ``model.blocks[block]`` on ``tokens`` (B, N): :class:`HeadStats`.
 
@@ -817,8 +776,8 @@ def head_stats(model: Classifier, tokens: torch.Tensor, *, block: int = 0) -> He
     out = captured["heads"].to(v.dtype).view(B, N, H, -1).transpose(1, 2)  # (B, H, N, D)
     spread = _relative_spread(out).mean(0)  # (H,)
     value_spread = _relative_spread(v).mean(0)  # (H,)
-    rank = _effective_rank(out.double()).mean(0)  # (H,)
-    value_rank = _effective_rank(v.double()).mean(0)  # (H,)
+    rank = effective_rank(out).mean(0)  # (H,)
+    value_rank = effective_rank(v).mean(0)  # (H,)
     return HeadStats(spread.tolist(), rank.tolist(), value_spread.tolist(), value_rank.tolist(), v.shape[-1])
 
 
@@ -861,24 +820,23 @@ class HeadWidthStudy:
         return statistics.fmean(values), min(values), max(values)
 
     def to_dict(self) -> dict:
-        rows = []
-        for v in self.variants:
-            for d in self.widths:
-                rows.append(
-                    {
-                        "variant": v,
-                        "head_dim": d,
-                        "n_heads": self.setup.d_model // d,
-                        "accuracy": _summary_dict(self.summary(v, d)),
-                        "spread_initial": self.spread(v, d, trained=False),
-                        "spread_trained": self.spread(v, d),
-                        "rank_initial": self.rank(v, d, trained=False),
-                        "rank_trained": self.rank(v, d),
-                        "runs": [r.to_dict() for r in self.runs[v][d]],
-                        "stats_initial": [s.to_dict() for s in self.initial[v][d]],
-                        "stats_trained": [s.to_dict() for s in self.trained[v][d]],
-                    }
-                )
+        rows = [
+            {
+                "variant": v,
+                "head_dim": d,
+                "n_heads": self.setup.d_model // d,
+                "accuracy": _summary_dict(self.summary(v, d)),
+                "spread_initial": self.spread(v, d, trained=False),
+                "spread_trained": self.spread(v, d),
+                "rank_initial": self.rank(v, d, trained=False),
+                "rank_trained": self.rank(v, d),
+                "runs": [r.to_dict() for r in self.runs[v][d]],
+                "stats_initial": [s.to_dict() for s in self.initial[v][d]],
+                "stats_trained": [s.to_dict() for s in self.trained[v][d]],
+            }
+            for v in self.variants
+            for d in self.widths
+        ]
         return {"task": self.task, "setup": asdict(self.setup), "widths": self.widths, "chance": self.chance,
                 "rows": rows}  # fmt: skip
 
@@ -904,11 +862,7 @@ def head_width_study(
     nothing to it, so the accuracy shows whether the heads do more than average.
     """
     name = "head_width_study"
-    if task is None:
-        task, default_setup = heads_sizes()
-        setup = default_setup if setup is None else setup
-    task = _task(task, name)
-    setup = Setup() if setup is None else check_instance(setup, "setup", Setup, name=name, what="a Setup")
+    task, setup = _task_setup(task, setup, heads_sizes, name)
     check_sequence(widths, "widths", name=name, minimum=1, item="width")
     widths = [check_int(d, "widths", name=name, minimum=1) for d in widths]
     for d in widths:
@@ -917,13 +871,11 @@ def head_width_study(
     chosen = [_variant(v, name) for v in variants]
     probe_size = check_int(probe_size, "probe_size", name=name, minimum=2)
     device = torch.device(device)
-    runs = {v.name: {d: [] for d in widths} for v in chosen}
-    initial = {v.name: {d: [] for d in widths} for v in chosen}
-    trained = {v.name: {d: [] for d in widths} for v in chosen}
+    runs, initial, trained = ({v.name: {d: [] for d in widths} for v in chosen} for _ in range(3))
     for seed in _seeds(seeds, name):
         probe = task.batch(probe_size, torch.Generator().manual_seed(20_000 + seed), device).tokens
         for d in widths:
-            s = _replace(setup, n_heads=setup.d_model // d)
+            s = replace(setup, n_heads=setup.d_model // d)
             for v in chosen:
                 initial[v.name][d].append(head_stats(_build(v, task, s, seed, device).eval(), probe))
                 run = train(v, task, s, seed=seed, keep_model=True, device=device)
@@ -931,10 +883,6 @@ def head_width_study(
                 run.model = None
                 runs[v.name][d].append(run)
     return HeadWidthStudy(_config(task), setup, widths, runs, initial, trained, task.chance)
-
-
-def _replace(setup: Setup, **changes) -> Setup:
-    return Setup(**{**asdict(setup), **changes})
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -1021,11 +969,7 @@ def moh_study(
     against simply having fewer heads.
     """
     name = "moh_study"
-    if task is None:
-        task, default_setup = moh_sizes()
-        setup = default_setup if setup is None else setup
-    task = _task(task, name)
-    setup = Setup() if setup is None else check_instance(setup, "setup", Setup, name=name, what="a Setup")
+    task, setup = _task_setup(task, setup, moh_sizes, name)
     check_sequence(splits, "splits", name=name, minimum=1, item="split")
     splits = [tuple(check_int(x, "splits", name=name, minimum=0) for x in sp) for sp in splits]
     for sp in splits:
@@ -1240,7 +1184,8 @@ def effective_rank(x: torch.Tensor) -> torch.Tensor:
 
     ``exp`` of the entropy of the normalised singular values (Roy and Vetterli, 2007): 1 when the centred rows
     lie on one line, ``r`` when they spread evenly over ``r`` directions, at most ``min(N - 1, D)``; 0 when every
-    row is the same (singular values below ``1e-9`` of ``x``'s size count as 0).
+    row is the same (singular values below ``1e-9`` of ``x``'s size, the rounding left by centring equal rows,
+    count as 0, rather than making a rank of rounding errors).
 
     Example:
         >>> import torch
@@ -1250,9 +1195,15 @@ def effective_rank(x: torch.Tensor) -> torch.Tensor:
         >>> round(effective_rank(torch.eye(3)).item(), 3)  # a triangle: two even directions
         2.0
     """
-    x = check_tensor(x, "x", name="effective_rank")
+    x = check_tensor(x, "x", name="effective_rank").double()
     check_dims(x, "x", 2, name="effective_rank", layout="(..., N, D)", at_least=True)
-    return _effective_rank(x.double())
+    s = torch.linalg.svdvals(x - x.mean(-2, keepdim=True))  # (..., min(N, D))
+    size = torch.linalg.matrix_norm(x).unsqueeze(-1)  # (..., 1)
+    s = torch.where(s > 1e-9 * size, s, torch.zeros_like(s))
+    total = s.sum(-1, keepdim=True)
+    p = s / total.clamp_min(torch.finfo(s.dtype).tiny)
+    entropy = -(p * p.clamp_min(torch.finfo(s.dtype).tiny).log()).sum(-1)
+    return torch.where(total.squeeze(-1) > 0, entropy.exp(), torch.zeros_like(entropy))
 
 
 def _span_of(s: Summary | dict) -> Span:

@@ -354,6 +354,22 @@ class Summary:
         return self.high - self.low
 
 
+def _summary(runs: Sequence) -> Summary:
+    """The :class:`Summary` of one mechanism's runs (each with ``final_accuracy`` and ``step_ms``), one per seed."""
+    final = [r.final_accuracy for r in runs]
+    std = statistics.stdev(final) if len(final) > 1 else 0.0
+    step_ms = statistics.median(r.step_ms for r in runs)
+    return Summary(statistics.fmean(final), min(final), max(final), std, step_ms, len(final))
+
+
+def _seeds(seeds, name: str) -> list[int]:
+    """``seeds`` as a list: a count (``0 .. seeds - 1``) or the seeds themselves."""
+    if isinstance(seeds, Sequence):
+        check_count(seeds, "seeds", name=name, item="seed")
+        return [check_int(s, "seeds", name=name, minimum=0) for s in seeds]
+    return list(range(check_int(seeds, "seeds", name=name, minimum=1)))
+
+
 @dataclass
 class Race:
     """Every mechanism trained on one task with several seeds: ``curves[mechanism]`` holds one Curve per seed."""
@@ -371,15 +387,7 @@ class Race:
 
     def summary(self, mechanism: str) -> Summary:
         """Mean and spread of the final accuracy over seeds, and the time per step."""
-        final = self.final(mechanism)
-        return Summary(
-            mean=statistics.fmean(final),
-            low=min(final),
-            high=max(final),
-            std=statistics.stdev(final) if len(final) > 1 else 0.0,
-            step_ms=statistics.median(c.step_ms for c in self._get(mechanism)),
-            seeds=len(final),
-        )
+        return _summary(self._get(mechanism))
 
     def mean_curve(self, mechanism: str):
         """``(steps, mean, low, high)`` of the held-out accuracy over seeds, one entry per evaluation.
@@ -451,14 +459,8 @@ def race(
         check_sequence(mechanisms, "mechanisms", name="race", minimum=1, item="mechanism")
     names = list(MECHANISMS if mechanisms is None else mechanisms)
     check_subset(names, "mechanisms", MECHANISMS, name="race")
-    if isinstance(seeds, Sequence):
-        seed_list = [
-            check_int(s, "seeds", name="race", minimum=0) for s in check_count(seeds, "seeds", name="race", item="seed")
-        ]
-    else:
-        seed_list = list(range(check_int(seeds, "seeds", name="race", minimum=1)))
     curves: dict[str, list[Curve]] = {n: [] for n in names}
-    for seed in seed_list:
+    for seed in _seeds(seeds, "race"):
         for n in names:
             curves[n].append(train(n, task, seed=seed, keep_model=keep_models, **train_kwargs))
     return Race(task, curves)
