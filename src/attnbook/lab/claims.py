@@ -266,14 +266,8 @@ class MultiKeyRecallTask:
         why = " (n_pairs: the keys of a sequence are distinct)"
         check_int(self.n_keys, "n_keys", name=name, minimum=self.n_pairs, why=why)
 
-    @property
-    def vocab(self) -> int:
-        return self.n_keys * self.n_values + self.n_keys**self.n_queried
-
-    @property
-    def length(self) -> int:
-        return self.n_pairs + 1
-
+    vocab = property(lambda self: self.n_keys * self.n_values + self.n_keys**self.n_queried)
+    length = property(lambda self: self.n_pairs + 1)
     n_classes = property(lambda self: self.n_values**self.n_queried)
     chance = property(lambda self: 1.0 / self.n_values**self.n_queried)
     pool = "last"
@@ -682,12 +676,10 @@ def compare(
         check_sequence(variants, "variants", name=name, minimum=1, item="variant")
     chosen = [_variant(v, name) for v in (LISTOPS_VARIANTS if variants is None else variants)]
     skip_unavailable = check_bool(skip_unavailable, "skip_unavailable", name=name)
-    skipped = []
-    for v in chosen:
-        if not skip_unavailable:
+    if not skip_unavailable:
+        for v in chosen:
             v.build(setup.d_model, setup.n_heads)  # now: the module's TypeError names the argument it lacks
-        elif not available(v, setup.d_model, setup.n_heads):
-            skipped.append(v.name)
+    skipped = [v.name for v in chosen if skip_unavailable and not available(v, setup.d_model, setup.n_heads)]
     chosen = [v for v in chosen if v.name not in skipped]
     runs: dict[str, list[Run]] = {v.name: [] for v in chosen}
     for seed in _seeds(seeds, name):

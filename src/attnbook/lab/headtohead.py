@@ -802,14 +802,13 @@ def claim_numbers(recorded: dict[str, dict | None]) -> dict[str, float]:
     ``recorded`` maps ``"listops"``, ``"heads"``, ``"moh"``, ``"lookup"`` (the studies of
     ``benchmarks/results/claims/``, :func:`attnbook.lab.recordings.load`) and ``"writing"``
     (``benchmarks/results/ch07/generation_cpu_float32_recorded.json``) to their recordings, or None where absent;
-    the names of an
-    absent recording are left out. Names: ``"listops <variant>"`` (mean held-out accuracy) with
+    the names of an absent recording are left out. Names: ``"listops <variant>"`` (mean held-out accuracy) with
     ``"listops <variant> low"`` / ``"high"``, ``"listops chance"``, ``"listops majority"``; ``"heads <variant>
     D=<D>"`` (accuracy) and ``"rank <variant> D=<D>"`` (a trained head's effective rank, mean over seeds);
     ``"moh <fraction>"`` (accuracy with that share of the heads active), ``"moh softmax"``, ``"moh mha_<h>"`` (plain
     attention with only h heads, the control), the same with `` lookups=<n>`` for the other numbers of look-ups
-    (MoH and softmax); ``"lookup <kind>
-    <mechanism> <n>x<D>"`` (the lookup share, ``kind`` ``rescaled low`` / ``rescaled high`` / ``trained``);
+    (MoH and softmax); ``"lookup <kind> <mechanism> <n>x<D>"`` (the lookup share, ``kind`` ``rescaled low`` /
+    ``rescaled high`` / ``trained``);
     ``"writing ratio"`` (softmax's per-token step over linear attention's at the last position, the first decoder
     recorded) and ``"writing t"`` (that position).
     """
@@ -817,11 +816,8 @@ def claim_numbers(recorded: dict[str, dict | None]) -> dict[str, float]:
     listops = recorded.get("listops")
     if listops:
         for name, s in listops["summary"].items():
-            out[f"listops {name}"], out[f"listops {name} low"], out[f"listops {name} high"] = (
-                s["mean"],
-                s["low"],
-                s["high"],
-            )
+            out[f"listops {name}"] = s["mean"]
+            out[f"listops {name} low"], out[f"listops {name} high"] = s["low"], s["high"]
         out["listops chance"], out["listops majority"] = listops["chance"], listops["majority"]
     heads = recorded.get("heads")
     if heads:
