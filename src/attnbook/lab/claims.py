@@ -420,10 +420,6 @@ class Setup:
         check_number(self.clip, "clip", name=name, minimum=0.0, strict_minimum=True)
         check_number(self.moh_balance, "moh_balance", name=name, minimum=0.0)
 
-    def learning_rate(self, step: int) -> float:
-        """Linear warm-up to ``lr``, then a cosine to ``lr / 10`` at the last step (``step`` from 0)."""
-        return training.Optim(self.lr, self.weight_decay, warmup=self.warmup).learning_rate(step, self.steps)
-
 
 class Classifier(training.Classifier):
     """:class:`attnbook.lab.training.Classifier` with the attention of a :class:`Variant`.
@@ -567,16 +563,7 @@ def train(
     data = torch.Generator().manual_seed(seed + 1)
     held = _held_out(task, setup, seed, device)
     run = Run(v.name, v.mechanism, seed, majority=_majority(held.target, task.n_classes))
-
-    def evaluate(step: int, elapsed: float) -> None:
-        model.eval()
-        with torch.no_grad():
-            logits = model(held.tokens, held.padding)  # (eval_size, n_classes)
-            run.accuracy.append((logits.argmax(-1) == held.target).float().mean().item())
-            run.loss.append(nn.functional.cross_entropy(logits, held.target).item())
-        model.train()
-        run.steps.append(step)
-        run.wall_s.append(elapsed)
+    evaluate = training.held_out_evaluation(model, run, lambda: model(held.tokens, held.padding), held.target)
 
     def loss(model: nn.Module, b: _Batch) -> torch.Tensor:
         value = nn.functional.cross_entropy(model(b.tokens, b.padding), b.target)

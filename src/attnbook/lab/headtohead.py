@@ -309,17 +309,7 @@ def train(
     data = torch.Generator().manual_seed(seed + 1)
     eval_tokens, eval_target = task.batch(eval_size, torch.Generator().manual_seed(10_000 + seed), device)
     curve = Curve(mechanism, seed=seed)
-
-    def evaluate(step: int, elapsed: float) -> bool:
-        model.eval()
-        with torch.no_grad():
-            logits = model(eval_tokens)  # (eval_size, n_values)
-            curve.accuracy.append((logits.argmax(-1) == eval_target).float().mean().item())
-            curve.loss.append(nn.functional.cross_entropy(logits, eval_target).item())
-        model.train()
-        curve.steps.append(step)
-        curve.wall_s.append(elapsed)
-        return stop_at is not None and len(curve.accuracy) > 2 and min(curve.accuracy[-2:]) >= stop_at
+    evaluate = training.held_out_evaluation(model, curve, lambda: model(eval_tokens), eval_target, stop_at)
 
     def loss(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         return nn.functional.cross_entropy(model(batch[0]), batch[1])

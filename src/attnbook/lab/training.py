@@ -146,6 +146,28 @@ def fit(
     return elapsed
 
 
+def held_out_evaluation(
+    model: nn.Module, record: Any, forward: Callable[[], Any], target: torch.Tensor, stop_at: float | None = None
+) -> Callable[[int, float], bool]:
+    """An ``evaluate`` for :func:`fit`: ``forward()`` (``model`` in eval mode, no gradients) gives held-out logits
+    (..., classes) for ``target`` (...); each call appends the step, the training time, the accuracy and the
+    cross-entropy to ``record.steps``, ``.wall_s``, ``.accuracy`` and ``.loss``, and stops the training (True) once
+    the accuracy is at least ``stop_at`` at two evaluations in a row, after the first."""
+
+    def evaluate(step: int, elapsed: float) -> bool:
+        model.eval()
+        with torch.no_grad():
+            logits = forward()
+            record.accuracy.append((logits.argmax(-1) == target).float().mean().item())
+            record.loss.append(nn.functional.cross_entropy(logits.flatten(0, -2), target.flatten()).item())
+        model.train()
+        record.steps.append(step)
+        record.wall_s.append(elapsed)
+        return stop_at is not None and len(record.accuracy) > 2 and min(record.accuracy[-2:]) >= stop_at
+
+    return evaluate
+
+
 class Classifier(nn.Module):
     """An encoder: token and learned position embeddings, ``n_layers`` blocks (:class:`attnbook.lm.Block`, MLP twice
     the width), a final norm and a linear head, read at the last position, at every position, or pooled over the
