@@ -520,10 +520,6 @@ def _build(variant: Variant, task, setup: Setup, seed: int, device) -> Classifie
     ).to(device)
 
 
-def _held_out(task, setup: Setup, seed: int, device) -> _Batch:
-    return task.batch(setup.eval_size, torch.Generator().manual_seed(10_000 + seed), device)
-
-
 def train(
     variant: str | Variant,
     task=None,
@@ -561,7 +557,7 @@ def train(
     model = _build(v, task, setup, seed, device)
     balance = setup.moh_balance > 0 and any(isinstance(m, MoHAttention) and m.routed_head > 0 for m in model.modules())
     data = torch.Generator().manual_seed(seed + 1)
-    held = _held_out(task, setup, seed, device)
+    held = task.batch(setup.eval_size, torch.Generator().manual_seed(10_000 + seed), device)
     run = Run(v.name, v.mechanism, seed, majority=_majority(held.target, task.n_classes))
     evaluate = training.held_out_evaluation(model, run, lambda: model(held.tokens, held.padding), held.target)
 
@@ -1206,10 +1202,6 @@ def accuracy_spans(result: Comparison | dict) -> dict[str, Span]:
     return {v: _span_of(s) for v, s in result["summary"].items()}
 
 
-def _title(variant: str) -> str:
-    return VARIANTS[variant].title if variant in VARIANTS else variant
-
-
 def listops_table(live: Comparison, recorded: dict | None = None) -> str:
     """The ListOps comparison as text for an 80-column page: per variant the live run and the recording, mean
     (lowest-highest) over seeds, then chance and the majority class of each.
@@ -1226,7 +1218,8 @@ def listops_table(live: Comparison, recorded: dict | None = None) -> str:
     lines = [head]
     for v in dict.fromkeys([*ours, *theirs]):
         cells = [f"{s[0]:.3f} ({s[1]:.3f}-{s[2]:.3f})" if s else "-" for s in (ours.get(v), theirs.get(v))]
-        lines.append(f"{_title(v):31s}{cells[0]:>22s}" + (f"{cells[1]:>24s}" if recorded is not None else ""))
+        title = VARIANTS[v].title if v in VARIANTS else v
+        lines.append(f"{title:31s}{cells[0]:>22s}" + (f"{cells[1]:>24s}" if recorded is not None else ""))
     chance = f"{'chance (1/10) / majority class':31s}{f'{live.chance:.2f} / {live.majority:.3f}':>22s}"
     if recorded is not None:
         rec_chance = f"{recorded['chance']:.2f} / {recorded['majority']:.3f}"
