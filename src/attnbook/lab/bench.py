@@ -32,7 +32,7 @@ import torch
 
 from .._checks import check_bool, check_choice, check_device, check_dtype, check_found, check_int, check_number
 from ..mechanisms import MECHANISMS, Mechanism
-from .profiling import compare, peak_memory
+from .profiling import _slope, compare, peak_memory
 
 __all__ = [
     "Case",
@@ -68,7 +68,9 @@ def _qkv(B, H, N, D, device, dtype):
     return [torch.randn(B, H, N, D, generator=g).to(device=device, dtype=dtype) for _ in range(3)]
 
 
-def _function(fn: Callable, **kwargs) -> Setup:
+def _function(fn: Callable, causal: bool) -> Setup:
+    kwargs = {"is_causal": True} if causal else {}
+
     def setup(B, H, N, D, device, dtype):
         return _qkv(B, H, N, D, device, dtype), lambda q, k, v: fn(q, k, v, **kwargs)
 
@@ -106,27 +108,12 @@ def _cases() -> dict[str, Case]:
     for m in MECHANISMS.values():
         for causal in m.forms:
             name = f"{m.name}_causal" if causal and m.bidirectional else m.name
-            kind = "causal " if causal else ""
-            if m.inputs == "qkv":
-                cases.append(
-                    Case(
-                        name,
-                        f"{kind}{m.title}: attnbook.{m.function.__name__}",
-                        causal,
-                        _function(m.function, **({"is_causal": True} if causal else {})),
-                    )
-                )
-            elif m.inputs == "qkvg":
-                cases.append(Case(name, f"{kind}{m.title}: attnbook.{m.function.__name__}", causal, _gated(m)))
+            if m.inputs == "x":
+                what, setup = "the whole layer (projections, router, attention) on x (B, N, H*D)", _layer(m, causal)
             else:
-                cases.append(
-                    Case(
-                        name,
-                        f"{kind}{m.title}: the whole layer (projections, router, attention) on x (B, N, H*D)",
-                        causal,
-                        _layer(m, causal),
-                    )
-                )
+                what = f"attnbook.{m.function.__name__}"
+                setup = _gated(m) if m.inputs == "qkvg" else _function(m.function, causal)
+            cases.append(Case(name, f"{'causal ' if causal else ''}{m.title}: {what}", causal, setup))
         if m.name == "softmax":
             cases.append(
                 Case(
@@ -227,6 +214,13 @@ def _inference(fn: Callable, inputs: list[torch.Tensor]) -> Callable[[], object]
     return forward
 
 
+#: The measurements of a record, None until made.
+_MEASURES = (
+    "forward_s forward_samples_s forward_backward_s forward_backward_samples_s forward_peak_bytes "
+    "forward_backward_peak_bytes"
+).split()
+
+
 def run_benchmark(
     lengths: Sequence[int],
     *,
@@ -304,23 +298,9 @@ def run_benchmark(
                     g = torch.Generator(device="cpu").manual_seed(N + 1)
                     upstream = torch.randn(shape, generator=g).to(device=device, dtype=dtype)
                     steps[n] = _training_step(fn, leaves, upstream)
-            rec = {
-                n: {
-                    "mechanism": n,
-                    "N": N,
-                    "causal": CASES[n].causal,
-                    "forward_s": None,
-                    "forward_samples_s": None,
-                    "forward_backward_s": None,
-                    "forward_backward_samples_s": None,
-                    "forward_peak_bytes": None,
-                    "forward_backward_peak_bytes": None,
-                    "skipped": None,
-                }
-                for n in names
-            }
-            for n, why in skipped.items():
-                rec[n]["skipped"] = why
+            rec = {n: {"mechanism": n, "N": N, "causal": CASES[n].causal, **dict.fromkeys(_MEASURES)} for n in names}
+            for n in names:
+                rec[n]["skipped"] = skipped.get(n)
             if fwd:
                 for n, t in compare(fwd, repeats=repeats, warmup=warmup, device=device).items():
                     rec[n]["forward_s"], rec[n]["forward_samples_s"] = t.median, list(t.samples)
@@ -382,10 +362,7 @@ def loglog_slope(ns: Sequence[float], ys: Sequence[float]) -> float:
     got = f"N={list(ns)}, y={list(ys)}"
     check_found(pts, "ns, ys", name="loglog_slope", expected="hold at least two positive points", got=got, minimum=2)
     check_found(set(x for x, _ in pts), "ns", name="loglog_slope", expected="hold two different N", got=got, minimum=2)
-    mx = sum(x for x, _ in pts) / len(pts)
-    my = sum(y for _, y in pts) / len(pts)
-    sxx = sum((x - mx) ** 2 for x, _ in pts)
-    return sum((x - mx) * (y - my) for x, y in pts) / sxx
+    return _slope([x for x, _ in pts], [y for _, y in pts])
 
 
 def copy_bandwidth(device: torch.device | str = "cpu", nbytes: int = 2**28, repeats: int = 9) -> float:

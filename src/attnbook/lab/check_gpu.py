@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import functools
 import json
 import math
 import sys
@@ -40,7 +41,7 @@ from .. import mechanisms
 from ..flow import flow_attention
 from ..linear import linear_attention
 from ..softmax import softmax_attention
-from .bench import copy_bandwidth, environment, memory_floor_seconds, run_benchmark
+from .bench import _inference, copy_bandwidth, environment, memory_floor_seconds, run_benchmark
 from .profiling import compare
 
 __all__ = ["TOLERANCES", "CASES", "check_accuracy", "check_sync", "check_targets", "run", "main"]
@@ -87,47 +88,31 @@ TINY = Sizes(accuracy=(1, 2, 37, 16), target_shape=(1, 2, 16), n_long=256, n_cau
 # mechanism is looked up in the registry at call time, so a test can replace an entry and see the check fail.
 
 
-def _qkv_case(name: str, causal: bool):
-    def make(B, H, N, D, device, dtype, g):
-        mech = mechanisms.get(name)
-        kwargs = {"is_causal": True} if causal and mech.inputs == "qkv" else {}  # "qkvg": causal only
-        inputs = mech.example_inputs(B, H, N, D, generator=g)
-
-        def fast(*qkv):
-            return mech.function(*qkv, **kwargs)
-
-        def ref(*qkv):
-            return mech.reference(*qkv, **kwargs)
-
-        return fast, ref, inputs
-
-    return make
+def _qkv_case(name: str, causal: bool, B, H, N, D, device, dtype, g):
+    mech = mechanisms.get(name)
+    kwargs = {"is_causal": True} if causal and mech.inputs == "qkv" else {}  # "qkvg": causal only
+    inputs = mech.example_inputs(B, H, N, D, generator=g)
+    return (lambda *qkv: mech.function(*qkv, **kwargs)), (lambda *qkv: mech.reference(*qkv, **kwargs)), inputs
 
 
-def _layer_case(name: str, causal: bool):
-    def make(B, H, N, D, device, dtype, g):
-        mech = mechanisms.get(name)
-        layer = mech.module(H * D, H, causal=causal).eval()
-        with torch.no_grad():
-            for p in layer.parameters():  # weights exactly representable in the dtype, so both sides see them
-                p.copy_(p.to(dtype).to(p.dtype))
-        reference_layer = copy.deepcopy(layer)  # float32 weights on the CPU, read by the float64 oracle
-        fast_layer = layer.to(device=device, dtype=dtype)
-
-        def ref(x):
-            return mech.reference(reference_layer, x, is_causal=causal)
-
-        return fast_layer, ref, [torch.randn(B, N, H * D, generator=g)]
-
-    return make
+def _layer_case(name: str, causal: bool, B, H, N, D, device, dtype, g):
+    mech = mechanisms.get(name)
+    layer = mech.module(H * D, H, causal=causal).eval()
+    with torch.no_grad():
+        for p in layer.parameters():  # weights exactly representable in the dtype, so both sides see them
+            p.copy_(p.to(dtype).to(p.dtype))
+    reference_layer = copy.deepcopy(layer)  # float32 weights on the CPU, read by the float64 oracle
+    fast_layer = layer.to(device=device, dtype=dtype)
+    ref = functools.partial(mech.reference, reference_layer, is_causal=causal)
+    return fast_layer, ref, [torch.randn(B, N, H * D, generator=g)]
 
 
 def _cases() -> dict[str, Callable]:
     cases = {}
     for m in mechanisms.MECHANISMS.values():
         for causal in m.forms:
-            make = _layer_case if m.inputs == "x" else _qkv_case
-            cases[f"{m.name}_causal" if causal and m.bidirectional else m.name] = make(m.name, causal)
+            name = f"{m.name}_causal" if causal and m.bidirectional else m.name
+            cases[name] = functools.partial(_layer_case if m.inputs == "x" else _qkv_case, m.name, causal)
     return cases
 
 
@@ -139,13 +124,8 @@ def _error(x: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype) -> dict:
     tol = TOLERANCES[dtype]
     x, ref = x.detach().to("cpu", torch.float64), ref.detach().to(torch.float64)
     if x.shape != ref.shape:
-        return {
-            "worst": math.inf,
-            "max_abs": math.inf,
-            "rel_rms": math.inf,
-            "finite": False,
-            "note": f"shape {tuple(x.shape)} != reference {tuple(ref.shape)}",
-        }
+        note = f"shape {tuple(x.shape)} != reference {tuple(ref.shape)}"
+        return {"worst": math.inf, "max_abs": math.inf, "rel_rms": math.inf, "finite": False, "note": note}
     diff = (x - ref).abs()
     rms = ref.pow(2).mean().sqrt().item() if ref.numel() else 0.0
     allowed = tol["atol"] * rms + tol["rtol"] * ref.abs()
@@ -159,6 +139,18 @@ def _error(x: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype) -> dict:
     }
 
 
+def _head(name: str, dtype: torch.dtype, compiled: str | None) -> dict:
+    """The fields that name an accuracy case in its record."""
+    mode = f"compiled:{compiled}" if compiled else "eager"
+    return {"mechanism": name, "dtype": str(dtype).removeprefix("torch."), "compile": mode}
+
+
+def _crash(record: dict, exc: Exception) -> None:
+    """A crash is a failure of that case, reported, not the end of the run."""
+    record["error"] = f"{type(exc).__name__}: {exc}"[:2000]
+    record["passed"] = False
+
+
 def _check_one(
     name: str,
     dtype: torch.dtype,
@@ -169,12 +161,7 @@ def _check_one(
 ) -> dict:
     B, H, N, D = sizes
     g = torch.Generator().manual_seed(seed)
-    record = {
-        "mechanism": name,
-        "dtype": str(dtype).removeprefix("torch."),
-        "compile": f"compiled:{compiled}" if compiled else "eager",
-        "shape": [B, H, N, D],
-    }
+    record = {**_head(name, dtype, compiled), "shape": [B, H, N, D]}
     try:
         fast, ref, inputs = CASES[name](B, H, N, D, device, dtype, g)
         rounded = [x.to(dtype) for x in inputs]  # both sides see the same (rounded) numbers
@@ -194,9 +181,8 @@ def _check_one(
         worst = max([record["output"]["worst"]] + [e["worst"] for e in record["grads"]])
         record["worst"] = worst
         record["passed"] = bool(worst <= 1.0 and record["output_dtype_ok"])
-    except Exception as exc:  # a crash is a failure of that case, reported, not the end of the run
-        record["error"] = f"{type(exc).__name__}: {exc}"[:2000]
-        record["passed"] = False
+    except Exception as exc:
+        _crash(record, exc)
     return record
 
 
@@ -236,13 +222,7 @@ def check_accuracy(
         for dtype in sorted(dtypes, key=lambda d: d != torch.bfloat16) if mode else dtypes:
             for i, name in enumerate(names):
                 if deadline is not None and time.perf_counter() > deadline:
-                    r = {
-                        "mechanism": name,
-                        "dtype": str(dtype).removeprefix("torch."),
-                        "compile": f"compiled:{mode}" if mode else "eager",
-                        "passed": None,
-                        "skipped": "time budget",
-                    }
+                    r = {**_head(name, dtype, mode), "passed": None, "skipped": "time budget"}
                     records.append(r)
                     log(f"  accuracy {name:15s} {r['dtype']:9s} {r['compile']:17s} not run (time budget)")
                     continue
@@ -257,21 +237,10 @@ def check_accuracy(
 # -- host-device synchronisation ----------------------------------------------------------------------------
 
 # Operators whose result size or value the host must read from device memory.
-SYNC_OPS = {
-    "_local_scalar_dense",
-    "is_nonzero",
-    "nonzero",
-    "nonzero_static",
-    "masked_select",
-    "unique",
-    "_unique",
-    "_unique2",
-    "unique_consecutive",
-    "unique_dim",
-    "equal",
-    "allclose",
-    "item",
-}
+SYNC_OPS = set(
+    "_local_scalar_dense is_nonzero nonzero nonzero_static masked_select unique _unique _unique2 unique_consecutive "
+    "unique_dim equal allclose item".split()
+)
 
 
 class SyncDetector(TorchDispatchMode):
@@ -321,8 +290,7 @@ def check_sync(
                     rec["cuda_sync_debug"] = "not applicable on " + device.type
             rec["passed"] = not rec["sync_ops"] and not rec["cuda_sync_debug"].startswith("synchronised")
         except Exception as exc:
-            rec["error"] = f"{type(exc).__name__}: {exc}"[:2000]
-            rec["passed"] = False
+            _crash(rec, exc)
         log(f"  sync     {name:15s} {'ok' if rec['passed'] else 'FAILED'} {rec.get('sync_ops', rec.get('error'))}")
         records.append(rec)
     return records
@@ -348,33 +316,26 @@ def check_targets(
     device = torch.device(device)
     g = torch.Generator().manual_seed(7)
 
-    def qkv(n):
-        return [torch.randn(B, H, n, D, generator=g).to(device=device, dtype=dtype) for _ in range(3)]
+    def timed(n, baseline, fns):
+        """Forwards on fresh q, k, v of length n: ``baseline``, then each of ``fns`` eager and compiled."""
+        x = [torch.randn(B, H, n, D, generator=g).to(device=device, dtype=dtype) for _ in range(3)]
+        calls = {baseline[0]: _inference(baseline[1], x)}
+        for name, fn in fns:
+            calls[f"{name}_eager"] = _inference(fn, x)
+            if compile_backend:
+                calls[f"{name}_compiled"] = _inference(torch.compile(fn, backend=compile_backend, dynamic=False), x)
+        return compare(calls, repeats=repeats, warmup=2, device=device)
 
-    def forward(fn, inputs):
-        def call():
-            with torch.no_grad():
-                return fn(*inputs)
-
-        return call
+    def fastest(impls, prefix):
+        return min((k for k in impls if k.startswith(prefix)), key=lambda k: impls[k]["median_s"])
 
     if compile_backend:
         _fresh_compiler()
     bandwidth = copy_bandwidth(device, nbytes=2**30 if device.type == "cuda" else 2**26)
     log(f"  targets  copy bandwidth {bandwidth / 1e9:.1f} GB/s")
 
-    def compiled(fn):
-        return torch.compile(fn, backend=compile_backend, dynamic=False) if compile_backend else None
-
     # Non-causal at n_long.
-    x = qkv(n_long)
-    fns = {"sdpa": forward(softmax_attention, x)}
-    for name, fn in (("linear", linear_attention), ("flow", flow_attention)):
-        fns[f"{name}_eager"] = forward(fn, x)
-        c = compiled(fn)
-        if c is not None:
-            fns[f"{name}_compiled"] = forward(c, x)
-    timing = compare(fns, repeats=repeats, warmup=2, device=device)
+    timing = timed(n_long, ("sdpa", softmax_attention), [("linear", linear_attention), ("flow", flow_attention)])
     floor = memory_floor_seconds(B, H, n_long, D, dtype, bandwidth)
     sdpa = timing["sdpa"].median
     long = {"N": n_long, "memory_floor_s": floor, "sdpa_s": sdpa, "impls": {}}
@@ -386,46 +347,37 @@ def check_targets(
             "times_memory_floor": t.median / floor,
         }
     for name in ("linear", "flow"):
-        impls = {k: v for k, v in long["impls"].items() if k.startswith(name + "_")}
-        best = min(impls, key=lambda k: impls[k]["median_s"])
+        best = fastest(long["impls"], name + "_")
+        b = long["impls"][best]
         long[name] = {
             "best": best,
-            "speedup_vs_sdpa": impls[best]["speedup_vs_sdpa"],
-            "times_memory_floor": impls[best]["times_memory_floor"],
-            "met_10x_sdpa": impls[best]["speedup_vs_sdpa"] >= 10,
-            "met_3x_floor": impls[best]["times_memory_floor"] <= 3,
+            "speedup_vs_sdpa": b["speedup_vs_sdpa"],
+            "times_memory_floor": b["times_memory_floor"],
+            "met_10x_sdpa": b["speedup_vs_sdpa"] >= 10,
+            "met_3x_floor": b["times_memory_floor"] <= 3,
         }
         log(
-            f"  targets  {name} N={n_long}: best {best} {impls[best]['median_s'] * 1e3:.3f} ms, "
-            f"{impls[best]['speedup_vs_sdpa']:.1f}x faster than SDPA ({sdpa * 1e3:.3f} ms), "
-            f"{impls[best]['times_memory_floor']:.2f}x the memory floor ({floor * 1e3:.3f} ms)"
+            f"  targets  {name} N={n_long}: best {best} {b['median_s'] * 1e3:.3f} ms, "
+            f"{b['speedup_vs_sdpa']:.1f}x faster than SDPA ({sdpa * 1e3:.3f} ms), "
+            f"{b['times_memory_floor']:.2f}x the memory floor ({floor * 1e3:.3f} ms)"
         )
-    del x, fns
 
     # Causal at n_causal.
-    x = qkv(n_causal)
-    fns = {
-        "sdpa_causal": forward(lambda q, k, v: softmax_attention(q, k, v, is_causal=True), x),
-        "linear_causal_eager": forward(lambda q, k, v: linear_attention(q, k, v, is_causal=True), x),
-    }
-    c = compiled(lambda q, k, v: linear_attention(q, k, v, is_causal=True))
-    if c is not None:
-        fns["linear_causal_compiled"] = forward(c, x)
-    timing = compare(fns, repeats=repeats, warmup=2, device=device)
+    timing = timed(
+        n_causal,
+        ("sdpa_causal", lambda q, k, v: softmax_attention(q, k, v, is_causal=True)),
+        [("linear_causal", lambda q, k, v: linear_attention(q, k, v, is_causal=True))],
+    )
     base = timing["sdpa_causal"].median
-    causal = {
-        "N": n_causal,
-        "sdpa_causal_s": base,
-        "impls": {
-            k: {"median_s": t.median, "samples_s": list(t.samples), "speedup_vs_sdpa_causal": base / t.median}
-            for k, t in timing.items()
-        },
+    impls = {
+        k: {"median_s": t.median, "samples_s": list(t.samples), "speedup_vs_sdpa_causal": base / t.median}
+        for k, t in timing.items()
     }
-    best = min((k for k in causal["impls"] if k.startswith("linear")), key=lambda k: causal["impls"][k]["median_s"])
-    causal["best"] = best
-    causal["met_faster_than_sdpa_causal"] = causal["impls"][best]["median_s"] < base
+    best = fastest(impls, "linear")
+    causal = {"N": n_causal, "sdpa_causal_s": base, "impls": impls, "best": best}
+    causal["met_faster_than_sdpa_causal"] = impls[best]["median_s"] < base
     log(
-        f"  targets  causal linear N={n_causal}: best {best} {causal['impls'][best]['median_s'] * 1e3:.3f} ms "
+        f"  targets  causal linear N={n_causal}: best {best} {impls[best]['median_s'] * 1e3:.3f} ms "
         f"vs SDPA causal {base * 1e3:.3f} ms"
     )
     return {
@@ -486,65 +438,30 @@ def run(
     if device.type == "cuda":
         report["environment"]["gpu_memory_bytes"] = torch.cuda.get_device_properties(device).total_memory
 
-    def section(name, fn):
+    def section(name, fn, *args, **kwargs):
         log(f"[check_gpu] {name} ...")
         s = time.perf_counter()
         try:
-            report[name] = fn()
+            report[name] = fn(*args, **kwargs)
         except Exception as exc:  # keep the other sections
             report[name] = {"error": f"{type(exc).__name__}: {exc}"[:2000]}
         report["sections_done"].append(name)
         report[f"{name}_seconds"] = time.perf_counter() - s
         _write(out, report)
 
-    section(
-        "accuracy", lambda: check_accuracy(device, dtypes=dtypes, sizes=sizes.accuracy, compile_backend=None, log=log)
-    )
-    section("sync", lambda: check_sync(device, sizes=sizes.accuracy, log=log))
+    accuracy = dict(dtypes=dtypes, sizes=sizes.accuracy, log=log)
+    section("accuracy", check_accuracy, device, compile_backend=None, **accuracy)
+    section("sync", check_sync, device, sizes=sizes.accuracy, log=log)
     B, H, D = sizes.target_shape
     if targets:
-        section(
-            "targets",
-            lambda: check_targets(
-                device,
-                B=B,
-                H=H,
-                D=D,
-                n_long=sizes.n_long,
-                n_causal=sizes.n_causal,
-                repeats=sizes.repeats,
-                compile_backend=compile_backend,
-                log=log,
-            ),
-        )
+        shape = dict(B=B, H=H, D=D, n_long=sizes.n_long, n_causal=sizes.n_causal, repeats=sizes.repeats)
+        section("targets", check_targets, device, **shape, compile_backend=compile_backend, log=log)
     if benchmark:
-        section(
-            "benchmark",
-            lambda: run_benchmark(
-                sizes.lengths,
-                batch=B,
-                heads=H,
-                head_dim=D,
-                device=device,
-                dtype=torch.bfloat16,
-                repeats=sizes.repeats,
-                max_matrix_bytes=8 * 2**30,
-                progress=True,
-            ),
-        )
+        shape = dict(batch=B, heads=H, head_dim=D, device=device, dtype=torch.bfloat16, repeats=sizes.repeats)
+        section("benchmark", run_benchmark, sizes.lengths, **shape, max_matrix_bytes=8 * 2**30, progress=True)
     if compile_backend:
-        section(
-            "accuracy_compiled",
-            lambda: check_accuracy(
-                device,
-                dtypes=dtypes,
-                sizes=sizes.accuracy,
-                compile_backend=compile_backend,
-                eager=False,
-                deadline=deadline,
-                log=log,
-            ),
-        )
+        compiled = dict(compile_backend=compile_backend, eager=False, deadline=deadline)
+        section("accuracy_compiled", check_accuracy, device, **compiled, **accuracy)
     checks = report["accuracy"], report.get("accuracy_compiled", [])
     report["accuracy_failed"], report["accuracy_not_run"] = [], []
     for part in checks:
@@ -597,22 +514,16 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--no-benchmark", action="store_true", help="skip the full benchmark")
     parser.add_argument("--no-targets", action="store_true", help="skip the target measurements")
-    parser.add_argument(
-        "--budget-s",
-        type=float,
-        default=None,
-        help="compiled accuracy cases not started within this many seconds are reported as not run",
-    )
+    budget = "compiled accuracy cases not started within this many seconds are reported as not run"
+    parser.add_argument("--budget-s", type=float, default=None, help=budget)
     args = parser.parse_args(argv)
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         print(NO_CUDA, file=sys.stderr)
         return 2
     if device.type != "cuda" and not args.tiny:
-        print(
-            f"attnbook.lab.check_gpu: full sizes on {device.type} would take hours; add --tiny to test the logic",
-            file=sys.stderr,
-        )
+        why = f"full sizes on {device.type} would take hours; add --tiny to test the logic"
+        print(f"attnbook.lab.check_gpu: {why}", file=sys.stderr)
         return 2
     try:
         dtypes = tuple(DTYPES[d.strip()] for d in args.dtypes.split(",") if d.strip())
@@ -621,12 +532,8 @@ def main(argv: list[str] | None = None) -> int:
     backend = args.compile_backend or ("inductor" if device.type == "cuda" else "eager")
     backend = None if backend == "none" else backend
     # a tiny run measures nothing worth keeping: by default it goes to the temporary directory
-    default = (
-        Path(tempfile.gettempdir()) / f"gpu_check_tiny_{device.type}.json"
-        if args.tiny
-        else Path("benchmarks") / "results" / "gpu_check.json"
-    )
-    out = Path(args.out) if args.out else default
+    tiny = Path(tempfile.gettempdir()) / f"gpu_check_tiny_{device.type}.json"
+    out = Path(args.out or (tiny if args.tiny else Path("benchmarks") / "results" / "gpu_check.json"))
     report = run(
         device,
         out,

@@ -150,6 +150,12 @@ def peak_memory(
     return tracker.peak
 
 
+def _slope(xs: Sequence[float], ys: Sequence[float]) -> float:
+    """The least-squares slope of ``ys`` against ``xs`` (the fit of an exponent on log scales)."""
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum((x - mx) ** 2 for x in xs)
+
+
 @dataclass(frozen=True)
 class Scaling:
     """Time and memory of several implementations against the sequence length N (:func:`measure_scaling`).
@@ -183,9 +189,7 @@ class Scaling:
             ns, ys = ns[-last:], ys[-last:]
         check_found(ns, f"the {metric} of {name!r}", name=where, expected="be measured at two lengths at least",
                     got=f"{len(ns)}", minimum=2)  # fmt: skip
-        xs, ls = [math.log(n) for n in ns], [math.log(y) for y in ys]
-        mx, my = sum(xs) / len(xs), sum(ls) / len(ls)
-        return sum((x - mx) * (y - my) for x, y in zip(xs, ls, strict=True)) / sum((x - mx) ** 2 for x in xs)
+        return _slope([math.log(n) for n in ns], [math.log(y) for y in ys])
 
     def _series(self, name: str, metric: str, where: str) -> list[float]:
         check_choice(metric, "metric", ("time", "memory"), name=where)
