@@ -27,6 +27,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 
@@ -68,32 +69,24 @@ def _qkv(B, H, N, D, device, dtype):
     return [torch.randn(B, H, N, D, generator=g).to(device=device, dtype=dtype) for _ in range(3)]
 
 
-def _function(fn: Callable, causal: bool) -> Setup:
+# The setups of the cases (their first arguments bound in _cases).
+
+
+def _function(fn: Callable, causal: bool, B, H, N, D, device, dtype):
     kwargs = {"is_causal": True} if causal else {}
-
-    def setup(B, H, N, D, device, dtype):
-        return _qkv(B, H, N, D, device, dtype), lambda q, k, v: fn(q, k, v, **kwargs)
-
-    return setup
+    return _qkv(B, H, N, D, device, dtype), lambda q, k, v: fn(q, k, v, **kwargs)
 
 
-def _gated(mechanism: Mechanism) -> Setup:
-    def setup(B, H, N, D, device, dtype):
-        g = torch.Generator(device="cpu").manual_seed(N)
-        inputs = [x.to(device=device, dtype=dtype) for x in mechanism.example_inputs(B, H, N, D, generator=g)]
-        return inputs, mechanism.function
-
-    return setup
+def _gated(mechanism: Mechanism, B, H, N, D, device, dtype):
+    g = torch.Generator(device="cpu").manual_seed(N)
+    inputs = mechanism.example_inputs(B, H, N, D, generator=g)
+    return [x.to(device=device, dtype=dtype) for x in inputs], mechanism.function
 
 
-def _layer(mechanism: Mechanism, causal: bool) -> Setup:
-    def setup(B, H, N, D, device, dtype):
-        layer = mechanism.module(H * D, H, causal=causal).to(device=device, dtype=dtype).eval()
-        g = torch.Generator(device="cpu").manual_seed(N)
-        x = torch.randn(B, N, H * D, generator=g).to(device=device, dtype=dtype)
-        return [x], layer
-
-    return setup
+def _layer(mechanism: Mechanism, causal: bool, B, H, N, D, device, dtype):
+    layer = mechanism.module(H * D, H, causal=causal).to(device=device, dtype=dtype).eval()
+    g = torch.Generator(device="cpu").manual_seed(N)
+    return [torch.randn(B, N, H * D, generator=g).to(device=device, dtype=dtype)], layer
 
 
 def _softmax_literal(q, k, v):
@@ -109,10 +102,11 @@ def _cases() -> dict[str, Case]:
         for causal in m.forms:
             name = f"{m.name}_causal" if causal and m.bidirectional else m.name
             if m.inputs == "x":
-                what, setup = "the whole layer (projections, router, attention) on x (B, N, H*D)", _layer(m, causal)
+                what = "the whole layer (projections, router, attention) on x (B, N, H*D)"
+                setup = partial(_layer, m, causal)
             else:
                 what = f"attnbook.{m.function.__name__}"
-                setup = _gated(m) if m.inputs == "qkvg" else _function(m.function, causal)
+                setup = partial(_gated, m) if m.inputs == "qkvg" else partial(_function, m.function, causal)
             cases.append(Case(name, f"{'causal ' if causal else ''}{m.title}: {what}", causal, setup))
         if m.name == "softmax":
             cases.append(

@@ -140,56 +140,30 @@ def measure(
             for run in runs.values():
                 run.seek(t)
                 bar.update(1, note=f"t = {t}")
-            at = t
             held = {n: r.held() for n, r in runs.items()}
             calls = {n: (lambda r=r: [r.advance() for _ in range(burst)]) for n, r in runs.items()}
             timing = compare(calls, repeats=repeats, warmup=warmup, device=device)
             for (decoder, name), run in runs.items():
-                key = (decoder, name)
+                samples = [x / burst for x in timing[decoder, name].samples]
+                # the CPU count works by a dispatch mode, which a compiled step cannot run under (and whose fused
+                # kernels' storage it would not see): None there
+                peak = None if decoder == "compiled" and device.type != "cuda" else peak_memory(run.advance, device)
                 records.append(
-                    {
-                        "decoder": decoder,
-                        "mechanism": name,
-                        "t": at,
-                        "median_s": timing[key].median / burst,
-                        "min_s": min(timing[key].samples) / burst,
-                        "samples_s": [x / burst for x in timing[key].samples],
-                        "state_bytes": held[key][0],
-                        "allocated_bytes": held[key][1],
-                        # the CPU count works by a dispatch mode, which a compiled step cannot run under
-                        # (and whose fused kernels' storage it would not see): None there
-                        "step_peak_bytes": (
-                            None
-                            if decoder == "compiled" and device.type != "cuda"
-                            else peak_memory(run.advance, device)
-                        ),
-                        "recurrent": run.model.recurrent,
-                    }
-                )
+                    {"decoder": decoder, "mechanism": name, "t": t, "median_s": timing[decoder, name].median / burst,
+                     "min_s": min(timing[decoder, name].samples) / burst, "samples_s": samples,
+                     "state_bytes": held[decoder, name][0], "allocated_bytes": held[decoder, name][1],
+                     "step_peak_bytes": peak, "recurrent": run.model.recurrent}
+                )  # fmt: skip
     bar.close()
     env = environment(device)
     try:
         env["load_average"] = list(os.getloadavg())
     except OSError:
         pass
-    return {
-        "kind": "attnbook.lab.generation",
-        "environment": env,
-        "config": {
-            "dim": setup.dim,
-            "n_heads": setup.n_heads,
-            "n_layers": setup.n_layers,
-            "batch": 1,
-            "dtype": str(dtype).removeprefix("torch."),
-            "positions": positions,
-            "repeats": repeats,
-            "warmup": warmup,
-            "decoders": decoders,
-            "burst": burst,
-            "mechanisms": names,
-        },
-        "records": records,
-    }
+    config = {"dim": setup.dim, "n_heads": setup.n_heads, "n_layers": setup.n_layers, "batch": 1,
+              "dtype": str(dtype).removeprefix("torch."), "positions": positions, "repeats": repeats, "warmup": warmup,
+              "decoders": decoders, "burst": burst, "mechanisms": names}  # fmt: skip
+    return {"kind": "attnbook.lab.generation", "environment": env, "config": config, "records": records}
 
 
 def slope(

@@ -133,22 +133,10 @@ class ListOps:
         check_int(self.min_length, "min_length", name=name, minimum=_SHORTEST, why=" (the shortest [OP d d ])")
         check_int(self.max_length, "max_length", name=name, minimum=self.min_length, why=" (min_length)")
         longest = _longest(self.max_depth, self.max_args)
-        check_int(
-            self.min_length,
-            "min_length",
-            name=name,
-            maximum=longest,
-            why=f" (the longest expression of depth {self.max_depth} with {self.max_args} arguments)",
-        )
-        check_number(
-            self.leaf_probability,
-            "leaf_probability",
-            name=name,
-            minimum=0.0,
-            maximum=1.0,
-            strict_minimum=True,
-            strict_maximum=True,
-        )
+        why = f" (the longest expression of depth {self.max_depth} with {self.max_args} arguments)"
+        check_int(self.min_length, "min_length", name=name, maximum=longest, why=why)
+        check_number(self.leaf_probability, "leaf_probability", name=name, minimum=0.0, maximum=1.0,
+                     strict_minimum=True, strict_maximum=True)  # fmt: skip
 
     @property
     def vocab(self) -> int:
@@ -194,21 +182,13 @@ class ListOps:
         check_instance(generator, "generator", torch.Generator, name=name, what="a torch.Generator")
         rng = random.Random(int(torch.randint(2**62, (1,), generator=generator)))
         expressions, labels = [], []
+        expected = f"produce expressions of {self.min_length} to {self.max_length} tokens (lower leaf_probability, "
+        expected += "or raise max_args or max_depth)"
+        got = f"none in {_MAX_TRIES} draws with {self}"
         for _ in range(n):
-            found = []
-            for _ in range(_MAX_TRIES):
-                tree = self._tree(rng, 1, self.max_length)
-                if tree is not None and len(tree[0]) >= self.min_length:
-                    found.append(tree)
-                    break
-            check_found(
-                found,
-                "the configuration",
-                name=name,
-                expected=f"produce expressions of {self.min_length} to {self.max_length} tokens (lower "
-                "leaf_probability, or raise max_args or max_depth)",
-                got=f"none in {_MAX_TRIES} draws with {self}",
-            )
+            trees = (self._tree(rng, 1, self.max_length) for _ in range(_MAX_TRIES))
+            tree = next((t for t in trees if t is not None and len(t[0]) >= self.min_length), None)
+            check_found([tree] if tree else [], "the configuration", name=name, expected=expected, got=got)
             expressions.append(tree[0])
             labels.append(tree[1])
         return expressions, labels
@@ -229,14 +209,12 @@ class ListOps:
         tokens = torch.full((size, n), PAD, dtype=torch.long)
         for b, e in enumerate(expressions):
             tokens[b, : len(e)] = torch.tensor(e, dtype=torch.long)
-        lengths = torch.tensor([len(e) for e in expressions], dtype=torch.long)
-        depths = torch.tensor([depth(e) for e in expressions], dtype=torch.long)
         return ListOpsBatch(
             tokens=tokens.to(device),
             target=torch.tensor(labels, dtype=torch.long, device=device),
             padding=(tokens == PAD).to(device),
-            lengths=lengths.to(device),
-            depths=depths.to(device),
+            lengths=torch.tensor([len(e) for e in expressions], dtype=torch.long).to(device),
+            depths=torch.tensor([depth(e) for e in expressions], dtype=torch.long).to(device),
         )
 
 

@@ -305,8 +305,15 @@ def distinct_fraction(data: bytes, n: int = 4) -> float:
 # Chapter 7's tables: a race (live Runs or a recording's dicts) summarised for an 80-column page.
 
 
-def _field(run, key: str):
-    return run[key] if isinstance(run, dict) else getattr(run, key)
+def _last(runs, key: str) -> dict[str, list[float]]:
+    """The last value of ``key`` of every run, by mechanism (in the order the runs come)."""
+    if isinstance(runs, dict):
+        runs = [r for group in runs.values() for r in group]
+    out: dict[str, list[float]] = {}
+    for r in runs:
+        run = r if isinstance(r, dict) else vars(r)  # a recording's dict or a Run
+        out.setdefault(run["mechanism"], []).append(float(run[key][-1]))
+    return out
 
 
 def final_bpb(runs) -> dict[str, list[float]]:
@@ -315,12 +322,7 @@ def final_bpb(runs) -> dict[str, list[float]]:
     ``runs`` are :class:`Run` objects, lists of them by mechanism (what :func:`race` returns) or a recording's
     run dicts (``mechanism``, ``valid_bpb``).
     """
-    if isinstance(runs, dict):
-        runs = [r for group in runs.values() for r in group]
-    out: dict[str, list[float]] = {}
-    for r in runs:
-        out.setdefault(_field(r, "mechanism"), []).append(float(_field(r, "valid_bpb")[-1]))
-    return out
+    return _last(runs, "valid_bpb")
 
 
 def bpb_table(runs) -> str:
@@ -328,11 +330,7 @@ def bpb_table(runs) -> str:
 
     ``runs`` as for :func:`final_bpb`; the seconds are each run's own clock (training steps only).
     """
-    if isinstance(runs, dict):
-        runs = [r for group in runs.values() for r in group]
-    seconds: dict[str, list[float]] = {}
-    for r in runs:
-        seconds.setdefault(_field(r, "mechanism"), []).append(float(_field(r, "wall_s")[-1]))
+    seconds = _last(runs, "wall_s")
     lines = [f"{'':8s} {'bits per byte ± sd':>17s} {'seconds per run':>16s}"]  # sd: over the seeds
     for name, values in final_bpb(runs).items():
         mean, sd = spread(values)

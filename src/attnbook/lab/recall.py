@@ -31,6 +31,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
+from contextlib import ExitStack
 from dataclasses import asdict, dataclass, replace
 
 import torch
@@ -208,16 +209,10 @@ def _run(job: _Job) -> dict:
 
 
 def _map(jobs: list[_Job], workers: int, progress: Callable[[dict], None] | None) -> list[dict]:
-    if workers == 1:
-        out = []
-        for job in jobs:
-            out.append(_run(job))
-            if progress:
-                progress(out[-1])
-        return out
-    with ProcessPoolExecutor(workers) as pool:
+    with ExitStack() as stack:  # in this process with one worker, else in a pool of them
+        mapped = map(_run, jobs) if workers == 1 else stack.enter_context(ProcessPoolExecutor(workers)).map(_run, jobs)
         results = []
-        for r in pool.map(_run, jobs):
+        for r in mapped:
             results.append(r)
             if progress:
                 progress(r)
@@ -319,7 +314,8 @@ def plot(recording: dict, *, title: str | None = None):
     c = recording["config"]
     with book_style():
         fig, axes = plt.subplots(1, len(c["widths"]), figsize=(PAGE_WIDTH, 3.4), sharey=True, layout="constrained")
-        for ax, w in zip(list(getattr(axes, "flat", [axes])), c["widths"], strict=True):
+        axes_list = list(getattr(axes, "flat", [axes]))
+        for ax, w in zip(axes_list, c["widths"], strict=True):
             for m in c["mechanisms"]:
                 rs = [_result(recording, m, p, w) for p in c["pairs"]]
                 style = {**line_style(m), **({"linestyle": ":"} if m == training.NO_ATTENTION else {})}
@@ -330,7 +326,6 @@ def plot(recording: dict, *, title: str | None = None):
             ax.set(xscale="log", xticks=c["pairs"], xticklabels=[str(p) for p in c["pairs"]], title=f"width {w}",
                    xlabel="key-value pairs P")  # fmt: skip
             ax.xaxis.set_minor_formatter(NullFormatter())  # only the numbers of pairs studied
-        axes_list = list(getattr(axes, "flat", [axes]))
         axes_list[0].set_ylabel("held-out recall accuracy")
         axes_list[-1].legend(loc="lower left", ncol=2)
         if title:
