@@ -295,23 +295,16 @@ def run_benchmark(
             rec = {n: {"mechanism": n, "N": N, "causal": CASES[n].causal, **dict.fromkeys(_MEASURES)} for n in names}
             for n in names:
                 rec[n]["skipped"] = skipped.get(n)
-            if fwd:
-                for n, t in compare(fwd, repeats=repeats, warmup=warmup, device=device).items():
-                    rec[n]["forward_s"], rec[n]["forward_samples_s"] = t.median, list(t.samples)
-            bar.step(f"N={N} forward")
-            if backward:
-                if steps:
-                    for n, t in compare(steps, repeats=repeats, warmup=warmup, device=device).items():
-                        rec[n]["forward_backward_s"], rec[n]["forward_backward_samples_s"] = t.median, list(t.samples)
-                bar.step(f"N={N} forward+backward")
-            if memory:
-                for n, f in fwd.items():
-                    rec[n]["forward_peak_bytes"] = peak_memory(f, device)
-                bar.step(f"N={N} forward memory")
-                if backward:
-                    for n, f in steps.items():
-                        rec[n]["forward_backward_peak_bytes"] = peak_memory(f, device)
-                    bar.step(f"N={N} forward+backward memory")
+            phases = {"forward": fwd, **({"forward_backward": steps} if backward else {})}
+            for phase, calls in phases.items():  # the times of every phase, then (with memory) the peaks
+                if calls:
+                    for n, t in compare(calls, repeats=repeats, warmup=warmup, device=device).items():
+                        rec[n][f"{phase}_s"], rec[n][f"{phase}_samples_s"] = t.median, list(t.samples)
+                bar.step(f"N={N} {phase.replace('_', '+')}")
+            for phase, calls in phases.items() if memory else ():
+                for n, f in calls.items():
+                    rec[n][f"{phase}_peak_bytes"] = peak_memory(f, device)
+                bar.step(f"N={N} {phase.replace('_', '+')} memory")
             records.extend(rec[n] for n in names)
             del active, fwd, steps
             if device.type == "cuda":

@@ -223,13 +223,12 @@ def check_accuracy(
             for i, name in enumerate(names):
                 if deadline is not None and time.perf_counter() > deadline:
                     r = {**_head(name, dtype, mode), "passed": None, "skipped": "time budget"}
-                    records.append(r)
-                    log(f"  accuracy {name:15s} {r['dtype']:9s} {r['compile']:17s} not run (time budget)")
-                    continue
-                r = _check_one(name, dtype, device, sizes, mode, seed=1000 + i)
+                    verdict, detail = "not run", "(time budget)"
+                else:
+                    r = _check_one(name, dtype, device, sizes, mode, seed=1000 + i)
+                    verdict = "ok" if r["passed"] else "FAILED"
+                    detail = r.get("error") or f"worst {r['worst']:.3g} of tolerance"
                 records.append(r)
-                verdict = "ok" if r["passed"] else "FAILED"
-                detail = r.get("error") or f"worst {r['worst']:.3g} of tolerance"
                 log(f"  accuracy {name:15s} {r['dtype']:9s} {r['compile']:17s} {verdict:6s} {detail}")
     return records
 

@@ -75,11 +75,7 @@ def load_stdlib(root: str | pathlib.Path | None = None) -> Corpus:
     check_count(train, "the training split", name="load_stdlib", item="file", why=where)
     check_count(valid, "the validation split", name="load_stdlib", item="file", why=where)
     return Corpus(
-        str(files[0].parent),
-        tuple(p.name for p in train),
-        tuple(p.name for p in valid),
-        _read(train),
-        _read(valid),
+        str(files[0].parent), tuple(p.name for p in train), tuple(p.name for p in valid), _read(train), _read(valid)
     )
 
 

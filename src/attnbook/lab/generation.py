@@ -34,16 +34,7 @@ from .bench import environment, loglog_slope
 from .profiling import compare, peak_memory
 from .progress import Progress
 
-__all__ = [
-    "POSITIONS",
-    "DECODERS",
-    "measure",
-    "series",
-    "slope",
-    "ratio",
-    "crossover",
-    "cost_table",
-]
+__all__ = ["POSITIONS", "DECODERS", "measure", "series", "slope", "ratio", "crossover", "cost_table"]
 
 POSITIONS = tuple(2**i for i in range(4, 14))  # 16 .. 8192
 DECODERS = ("eager", "compiled")

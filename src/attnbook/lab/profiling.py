@@ -53,11 +53,7 @@ class Timing:
 
 
 def compare(
-    fns: dict[str, Callable[[], object]],
-    *,
-    repeats: int = 7,
-    warmup: int = 1,
-    device: torch.device | str | None = None,
+    fns: dict[str, Callable[[], object]], *, repeats: int = 7, warmup: int = 1, device: torch.device | str | None = None
 ) -> dict[str, Timing]:
     """Time each zero-argument callable ``repeats`` times, alternating between them; medians per name.
 
@@ -172,8 +168,11 @@ class Scaling:
 
     def measured(self, name: str, metric: str = "time") -> tuple[list[int], list[float]]:
         """The lengths and values where ``name`` was measured (``metric``: ``"time"`` or ``"memory"``)."""
-        series = self._series(name, metric, "Scaling.measured")
-        pairs = [(n, y) for n, y in zip(self.lengths, series, strict=True) if not math.isnan(y)]
+        where = "Scaling.measured"
+        check_choice(metric, "metric", ("time", "memory"), name=where)
+        table = self.times if metric == "time" else self.memory
+        check_choice(name, "name", tuple(table), name=where, why=f" (the implementations whose {metric} was measured)")
+        pairs = [(n, y) for n, y in zip(self.lengths, table[name], strict=True) if not math.isnan(y)]
         return [n for n, _ in pairs], [y for _, y in pairs]
 
     def exponent(self, name: str, metric: str = "time", *, last: int | None = 2) -> float:
@@ -190,12 +189,6 @@ class Scaling:
         check_found(ns, f"the {metric} of {name!r}", name=where, expected="be measured at two lengths at least",
                     got=f"{len(ns)}", minimum=2)  # fmt: skip
         return _slope([math.log(n) for n in ns], [math.log(y) for y in ys])
-
-    def _series(self, name: str, metric: str, where: str) -> list[float]:
-        check_choice(metric, "metric", ("time", "memory"), name=where)
-        table = self.times if metric == "time" else self.memory
-        check_choice(name, "name", tuple(table), name=where, why=f" (the implementations whose {metric} was measured)")
-        return table[name]
 
 
 def measure_scaling(

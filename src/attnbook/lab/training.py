@@ -25,15 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .._checks import (
-    check_choice,
-    check_divisible,
-    check_int,
-    check_max_size,
-    check_module,
-    check_number,
-    check_tensor,
-)
+from .._checks import check_choice, check_divisible, check_int, check_max_size, check_module, check_number, check_tensor
 from ..lm import Block
 
 __all__ = ["Optim", "fit", "Classifier", "NO_ATTENTION"]
