@@ -88,8 +88,7 @@ class _AllocationTracker(TorchDispatchMode):
 
     def __init__(self, existing: set[int] = frozenset()):
         super().__init__()
-        self.live = 0
-        self.peak = 0
+        self.live = self.peak = 0
         self._seen: set[int] = set(existing)
 
     def _release(self, key: int, nbytes: int) -> None:

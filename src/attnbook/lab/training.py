@@ -226,8 +226,7 @@ class Classifier(nn.Module):
         """Token plus position embeddings, (B, N) -> (B, N, d_model): the input of the first block."""
         check_tensor(tokens, "tokens", name=self.name, dims=2, layout="(B, N)", floating=False)
         check_max_size(tokens, "tokens", 1, self.position.shape[0], name=self.name, label="N", why=" (length)")
-        out: torch.Tensor = self.embed(tokens) + self.position[: tokens.shape[1]]  # (B, N, d)
-        return out
+        return self.embed(tokens) + self.position[: tokens.shape[1]]  # (B, N, d)
 
     def forward(self, tokens: torch.Tensor, padding: torch.Tensor | None = None) -> torch.Tensor:
         x = self.embed_tokens(tokens)  # (B, N, d)
@@ -235,12 +234,9 @@ class Classifier(nn.Module):
             x = block(x, key_padding_mask=padding)
         x = self.norm(x)
         if self.pool == "all":
-            every: torch.Tensor = self.head(x)  # (B, N, n_classes)
-            return every
+            return self.head(x)  # (B, N, n_classes)
         if self.pool == "last":
-            out: torch.Tensor = self.head(x[:, -1])  # (B, n_classes)
-            return out
+            return self.head(x[:, -1])  # (B, n_classes)
         real = x.new_ones(x.shape[:2]) if padding is None else (~padding).to(x.dtype)  # (B, N)
         pooled = (x * real.unsqueeze(-1)).sum(1) / real.sum(1, keepdim=True).clamp_min(1.0)  # (B, d)
-        out = self.head(pooled)  # (B, n_classes)
-        return out
+        return self.head(pooled)  # (B, n_classes)
