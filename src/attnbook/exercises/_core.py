@@ -18,7 +18,7 @@ import numbers
 import pkgutil
 import secrets
 import textwrap
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -49,10 +49,11 @@ class Result:
     def __str__(self) -> str:
         """The mark and the message, wrapped to fit an exercise box (72 columns), continuation lines indented."""
         mark = "✓ " if self.passed else "○ " if self.unanswered else "✗ "
-        lines = []
-        for i, line in enumerate(self.message.splitlines() or [""]):
-            lines.append(textwrap.fill(line, WIDTH, initial_indent=mark if i == 0 else "  ", subsequent_indent="  "))
-        return "\n".join(lines)
+        lines = self.message.splitlines() or [""]
+        return "\n".join(
+            textwrap.fill(line, WIDTH, initial_indent=mark if i == 0 else "  ", subsequent_indent="  ")
+            for i, line in enumerate(lines)
+        )
 
     __repr__ = __str__
 
@@ -108,19 +109,11 @@ class Draw:
 
     def int(self, low: int, high: int, *, avoid: Sequence[int] = ()) -> int:
         """An integer in [low, high], uniformly, none of ``avoid`` (when the range has another)."""
-        for _ in range(100):
-            n = int(torch.randint(low, high + 1, (1,), generator=self.g))
-            if n not in avoid:
-                return n
-        return n
+        return _redraw(lambda: int(torch.randint(low, high + 1, (1,), generator=self.g)), low, high, avoid)
 
     def log_int(self, low: int, high: int, *, avoid: Sequence[int] = ()) -> int:
         """An integer in [low, high] whose logarithm is uniform: small and large sizes alike, none of ``avoid``."""
-        for _ in range(100):
-            n = int(round(math.exp(self.uniform(math.log(low), math.log(high)))))
-            if n not in avoid and low <= n <= high:
-                return n
-        return n
+        return _redraw(lambda: int(round(math.exp(self.uniform(math.log(low), math.log(high))))), low, high, avoid)
 
     def uniform(self, low: float, high: float) -> float:
         return low + (high - low) * float(torch.rand((), generator=self.g, dtype=torch.float64))
@@ -157,6 +150,15 @@ class Draw:
         """Cases of the argument tuples ``fixed`` and then ``more`` (drawn here: their labels show the seed), each
         labelled ``label(*args)``."""
         return [Case(a, label=label(*a)) for a in fixed] + [Case(a, label=self.label(label(*a))) for a in more]
+
+
+def _redraw(draw: Callable[[], int], low: int, high: int, avoid: Sequence[int]) -> int:
+    """``draw()`` until it gives a number in [low, high] that is none of ``avoid`` (the 100th draw in any case)."""
+    for _ in range(100):
+        n = draw()
+        if n not in avoid and low <= n <= high:
+            return n
+    return n
 
 
 def randn(seed: int, *shape: int, scale: float = 1.0, dtype: torch.dtype = torch.float64) -> torch.Tensor:
@@ -196,9 +198,7 @@ def as_number(x) -> int | float | None:
         return x.item()
     if isinstance(x, numbers.Integral):
         return int(x)
-    if isinstance(x, numbers.Real):
-        return float(x)
-    if isinstance(x, decimal.Decimal):
+    if isinstance(x, (numbers.Real, decimal.Decimal)):
         return float(x)
     return None
 
@@ -380,10 +380,8 @@ def _undefined(x) -> bool:
     """True when an expected result holds NaN or infinity anywhere (degenerate inputs or a broken reference)."""
     if isinstance(x, torch.Tensor):
         return x.is_floating_point() and not bool(torch.isfinite(x).all())
-    if isinstance(x, Mapping):
-        return any(_undefined(v) for v in x.values())
-    if isinstance(x, (list, tuple)):
-        return any(_undefined(v) for v in x)
+    if isinstance(x, (Mapping, list, tuple)):
+        return any(_undefined(v) for v in (x.values() if isinstance(x, Mapping) else x))
     value = as_number(x)
     return value is not None and not math.isfinite(value)
 
@@ -422,19 +420,18 @@ def _first_write(before, after, path: str) -> str | None:
         if not isinstance(after, (tuple, list)) or len(after) != len(before):
             return path
         fields = getattr(before, "_fields", None)
-        for i, (b, a) in enumerate(zip(before, after, strict=True)):
-            found = _first_write(b, a, f"{path}.{fields[i]}" if fields else f"{path}[{i}]")
-            if found:
-                return found
-        return None
+        names = [f"{path}.{f}" for f in fields] if fields else [f"{path}[{i}]" for i in range(len(before))]
+        return _first_of(zip(names, before, after, strict=True))
     if isinstance(before, dict):
         if not isinstance(after, dict) or set(after) != set(before):
             return path
-        for key, b in before.items():
-            found = _first_write(b, after[key], f"{path}[{key!r}]")
-            if found:
-                return found
+        return _first_of((f"{path}[{key!r}]", b, after[key]) for key, b in before.items())
     return None
+
+
+def _first_of(parts: Iterable[tuple[str, object, object]]) -> str | None:
+    """The first write that :func:`_first_write` finds in the (path, before, after) ``parts``, else None."""
+    return next((found for path, before, after in parts if (found := _first_write(before, after, path))), None)
 
 
 def _argument_names(fn: Callable, n: int) -> list[str]:
@@ -456,15 +453,8 @@ def _argument_names(fn: Callable, n: int) -> list[str]:
 
 def written_argument(fn: Callable, args: tuple, kwargs: dict, saved_args: tuple, saved_kwargs: dict) -> str | None:
     """The argument of ``fn`` (by name, nested parts too: ``state.S``) that the call changed, else None."""
-    for name, before, after in zip(_argument_names(fn, len(args)), saved_args, args, strict=True):
-        found = _first_write(before, after, name)
-        if found:
-            return found
-    for key, before in saved_kwargs.items():
-        found = _first_write(before, kwargs.get(key), key)
-        if found:
-            return found
-    return None
+    positional = zip(_argument_names(fn, len(args)), saved_args, args, strict=True)
+    return _first_of([*positional, *((key, before, kwargs.get(key)) for key, before in saved_kwargs.items())])
 
 
 # --- calling the student's function on the cases ----------------------------------------------------------------
@@ -493,17 +483,15 @@ def _run(fn: Callable, case: Case, want, name: str, rtol, atol) -> _Run:
     run = _Run(case, want)
     try:
         got = fn(*args, **kwargs)
+        if got is None:
+            run.fatal, run.stub = f"{name} returned None on {case.label}: fill in the body and return the result", True
     except NotImplementedError:
         run.fatal, run.stub = f"{name} is not written yet (it raises NotImplementedError): fill in the body", True
-        return run
     except BadReturn as exc:  # the function ran; what it returned is unusable
         run.fatal = f"{name}, on {case.label}: {exc}"
-        return run
     except Exception as exc:  # the student's bug, reported with its message
         run.fatal = f"{name} raised {type(exc).__name__} on {case.label}: {exc}"
-        return run
-    if got is None:
-        run.fatal, run.stub = f"{name} returned None on {case.label}: fill in the body and return the result", True
+    if run.fatal:
         return run
     run.got = got
     try:
