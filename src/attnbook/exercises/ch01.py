@@ -261,10 +261,8 @@ def _large_score(B: int, N: int, D: int, seed: int, *, future: bool, dtype=torch
     """q, k, v (B, 1, N, D), one score about 2000 sqrt(D): on a key in query 0's future, or on key 0 for the last
     query, which sees it."""
     q, k, v = _qkv(B, 1, N, D, D, seed=seed)
-    if future:
-        k[..., N - 1, :] = 2000 * q[..., 0, :]  # query 0 must not see key N - 1
-    else:
-        k[..., 0, :] = 2000 * q[..., N - 1, :]  # the last query sees key 0
+    key, query = (N - 1, 0) if future else (0, N - 1)  # query 0 must not see key N - 1; the last query sees key 0
+    k[..., key, :] = 2000 * q[..., query, :]
     return tuple(x.to(dtype) for x in (q, k, v))
 
 
@@ -277,9 +275,8 @@ LARGE_SCORE = (
 def _causal_cases(draw: Draw) -> list[Case]:
     def qkv(n, dtype):  # widths D, Dv of 1 to 40
         B, H, D, Dv = draw.int(1, 2), draw.int(1, 3), draw.int(1, 40, avoid=(4, 8, 16)), draw.int(1, 40)
-        return tuple(
-            draw.randn(B, H, n, d, dtype=dtype) for d in (D, D, Dv)
-        ), f"q, k ({B}, {H}, {n}, {D}), v ({B}, {H}, {n}, {Dv})"
+        qkv = tuple(draw.randn(B, H, n, d, dtype=dtype) for d in (D, D, Dv))
+        return qkv, f"q, k ({B}, {H}, {n}, {D}), v ({B}, {H}, {n}, {Dv})"
 
     return [
         Case(_qkv(2, 1, 5, 4, 3, seed=10), label="q, k (2, 1, 5, 4) and v (2, 1, 5, 3)"),
@@ -288,17 +285,14 @@ def _causal_cases(draw: Draw) -> list[Case]:
         Case(_qkv(1, 2, 64, 8, 6, seed=19), label="q, k (1, 2, 64, 8), v (1, 2, 64, 6)", note=FIXED_SIZE),
         Case(_qkv(2, 1, 65, 3, 2, seed=22), label="q, k (2, 1, 65, 3), v (2, 1, 65, 2)", note=FIXED_SIZE),
         Case(_qkv(1, 2, 6, 4, 4, seed=25, dtype=torch.float32), label="float32 q, k, v (1, 2, 6, 4)"),
-        Case(_large_score(1, 6, 4, 40, future=True), label="a large score on a future key", note=LARGE_SCORE),
-        Case(
-            _large_score(2, 9, 8, 43, future=True),
-            label="(2, 1, 9, 8), a large score on a future key",
-            note=LARGE_SCORE,
-        ),
-        Case(_large_score(1, 6, 4, 46, future=False), label="a large score on a visible key", note=LARGE_SCORE),
-        Case(
-            _large_score(2, 9, 8, 49, future=False, dtype=torch.float32),
-            label="float32, a large score on a visible key",
-            note=LARGE_SCORE,
+        *(
+            Case(_large_score(B, N, D, seed, future=future, dtype=dtype), label=label, note=LARGE_SCORE)
+            for B, N, D, seed, future, dtype, label in (
+                (1, 6, 4, 40, True, torch.float64, "a large score on a future key"),
+                (2, 9, 8, 43, True, torch.float64, "(2, 1, 9, 8), a large score on a future key"),
+                (1, 6, 4, 46, False, torch.float64, "a large score on a visible key"),
+                (2, 9, 8, 49, False, torch.float32, "float32, a large score on a visible key"),
+            )
         ),
         *draw.cases(qkv, long=(129, 400), short=(2, 40), over=7),  # past any buffer made for the chapter's N
     ]

@@ -127,16 +127,11 @@ INCOMING_MISTAKES = [
 ]  # fmt: skip
 
 
-def _random_qk(draw: Draw):
-    def qk(n, dtype):
+def incoming_cases(draw: Draw) -> list[Case]:
+    def qk(n, dtype):  # sizes the statement does not mention
         B, H, D, scale = draw.int(1, 2), draw.int(1, 3), draw.int(1, 12, avoid=(3, 4)), draw.uniform(0.5, 3.0)
         return draw.randns(2, B, H, n, D, scale=scale, dtype=dtype), f"q, k ({B}, {H}, {n}, {D})"
 
-    return qk
-
-
-def incoming_cases(draw: Draw | None = None) -> list[Case]:
-    draw = Draw(0) if draw is None else draw
     return [
         *(Case(_qk(seed), label=f"random q, k (seed {seed}, N = 7)") for seed in (0, 1)),
         Case(_qk(2, B=2, H=1, N=5, D=4, scale=3.0), label="large q, k (B = 2, N = 5)"),
@@ -144,7 +139,7 @@ def incoming_cases(draw: Draw | None = None) -> list[Case]:
         Case(_qk(4, B=1, H=2, N=64, D=4), label="q, k (1, 2, 64, 4)", note=FIXED_SIZE),
         Case(_qk(5, B=2, H=1, N=70, D=3, scale=2.0), label="q, k (2, 1, 70, 3)", note=FIXED_SIZE),
         Case(_qk(6, N=6, dtype=torch.float32), label="float32 q, k (N = 6)"),
-        *draw.cases(_random_qk(draw), over=7),  # sizes the statement does not mention
+        *draw.cases(qk, over=7),
     ]
 
 
@@ -194,9 +189,7 @@ COMPETITION_MISTAKES = [
 ]  # fmt: skip
 
 
-def competition_cases(draw: Draw | None = None) -> list[Case]:
-    draw = Draw(0) if draw is None else draw
-
+def competition_cases(draw: Draw) -> list[Case]:
     def o_hat(n, dtype):  # sizes the statement does not mention
         B, H = draw.int(1, 2), draw.int(1, 3)
         return (draw.randn(B, H, n, scale=draw.uniform(0.5, 3.0), dtype=dtype),), f"O^ ({B}, {H}, {n})"

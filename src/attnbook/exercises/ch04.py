@@ -88,9 +88,7 @@ CONSERVED_OUTGOING_MISTAKES = [
 ]  # fmt: skip
 
 
-def conserved_outgoing_cases(draw: Draw | None = None) -> list[Case]:
-    draw = Draw(0) if draw is None else draw
-
+def conserved_outgoing_cases(draw: Draw) -> list[Case]:
     def qk(seed, B=1, H=3, N=5, D=2, scale=1.0, dtype=torch.float64):
         return Draw(seed).randns(2, B, H, N, D, scale=scale, dtype=dtype)
 

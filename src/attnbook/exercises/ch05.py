@@ -112,8 +112,8 @@ def _random_routing(draw: Draw, probabilities: bool):
     return draw.cases(routing, long=(71, 300), short=(1, 12), over=9)
 
 
-def _gate_cases(draw: Draw | None = None) -> list[Case]:
-    draw, d = Draw(0) if draw is None else draw, Draw(5)
+def _gate_cases(draw: Draw) -> list[Case]:
+    d = Draw(5)
     return [
         Case((d.randn(2, 5, 6), 2), label="logits (2, 5, 6), h_r = 2"),
         Case((d.randn(1, 4, 8, scale=3.0), 3), label="logits (1, 4, 8), h_r = 3"),
@@ -181,8 +181,8 @@ _load_from_top_1 = partial(_loss, top=1)
 _factor_e_squared = partial(_loss, power=2)
 
 
-def _loss_cases(draw: Draw | None = None) -> list[Case]:
-    draw, d = Draw(0) if draw is None else draw, Draw(7)
+def _loss_cases(draw: Draw) -> list[Case]:
+    d = Draw(7)
 
     def probs(*shape, scale=1.0, dtype=torch.float64):
         return F.softmax(d.randn(*shape, scale=scale), dim=-1).to(dtype)

@@ -81,10 +81,10 @@ _per_head = partial(_flops, batch=False, heads=False)
 _no_batch, _no_heads = partial(_flops, batch=False), partial(_flops, heads=False)
 
 
-def _flop_cases(draw: Draw | None = None) -> list[Case]:
+def _flop_cases(draw: Draw) -> list[Case]:
     # No B = 2 (a forgotten B would look like a halved count), B != H, D_v != D where it matters; N up to 100, and
     # two shapes drawn on every call (N up to 300, widths the statement does not mention).
-    draw, more = Draw(0) if draw is None else draw, []
+    more = []
     for mechanism, n in (("softmax", draw.int(101, 300)), ("linear", draw.int(101, 300))):
         B = draw.choice((1, 3))
         H = draw.choice([h for h in (1, 3, 4) if h != B])

@@ -60,12 +60,8 @@ def _write_cases(draw: Draw):
     def write(D, dtype):  # a state S (B, H, D, Dv) with Dv != D, a unit key, a value and a beta in [0, 1]
         B, H, Dv = draw.int(1, 3), draw.int(1, 4), draw.int(2, 24, avoid=(D,))
         S, k = draw.randn(B, H, D, Dv, dtype=dtype), F.normalize(draw.randn(B, H, D), dim=-1).to(dtype)
-        return (
-            S,
-            k,
-            draw.randn(B, H, Dv, dtype=dtype),
-            draw.rand(B, H).to(dtype),
-        ), f"B = {B}, H = {H}, D = {D}, Dv = {Dv}"
+        v, beta = draw.randn(B, H, Dv, dtype=dtype), draw.rand(B, H).to(dtype)
+        return (S, k, v, beta), f"B = {B}, H = {H}, D = {D}, Dv = {Dv}"
 
     f64 = {"dtype": torch.float64}
     e1, S1 = torch.tensor([[[1.0, 0.0]]], **f64), torch.arange(6, **f64).reshape(1, 1, 2, 3)  # D = 2, Dv = 3
