@@ -30,10 +30,6 @@ def _lower(n: int) -> torch.Tensor:
     return torch.ones(n, n, dtype=torch.float64).tril()
 
 
-def _t(n: int) -> torch.Tensor:
-    return torch.arange(1, n + 1, dtype=torch.float64)  # (N,): t_i = i + 1
-
-
 # ------------------------------------------------------------------------------------------------ 3.1
 
 
@@ -61,14 +57,13 @@ def _incoming(q, k, *, prefix="lower", eps_q=EPS, eps_k=EPS, eps_keys=0.0, after
     n = q.shape[-2]
     qs, ks = (torch.sigmoid(q.double()), torch.sigmoid(k.double())) if sig else (q.double(), k.double())
     ks = ks + eps_keys  # eps added to every key before the sum
-    if prefix == "lower":
-        pre = _lower(n) @ ks  # (B, H, N, D): sum_{j<=i} k~_j
-    elif prefix == "strict":
-        pre = _lower(n).tril(-1) @ ks  # sum_{j<i}
-    else:
+    if prefix == "all":
         pre = ks.sum(-2, keepdim=True).expand_as(ks)  # every key
+    else:  # (B, H, N, D): sum_{j<=i} k~_j, or sum_{j<i} ("strict")
+        pre = (_lower(n).tril(-1) if prefix == "strict" else _lower(n)) @ ks
     dot = ((qs + eps_q) * (pre + eps_k)).sum(-1) + once  # (B, H, N)
-    by = {"t": _t(n), "i": _t(n) - 1, "N": torch.full((n,), float(n), dtype=torch.float64), "none": 1.0}[divide]
+    t = torch.arange(1, n + 1, dtype=torch.float64)  # (N,): t_i = i + 1
+    by = {"t": t, "i": t - 1, "N": torch.full((n,), float(n), dtype=torch.float64), "none": 1.0}[divide]
     return (dot / by + after).to(q.dtype)
 
 

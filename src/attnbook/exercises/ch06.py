@@ -103,11 +103,11 @@ _PRODUCTS = frozenset({"mm", "bmm", "addmm", "baddbmm", "addbmm", "matmul", "dot
 
 
 class _Products(TorchDispatchMode):
-    """Records the matrix products that run while it is active (under nested modes and on meta tensors too)."""
+    """Appends to ``ran`` the matrix products that run while it is active (under nested modes, on meta tensors too)."""
 
-    def __init__(self):
+    def __init__(self, ran: list[str]):
         super().__init__()
-        self.ran: list[str] = []
+        self.ran = ran
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         name = func.overloadpacket.__name__
@@ -128,11 +128,8 @@ def _recording(fn, ran: list[str]):
 
     @functools.wraps(fn)
     def model(*args, **kwargs):
-        with _Products() as seen:
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                ran.extend(seen.ran)
+        with _Products(ran):
+            return fn(*args, **kwargs)
 
     return model
 
