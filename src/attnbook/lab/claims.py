@@ -420,6 +420,10 @@ class Setup:
         check_number(self.clip, "clip", name=name, minimum=0.0, strict_minimum=True)
         check_number(self.moh_balance, "moh_balance", name=name, minimum=0.0)
 
+    def learning_rate(self, step: int) -> float:
+        """Linear warm-up to ``lr``, then a cosine to ``lr / 10`` at the last step (``step`` from 0)."""
+        return training.Optim(self.lr, self.weight_decay, warmup=self.warmup).learning_rate(step, self.steps)
+
 
 class Classifier(training.Classifier):
     """:class:`attnbook.lab.training.Classifier` with the attention of a :class:`Variant`.
