@@ -59,12 +59,13 @@ _BOUNDS = {"n_tokens": (1, MAX_TOKENS), "similarity": (0.0, 1.0), "magnitude": (
 _BOUNDS |= {"seed": (0, None), "head": (0, None)}
 
 
-def _check(name: str, value, where: str):
-    """Explorer parameter ``name`` checked, with the one wording of :mod:`attnbook._checks`."""
-    if name not in _BOUNDS:
+def _check(name: str, value, where: str, bounds: dict = _BOUNDS, why: str = ""):
+    """Explorer parameter ``name`` checked against ``bounds``, with the one wording of :mod:`attnbook._checks`."""
+    if name not in bounds:
         return check_bool(value, name, name=where)
-    low, high = _BOUNDS[name]
-    return (check_number if isinstance(low, float) else check_int)(value, name, name=where, minimum=low, maximum=high)
+    low, high = bounds[name]
+    check = check_number if isinstance(low, float) else check_int
+    return check(value, name, name=where, minimum=low, maximum=high, why=why)
 
 
 @dataclass(frozen=True)
@@ -96,14 +97,6 @@ class FlowPicture:
     @property
     def n_heads(self) -> int:
         return self.edges.shape[0]
-
-    @property
-    def n_sinks(self) -> int:
-        return self.edges.shape[1]
-
-    @property
-    def n_sources(self) -> int:
-        return self.edges.shape[2]
 
 
 def make_toy_input(
@@ -202,10 +195,8 @@ def compute_flow_state(
     if causal:
         flow = flow.tril()
     computed = s["competition"]
-    if not competition:
-        s["competition"] = torch.ones_like(computed)
-    if not allocation:
-        s["allocation"] = torch.ones_like(s["allocation"])
+    for factor, on in (("competition", competition), ("allocation", allocation)):
+        s[factor] = s[factor] if on else torch.ones_like(s[factor])
     edges = s["allocation"][..., None] * flow * s["competition"][:, None, :]  # (H, N, M)
     head_flow = None
     if heads_compete:  # at each token n: query head h receives from key head g
@@ -249,16 +240,13 @@ def _draw_bipartite(ax, state: FlowPicture, head: int) -> None:
     # one collection instead of N * M lines: drawing stays fast enough for a live widget
     edges = LineCollection(segments, linewidths=widths, colors=colours, capstyle="round", zorder=1, label="edges")
     ax.add_collection(edges)
-    for x, y, factor, fill in (
-        (0.0, y_src, state.competition, _SOURCE_COLOURS[0]),
-        (1.0, y_snk, state.allocation, _SINK_COLOURS[0]),
-    ):
+    nodes = ((0.0, y_src, state.competition, _SOURCE_COLOURS[0]), (1.0, y_snk, state.allocation, _SINK_COLOURS[0]))
+    for x, y, factor, fill in nodes:
         area = 90 * np.clip(factor[head].numpy(), 0.05, None)
         ax.scatter(np.full(len(y), x), y, s=area, color=fill, zorder=2, edgecolor="white", lw=0.5)
-    for j, y in enumerate(y_src):
-        ax.text(-0.07, y, f"k{j}", ha="right", va="center", fontsize=MIN_FONT)
-    for i, y in enumerate(y_snk):
-        ax.text(1.07, y, f"q{i}", ha="left", va="center", fontsize=MIN_FONT)
+    for x, ys, ha, name in ((-0.07, y_src, "right", "k"), (1.07, y_snk, "left", "q")):
+        for i, y in enumerate(ys):
+            ax.text(x, y, f"{name}{i}", ha=ha, va="center", fontsize=MIN_FONT)
     ax.set(xlim=(-0.3, 1.3), ylim=(-0.06, 1.06))
     ax.axis("off")
     ax.set_title("flow from keys (sources)\nto queries (sinks)", fontsize=10)
@@ -302,11 +290,8 @@ def plot_flow(state: FlowPicture, *, head: int = 0, figsize: tuple[float, float]
     check_instance(state, "state", FlowPicture, name="plot_flow", what="a FlowPicture")
     head = check_int(head, "head", name="plot_flow", minimum=0, maximum=state.n_heads - 1)
     heads_mode = state.mode == "mobile"
-    flags = {
-        "causal": state.causal,
-        "no competition": not state.competition_on,
-        "no allocation": not state.allocation_on,
-    }
+    flags = {"causal": state.causal, "no competition": not state.competition_on}
+    flags["no allocation"] = not state.allocation_on
     switches = ", ".join(name for name, on in flags.items() if on)
     what = "Mobile-Attention: heads compete" if heads_mode else "Flow-Attention: tokens compete"
     title = f"{what}, head {head} of {state.n_heads}" + (f" ({switches})" if switches else "")
@@ -546,9 +531,8 @@ def flow_explorer(**overrides) -> FlowExplorer:
     picture are disabled (:func:`inactive_controls`). The box's ``explorer`` holds the controls and the state.
     """
     p = _params("flow_explorer", **overrides)
-    for name, (low, high) in _SLIDER_RANGES.items():
-        check = check_number if isinstance(low, float) else check_int
-        check(p[name], name, name="flow_explorer", minimum=low, maximum=high, why=" (the slider's range)")
+    for name in _SLIDER_RANGES:
+        _check(name, p[name], "flow_explorer", _SLIDER_RANGES, why=" (the slider's range)")
     return _FlowController(p).box(FlowExplorer)
 
 

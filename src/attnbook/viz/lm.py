@@ -121,14 +121,13 @@ def plot_generation(
             ax.set_xscale("log", base=2)
             ax.set_yscale("log")
             ax.xaxis.set_major_formatter(plain)
+            ax.set_xlabel("position t of the generated token")
+            ax.grid(True, which="both", alpha=0.3)
+            ax.legend(ncols=3)
         # times span a decade or two: label 1, 2 and 5 of each decade, not every minor tick (they would collide)
         top.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
         top.yaxis.set_major_formatter(plain)
         top.yaxis.set_minor_formatter(NullFormatter())
-        for ax in (top, bottom):
-            ax.set_xlabel("position t of the generated token")
-            ax.grid(True, which="both", alpha=0.3)
-            ax.legend(ncols=3)
         if title:
             top.set_title(title)
     return fig

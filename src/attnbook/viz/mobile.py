@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import matplotlib.pyplot as plt
+import numpy as np
 import torch
 
 from .. import mechanisms as _mechanisms
@@ -49,13 +50,9 @@ def output_sizes(
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             layer = _mechanisms.get(name).module(d_model, n_heads, dtype=torch.float64).eval()
-        values = []
         with torch.no_grad():
-            for n in lengths:
-                xs = x[:, :n]
-                out = layer(xs)
-                values.append((out.pow(2).mean().sqrt() / xs.pow(2).mean().sqrt()).item())
-        sizes[name] = values
+            outputs = [(x[:, :n], layer(x[:, :n])) for n in lengths]
+        sizes[name] = [(out.pow(2).mean().sqrt() / xs.pow(2).mean().sqrt()).item() for xs, out in outputs]
     return sizes
 
 
@@ -136,15 +133,11 @@ def head_width_figure(live: dict, recorded: dict | None = None, *, chance: float
             ds = sorted(per_width)
             widths.update(ds)
             for ax, key in ((ax_acc, "accuracy"), (ax_rank, "rank")):
-                mean, low, high = ([per_width[d][key][i] for d in ds] for i in range(3))
-                err = [
-                    [a - b for a, b in zip(mean, low, strict=True)],
-                    [b - a for a, b in zip(mean, high, strict=True)],
-                ]
-                ax.errorbar(ds, mean, yerr=err, color=colour(m), marker="o", mfc=face or colour(m), lw=lw, capsize=2,
-                            label=f"{m}, {kind}")  # fmt: skip
+                mean, low, high = (np.array([per_width[d][key][i] for d in ds]) for i in range(3))
+                ax.errorbar(ds, mean, yerr=[mean - low, high - mean], color=colour(m), marker="o",
+                            mfc=face or colour(m), lw=lw, capsize=2, label=f"{m}, {kind}")  # fmt: skip
     ds = sorted(widths)
-    ax_rank.plot(ds, [d - 1 for d in ds], color="#777777", ls=":", lw=1.0, label="D - 1: linear's limit")
+    (limit,) = ax_rank.plot(ds, [d - 1 for d in ds], color="#777777", ls=":", lw=1.0, label="D - 1: linear's limit")
     if chance is not None:
         ax_acc.axhline(chance, color="black", ls=":", lw=1.0, label=f"chance {chance:.3f}")
     for ax, label in ((ax_acc, "recall accuracy"), (ax_rank, "effective rank of a head")):
@@ -154,7 +147,5 @@ def head_width_figure(live: dict, recorded: dict | None = None, *, chance: float
         ax.grid(True, alpha=0.3)
     ax_acc.set_ylim(0.0, 1.05)
     handles, labels = ax_acc.get_legend_handles_labels()
-    limit = [(h, s) for h, s in zip(*ax_rank.get_legend_handles_labels(), strict=True) if s.startswith("D - 1")]
-    handles, labels = handles + [h for h, _ in limit], labels + [s for _, s in limit]
-    fig.legend(handles, labels, ncol=3, **ON_TOP)
+    fig.legend([*handles, limit], [*labels, limit.get_label()], ncol=3, **ON_TOP)
     return fig

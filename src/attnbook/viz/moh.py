@@ -230,9 +230,7 @@ def train_router(
     router = _router_parameters(module)
     trainable = {name: p.requires_grad for name, p in module.named_parameters()}
     for p in module.parameters():
-        p.requires_grad_(False)
-    for p in router:
-        p.requires_grad_(True)
+        p.requires_grad_(any(p is r for r in router))
     optimiser = torch.optim.Adam(router, lr=lr)
     losses, loads = [], []
     module.train()
@@ -309,11 +307,6 @@ def _draw_routing(fig, axes, state, history, max_tokens, next_steps) -> None:
     ax.imshow(code, cmap=_SELECTION_COLOURS, vmin=0, vmax=2, aspect="auto", interpolation="nearest")
     ax.set_title("heads each token activates", fontsize=10)
     ax.set_yticks([])
-    for ax, separator in zip(axes[:2], ("white", "#333333"), strict=True):
-        ax.set_xticks(range(H), labels, rotation=90 if H > 8 else 0)
-        ax.set_xlabel("head (s = shared, r = routed)")
-        if 0 < S < H:
-            ax.axvline(S - 0.5, color=separator, lw=1.5)
 
     ax = axes[2]
     colours = [_SHARED_COLOUR] * S + [_ROUTED_COLOUR] * (H - S)
@@ -321,11 +314,14 @@ def _draw_routing(fig, axes, state, history, max_tokens, next_steps) -> None:
     if H > S:
         ax.hlines(state.target, S - 0.45, H - 0.55, colors="black", linestyles="--")
     ax.set_ylim(0, 1.15)
-    ax.set_xticks(range(H), labels, rotation=90 if H > 8 else 0)
-    ax.set_xlabel("head (s = shared, r = routed)")
     ax.set_ylabel("share of tokens using it")
     load = f"load (dashed: balanced k/E = {state.target:.2f})" if H > S else "load (every head is shared)"
     ax.set_title(load, fontsize=10)
+    for ax, separator in zip(axes[:3], ("white", "#333333", None), strict=True):
+        ax.set_xticks(range(H), labels, rotation=90 if H > 8 else 0)
+        ax.set_xlabel("head (s = shared, r = routed)")
+        if separator and 0 < S < H:
+            ax.axvline(S - 0.5, color=separator, lw=1.5)
 
     ax = axes[3]
     if history is None:  # the untrained router: step 0 only

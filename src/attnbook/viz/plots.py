@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from .._checks import check_count, check_dims, check_number, check_sequence
-from .style import MIN_FONT, PAGE_WIDTH, book_style, line_style, shared_scale
+from .style import COLOURS, MIN_FONT, PAGE_WIDTH, book_style, line_style, shared_scale
 
 __all__ = ["attention_heatmap", "scaling_plot", "scaling_panels", "cost_figure", "curves_and_maps"]
 
@@ -132,11 +132,8 @@ def scaling_plot(
         why = " (one per N)"
         check_count(ys, f"series[{name!r}]", name="scaling_plot", minimum=n, maximum=n, item="value", why=why)
         style = styles.get(name)
-        if style is None and mechanism_styles:
-            try:
-                style = line_style(name)
-            except ValueError:  # not a mechanism: matplotlib's next colour
-                style = None
+        if style is None and mechanism_styles and str(name).removesuffix("_causal") in COLOURS:
+            style = line_style(name)  # else (not a mechanism) matplotlib's next colour
         ax.plot(ns, ys, **{"marker": "o", **(style or {})}, label=name)
     if reference_slopes and series:
         y0 = next(iter(series.values()))[0]
