@@ -98,6 +98,14 @@ class FlowPicture:
     def n_heads(self) -> int:
         return self.edges.shape[0]
 
+    @property
+    def n_sinks(self) -> int:
+        return self.edges.shape[1]
+
+    @property
+    def n_sources(self) -> int:
+        return self.edges.shape[2]
+
 
 def make_toy_input(
     n_tokens: int = DEFAULTS["n_tokens"],

@@ -101,8 +101,7 @@ def attention_maps_figure(
     """
     check_sequence(maps, "maps", name="attention_maps_figure", mapping=True, minimum=1, item="map")
     n = len(maps)
-    ncols = min(n, 2) if ncols is None else check_int(ncols, "ncols", name="attention_maps_figure", minimum=1)
-    ncols = min(ncols, n)
+    ncols = min(n, 2 if ncols is None else check_int(ncols, "ncols", name="attention_maps_figure", minimum=1))
     nrows = -(-n // ncols)
     if panel_width is not None:
         width = check_number(panel_width, "panel_width", name="attention_maps_figure", minimum=0.5) * ncols

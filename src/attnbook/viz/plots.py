@@ -49,14 +49,17 @@ def page_figure(draw):
     return drawn
 
 
-def wrapped_panels(n: int, row_height: float, *, extra: float = 0.0):
+def wrapped_panels(n: int, row_height: float, *, extra: float = 0.0, remove: bool = False):
     """A page-wide pyplot figure for ``n`` panels, two per row (one when n = 1), ``row_height`` inches per row
-    and ``extra`` more; returns it and its (rows, cols) array of axes, those past the n-th hidden."""
+    and ``extra`` more; returns it and its (rows, cols) array of axes, those past the n-th hidden (or removed)."""
     cols = 1 if n == 1 else 2
     rows = math.ceil(n / cols)
     fig, axes = plt.subplots(rows, cols, figsize=(PAGE_WIDTH, extra + row_height * rows), squeeze=False)
     for ax in list(axes.flat)[n:]:
-        ax.set_visible(False)
+        if remove:
+            ax.remove()
+        else:
+            ax.set_visible(False)
     return fig, axes
 
 
@@ -236,15 +239,11 @@ def cost_figure(
     """
     check_sequence(panels, "panels", name="cost_figure", mapping=True, minimum=1, item="panel")
     height = check_number(height, "height", name="cost_figure", minimum=1.0)
-    ncols = min(len(panels), 2)
-    nrows = -(-len(panels) // ncols)
-    fig, axes = plt.subplots(nrows, ncols, figsize=(PAGE_WIDTH, height * nrows), squeeze=False)
+    fig, axes = wrapped_panels(len(panels), height, remove=True)
     for ax, (title, panel) in zip(axes.flat, panels.items(), strict=False):
         check_count(panel, f"panels[{title!r}]", name="cost_figure", minimum=2, maximum=2, item="part",
                     why=" (ylabel, series)")  # fmt: skip
         scaling_plot(ns, _finite(panel[1]), ylabel=panel[0], ax=ax, title=title, reference_slopes=reference_slopes,
                      xlabel=xlabel, styles=styles)  # fmt: skip
-    for ax in list(axes.flat)[len(panels) :]:
-        ax.remove()
     fig.tight_layout()
     return fig

@@ -135,11 +135,9 @@ def figure_fingerprint(fig: Figure) -> str:
 
 def _is_png(filename, kwargs) -> bool:
     fmt = kwargs.get("format")
-    if fmt is None and isinstance(filename, str):
-        fmt = filename.rsplit(".", 1)[-1] if "." in filename else None
-    if fmt is None:
-        fmt = mpl.rcParams["savefig.format"]
-    return str(fmt).lower() == "png"
+    if fmt is None and isinstance(filename, str) and "." in filename:
+        fmt = filename.rsplit(".", 1)[-1]
+    return str(mpl.rcParams["savefig.format"] if fmt is None else fmt).lower() == "png"
 
 
 _ORIGINAL_PRINT_FIGURE = FigureCanvasBase.print_figure
