@@ -16,7 +16,7 @@ from support import paths, qkv, tol
 
 import attnbook
 from attnbook import config, reference
-from attnbook._fast import causal, mobile
+from attnbook._fast import causal
 
 
 @pytest.fixture
@@ -130,60 +130,6 @@ def test_the_causal_tiles_run_on_one_thread_without_autograd_and_the_plain_form_
         torch.set_num_threads(threads)
 
 
-MOBILE_CASES = [  # (B, H, N, D, Dv), eps
-    pytest.param((2, 4, 37, 8, 8), 1e-6, id="D_equals_Dv"),
-    pytest.param((1, 3, 5, 4, 6), 1e-6, id="Dv_above_D"),
-    pytest.param((2, 2, 9, 6, 3), 0.0, id="Dv_below_D_eps_0"),
-]
-
-
-@pytest.mark.parametrize("mask", [False, True], ids=["no_mask", "padded"])
-@pytest.mark.parametrize("sizes, eps", MOBILE_CASES)
-def test_mobile_core_gives_the_reference_and_the_plain_form(annex, sizes, eps, mask):
-    """The annex's Mobile-Attention (one workspace, x . (Y + eps) + eps sum_d (Y_d + eps) for each flow): the
-    outputs and every flow of the plain form, and the float64 definition's outputs; padded positions hold NaN and
-    still send nothing, and their outputs and flows are 0."""
-    B, H, N, D, Dv = sizes
-    q, k, v = qkv(B, H, N, N, D, Dv, dtype=torch.float64)
-    padding = None
-    if mask:
-        padding = torch.rand(B, N, generator=torch.Generator().manual_seed(1)) < 0.3
-        padding[:, 0] = False
-        q, k, v = (x.masked_fill(padding[:, None, :, None], float("nan")) for x in (q, k, v))
-    with torch.no_grad():
-        (out, flows), (plain, plain_flows) = both_paths(
-            lambda: attnbook.mobile_attention(q, k, v, key_padding_mask=padding, eps=eps, return_flows=True)
-        )
-    torch.testing.assert_close(out, plain, **tol(torch.float64))
-    for field, x in flows._asdict().items():
-        torch.testing.assert_close(x, getattr(plain_flows, field), **tol(torch.float64), msg=field)
-    if padding is None:
-        torch.testing.assert_close(out, reference.mobile_attention(q, k, v, eps=eps), **tol(torch.float64))
-    else:
-        assert (out[padding[:, None, :, None].expand_as(out)] == 0).all() and out.isfinite().all()
-
-
-def test_the_mobile_core_runs_without_autograd_and_the_plain_form_else(annex, monkeypatch):
-    """The annex overwrites a workspace, which autograd forbids: with a gradient to take, the plain form runs."""
-    calls = []
-    saved = mobile.mobile_core
-    monkeypatch.setattr(mobile, "mobile_core", lambda *a: calls.append(1) or saved(*a))
-    q, k, v = qkv(1, 2, 8, 8, 4, 4)
-    for grad, expected in ((False, 1), (True, 0)):
-        calls.clear()
-        with torch.set_grad_enabled(grad):
-            out = attnbook.mobile_attention(q, k.requires_grad_(grad), v)
-        assert len(calls) == expected, grad
-        assert out.requires_grad == grad
-    with torch.no_grad():
-        attnbook.MobileAttention(8, n_heads=2).eval()(torch.randn(1, 8, 8))
-    assert len(calls) == 1, "a layer under torch.no_grad takes the annex"
-    config.set_plain(True)
-    with torch.no_grad():
-        attnbook.mobile_attention(q, k, v)
-    assert len(calls) == 1, "config.set_plain(True) turns it off"
-
-
 def test_set_plain_wins_over_the_environment_and_none_gives_it_back(monkeypatch):
     monkeypatch.setenv("ATTNBOOK_PLAIN", "1")
     assert config.plain()
@@ -224,7 +170,7 @@ for name, m in MECHANISMS.items():
 DecoderLM("linear", dim=16, n_heads=2).generate(torch.randint(0, 256, (1, 5)), 3)
 print(sorted(n for n in sys.modules if n.startswith("attnbook._fast")))
 """
-    annex = "['attnbook._fast', 'attnbook._fast.causal', 'attnbook._fast.mobile']"
+    annex = "['attnbook._fast', 'attnbook._fast.causal']"
     for plain, expected in (("1", "[]"), ("0", annex)):
         env = {**os.environ, "ATTNBOOK_PLAIN": plain}
         done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)

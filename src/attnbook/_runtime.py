@@ -37,7 +37,6 @@ __all__ = [
     "exporting",
     "chunk_count",
     "chunk_length",
-    "reciprocal",
 ]
 
 
@@ -98,14 +97,6 @@ def exporting() -> bool:
         return flag
     is_exporting = getattr(torch.compiler, "is_exporting", None)  # a torch without the flag
     return bool(is_exporting is not None and is_exporting())
-
-
-def reciprocal(x: torch.Tensor, keep: torch.Tensor | None) -> torch.Tensor:
-    """1 / x of a flow, and 0 at a padded position (``keep`` False) or where the flow is 0 (eps = 0, a sink whose
-    sources are all padding), with no inf in the result or the gradient; a NaN stays NaN."""
-    some = x != 0 if keep is None else (x != 0) & keep
-    r: torch.Tensor = torch.where(some, torch.where(some, x, 1.0).reciprocal(), 0.0)  # torch.where(c, x, 0.0): Any
-    return r
 
 
 def chunk_length(N: int, chunk_size: int) -> int:

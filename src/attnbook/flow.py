@@ -56,7 +56,7 @@ from ._checks import (
     check_step_inputs,
 )
 from ._module import ProjectedAttention
-from ._runtime import accumulation_dtype, autocast_disabled, reciprocal, result_dtype
+from ._runtime import accumulation_dtype, autocast_disabled, result_dtype
 from .linear import chunked_causal_product
 
 if TYPE_CHECKING:
@@ -133,6 +133,14 @@ def _dot(x: torch.Tensor, y: torch.Tensor, eps: float) -> torch.Tensor:
     return ((x + eps) * (y + eps)).sum(-1)
 
 
+def _reciprocal(x: torch.Tensor, keep: torch.Tensor | None) -> torch.Tensor:
+    """1 / x of a flow, and 0 at a padded position (``keep`` False) or where the flow is 0 (eps = 0, a sink whose
+    sources are all padding), with no inf in the result or the gradient; a NaN stays NaN."""
+    some = x != 0 if keep is None else (x != 0) & keep
+    r: torch.Tensor = torch.where(some, torch.where(some, x, 1.0).reciprocal(), 0.0)  # torch.where(c, x, 0.0): Any
+    return r
+
+
 def _zero_padded(stats: FlowStats, qkeep: torch.Tensor | None, kkeep: torch.Tensor | None) -> FlowStats:
     """The statistics with 0 at every padded sink (``qkeep`` False) and source (``kkeep`` False)."""
     if qkeep is None and kkeep is None:
@@ -170,7 +178,7 @@ def _flow_full(
     m = M if kkeep is None else kkeep.sum(-1, keepdim=True).to(qs.dtype)  # real sources, (B, 1, 1)
     incoming = _dot(qs, ks.sum(-2, keepdim=True), eps)  # (B, H, N): I_i
     outgoing = _dot(ks, qs.sum(-2, keepdim=True), eps)  # (B, H, M): O_j
-    r_in, r_out = reciprocal(incoming, qkeep), reciprocal(outgoing, kkeep)
+    r_in, r_out = _reciprocal(incoming, qkeep), _reciprocal(outgoing, kkeep)
     conserved_incoming = _dot(qs, (ks * r_out.unsqueeze(-1)).sum(-2, keepdim=True), eps)  # (B, H, N): I^_i
     conserved_outgoing_raw = _dot(ks, (qs * r_in.unsqueeze(-1)).sum(-2, keepdim=True), eps)  # (B, H, M): O^_j
     conserved_outgoing = conserved_outgoing_raw.clamp(-1.0, 1.0)  # for stability, as published
@@ -221,7 +229,7 @@ def _flow_causal(
     query_sum = state.query_sum.unsqueeze(-2) + qs.cumsum(-2)  # (B, H, N, D): sum_{i'<=i} q~_i'
     incoming = _dot(qs, key_sum, eps) / t  # (B, H, N): I_i
     outgoing = _dot(ks, query_sum, eps) / t  # (B, H, N): O_j
-    r_in, r_out = reciprocal(incoming, keep), reciprocal(outgoing, keep)
+    r_in, r_out = _reciprocal(incoming, keep), _reciprocal(outgoing, keep)
     key_over_outgoing = state.key_over_outgoing.unsqueeze(-2) + (ks * r_out.unsqueeze(-1)).cumsum(-2)
     query_over_incoming = state.query_over_incoming.unsqueeze(-2) + (qs * r_in.unsqueeze(-1)).cumsum(-2)
     conserved_incoming = _dot(qs, key_over_outgoing, eps) / t  # (B, H, N): I^_i

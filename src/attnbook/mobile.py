@@ -22,9 +22,6 @@ outputs 0. There is no causal form (the competition is a softmax over the whole 
 Range: the weights (q~_hi . k~_hj) / I_hi of one query sum to about N / H, so the output can grow like N |v|,
 beyond float16's 65504 for long sequences; :class:`MobileAttention` feeds the float32 result to its output
 projection without rounding it to float16 first.
-
-Without autograd, on the CPU, a call goes to the speed annex (:mod:`attnbook._fast.mobile`: the same sums in fewer
-passes over memory) unless :func:`attnbook.config.plain`.
 """
 
 from __future__ import annotations
@@ -34,7 +31,6 @@ from typing import TYPE_CHECKING, Any, Literal, NoReturn, TypedDict, overload
 import torch
 from torch import Tensor
 
-from . import config
 from ._checks import (
     check_bool,
     check_choice,
@@ -47,8 +43,8 @@ from ._checks import (
     check_supported,
 )
 from ._module import ProjectedAttention
-from ._runtime import accumulation_dtype, autocast_disabled, reciprocal, result_dtype, tracing
-from .flow import FlowStats, _zero_padded
+from ._runtime import accumulation_dtype, autocast_disabled, result_dtype
+from .flow import FlowStats, _reciprocal, _zero_padded
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -78,8 +74,8 @@ def head_flows(qs: torch.Tensor, ks: torch.Tensor, eps: float, keep: torch.Tenso
 
     incoming = flow(qs, ks)  # I_hi
     outgoing = flow(ks, qs)  # O_hj
-    conserved_incoming = flow(qs, ks * reciprocal(outgoing, keep).unsqueeze(-1))  # I^_hi
-    conserved_outgoing_raw = flow(ks, qs * reciprocal(incoming, keep).unsqueeze(-1))  # O^_hj, unclamped
+    conserved_incoming = flow(qs, ks * _reciprocal(outgoing, keep).unsqueeze(-1))  # I^_hi
+    conserved_outgoing_raw = flow(ks, qs * _reciprocal(incoming, keep).unsqueeze(-1))  # O^_hj, unclamped
     return incoming, outgoing, conserved_incoming, conserved_outgoing_raw
 
 
@@ -172,11 +168,6 @@ def _mobile(
     qs, ks = torch.sigmoid(q), torch.sigmoid(k)  # (B, H, N, D)
     if keep is not None:
         qs, ks = torch.where(real, qs, 0.0), torch.where(real, ks, 0.0)
-    if _annex_takes(q, k, v):  # attnbook._fast: speed only, the same sums in fewer passes over memory
-        from ._fast.mobile import mobile_core
-
-        out, flows = mobile_core(qs, ks, v, eps, keep, m)
-        return out, _zero_padded(FlowStats(*flows), keep, keep)
     incoming, outgoing, conserved_incoming, conserved_outgoing_raw = head_flows(qs, ks, eps, keep)  # (B, H, N) each
     conserved_outgoing = conserved_outgoing_raw.clamp(-1.0, 1.0)  # for stability, as published
     allocation = torch.sigmoid(conserved_incoming * (N / M))  # a_hi; N / M = 1
@@ -185,19 +176,11 @@ def _mobile(
     if keep is not None:
         competition, allocation = torch.where(keep, competition, 0.0), torch.where(keep, allocation, 0.0)
     kv = ks.transpose(-2, -1) @ (v * competition.unsqueeze(-1))  # (B, H, D, Dv): sum_j k~_j (c_j v_j)^T
-    out = (qs @ kv).mul_((allocation * reciprocal(incoming, keep)).unsqueeze(-1))  # (B, H, N, Dv): a_i / I_i
+    out = (qs @ kv).mul_((allocation * _reciprocal(incoming, keep)).unsqueeze(-1))  # (B, H, N, Dv): a_i / I_i
     stats = FlowStats(
         incoming, outgoing, conserved_incoming, conserved_outgoing, competition, allocation, conserved_outgoing_raw
     )
     return out, _zero_padded(stats, keep, keep)
-
-
-def _annex_takes(*qkv: torch.Tensor) -> bool:
-    """Whether the speed annex runs this call: it is on (:func:`attnbook.config.plain`), no gradient is needed, the call
-    is not traced, on the CPU (where ``benchmarks/bench_annex.py`` measured it; the annex overwrites a workspace, which
-    autograd forbids)."""
-    grad = torch.is_grad_enabled() and any(x.requires_grad for x in qkv)
-    return not config.plain() and qkv[0].device.type == "cpu" and not grad and not tracing()
 
 
 class MobileAttention(ProjectedAttention[NoReturn]):

@@ -10,9 +10,10 @@ large workload, beside two busy processes, on one and on two threads. The record
 ``benchmarks/results/PERFORMANCE.md``.
 
 * :mod:`attnbook._fast.causal` -- causal linear attention without autograd on one CPU thread, tile by tile.
-* :mod:`attnbook._fast.mobile` -- Mobile-Attention without autograd on the CPU: one workspace for every product of
-  the inputs' size, and no ``x + eps`` tensors.
 
-Mobile-Attention's flows from each position's H x H Gram matrix were here until ``bench_annex.py`` measured them
-0.66 times the plain form on two threads beside busy processes (``benchmarks/results/annex_f840f0a.json``).
+Two paths for Mobile-Attention's inference were here and failed that rule: its flows from each position's H x H
+Gram matrix, 0.66 times the plain form on two threads beside busy processes
+(``benchmarks/results/annex_f840f0a.json``), and its core with one workspace for every product of the inputs' size
+and no ``x + eps`` tensors, 1.43 to 2.28 times the plain form quiet but 1.20 times after other work
+(``benchmarks/results/annex.json``).
 """
