@@ -22,6 +22,13 @@ def test_every_key_is_asked_once_and_the_target_is_the_value_written_under_it():
         assert [written[k] for k in asked] == targets[b].tolist()
 
 
+@pytest.mark.parametrize("generator", [None, 0], ids=["none", "seed"])
+def test_a_batch_needs_a_generator(generator):
+    """None drew from torch's global generator, so a batch could not be made again; a seed is not a generator."""
+    with pytest.raises(TypeError, match=r"^MultiQueryRecall.batch: generator must be a torch.Generator"):
+        recall.MultiQueryRecall(n_pairs=4).batch(2, generator)
+
+
 def test_the_model_answers_at_every_position_and_is_causal_where_the_mechanism_can_be():
     task = recall.MultiQueryRecall(n_pairs=4)
     tokens, _ = task.batch(2, torch.Generator().manual_seed(1))

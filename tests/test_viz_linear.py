@@ -305,3 +305,10 @@ def test_heat_maps_refuse_labels_that_do_not_match_and_a_list_of_maps():
         attention_maps_figure([torch.rand(3, 3)])
     with pytest.raises(ValueError, match=r"^attention_heatmap: queries must hold 3 labels"):
         attention_maps_figure({"a": torch.rand(3, 3)}, labels=["x"])
+
+
+@pytest.mark.parametrize("shape", [(0, 0), (0, 3, 3)], ids=["no_rows", "empty_batch"])
+def test_selectivity_refuses_empty_weights(shape):
+    """Means over nothing are NaN: an empty map is refused, with its shape."""
+    with pytest.raises(ValueError, match=r"^selectivity: weights must not be empty .*got a float32 tensor of shape"):
+        selectivity(torch.zeros(shape))

@@ -70,6 +70,8 @@ class MultiQueryRecall(RecallTask):
     def batch(self, size: int, generator: torch.Generator, device: torch.device | str = "cpu"):
         """``(tokens (size, 2P) long, targets (size, P) long in [0, n_values))``: the values asked for, in order."""
         size = check_int(size, "size", name="MultiQueryRecall.batch", minimum=1)
+        what = "a torch.Generator (None would draw from the global generator: not reproducible)"
+        check_instance(generator, "generator", torch.Generator, name="MultiQueryRecall.batch", what=what)
         P = self.n_pairs
         keys = torch.rand(size, self.n_keys, generator=generator).argsort(dim=-1)[:, :P]  # (size, P) distinct
         values = torch.randint(self.n_values, (size, P), generator=generator)  # (size, P)
