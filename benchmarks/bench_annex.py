@@ -21,6 +21,10 @@ Cases, at the sizes of issue 36 (float32, CPU):
 * ``causal_train``: forward and backward at (2, 8, 4096), the same three;
 * ``tiles`` (quiet only): the annex's causal tiles of 1024, 2048 (its constant) and 4096 positions.
 
+Before each case the bench times making a new 32 MiB tensor and refilling one that exists (``allocator`` in each
+cell, :func:`allocator_probe`): the memory allocator's state sets much of a cell's time (a new tensor can cost page
+faults or nothing, depending on what ran before in the process), so each cell records the state it met.
+
 Every case alternates its implementations in one run (:func:`attnbook.lab.profiling.compare`) and records
 medians of 15 runs (7 left the busy condition's medians noisy: one cell read 1.30 and 1.85 in two recordings of
 one code). "annex" is the default (the annex on), and each cell records whether the annex took the call at all
@@ -40,6 +44,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -102,6 +107,28 @@ def large_workload(seconds: float = 4.0) -> None:
         a = torch.tanh(a @ a.T / 2048)
         for mib in (32, 64, 128, 256):
             torch.ones(mib << 18).mul_(2.0).sum()
+
+
+PROBE_MIB = 32  # the size of one (4, 8, 4096, 64) float32 tensor: the features, v and the outputs of the cases
+
+
+def allocator_probe(repeats: int = 7) -> dict[str, float]:
+    """The state of the memory allocator as the next case meets it: medians in ms of making a new tensor of
+    ``PROBE_MIB`` MiB and filling it, and of filling one that exists. Where the allocator takes memory from the
+    system, the new tensor's pages fault in as they are filled, and the first is many times the second; where it
+    reuses memory that earlier work freed, the two are alike."""
+    numel = PROBE_MIB << 18  # float32
+    kept = torch.empty(numel)
+    new, refill = [], []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        torch.empty(numel).fill_(1.0)
+        t1 = time.perf_counter()
+        kept.fill_(1.0)
+        t2 = time.perf_counter()
+        new.append(t1 - t0)
+        refill.append(t2 - t1)
+    return {"new": round(statistics.median(new) * 1e3, 2), "refill": round(statistics.median(refill) * 1e3, 2)}
 
 
 def fwd_bwd(fn, inputs):
@@ -202,6 +229,7 @@ def run(quick: bool, repeats: int) -> dict:
                 for name, case in table.items():
                     if condition == "after_work":
                         large_workload()
+                    allocator = allocator_probe()
                     with torch.set_grad_enabled(case.get("grad", False)):
                         timing = compare(case["fns"], repeats=repeats, warmup=1)
                         used = annex_runs(case["fns"]["annex"])
@@ -210,6 +238,7 @@ def run(quick: bool, repeats: int) -> dict:
                         if other in timing:
                             cell[f"{other}/annex"] = round(timing[other].median / timing["annex"].median, 3)
                     cell["annex runs"] = used
+                    cell["allocator"] = allocator  # measured just before the case: its memory's state
                     results[name]["cells"][f"{condition}/{threads}"] = cell
                     print(f"{condition:12s} {threads} thread(s)  {name:14s} {cell}", file=sys.stderr, flush=True)
     torch.set_num_threads(1)
@@ -240,13 +269,18 @@ def markdown(recording: dict) -> str:
     lines = []
     for name, r in recording["results"].items():
         lines.append(f"**{name}** ({r['size']}), medians in ms:\n")
-        impls = [k for k in next(iter(r["cells"].values())) if "/" not in k and k != "annex runs"]
-        ratios = [k for k in next(iter(r["cells"].values())) if "/" in k] + ["annex runs"]
-        lines.append("| condition | threads | " + " | ".join(impls + ratios) + " |")
-        lines.append("|---|---|" + "---|" * (len(impls) + len(ratios)))
+        first = next(iter(r["cells"].values()))
+        impls = [k for k in first if "/" not in k and k not in ("annex runs", "allocator")]
+        ratios = [k for k in first if "/" in k] + ["annex runs"]
+        probe = ["new / refill 32 MiB"] if "allocator" in first else []  # recordings before it have none
+        lines.append("| condition | threads | " + " | ".join(impls + ratios + probe) + " |")
+        lines.append("|---|---|" + "---|" * (len(impls) + len(ratios) + len(probe)))
         for key, cell in r["cells"].items():
             condition, threads = key.split("/")
-            lines.append(f"| {condition} | {threads} | " + " | ".join(str(cell[c]) for c in impls + ratios) + " |")
+            values = [str(cell[c]) for c in impls + ratios]
+            if probe:
+                values.append(f"{cell['allocator']['new']} / {cell['allocator']['refill']}")
+            lines.append(f"| {condition} | {threads} | " + " | ".join(values) + " |")
         lines.append(f"\nworst over the conditions: {r['worst']}\n")
     noise = ", ".join(f"{key} {lo:g} to {hi:g}" for key, (lo, hi) in same_code_spread(recording).items())
     lines.append(f"same code timed twice (plain / annex where the annex did not run): {noise}\n")

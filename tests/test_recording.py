@@ -205,3 +205,21 @@ def test_bench_annex_sees_a_call_enter_the_annex():
         config.set_plain(None)
         torch.set_num_threads(threads)
     assert causal.forward is entry
+
+
+def test_bench_annex_records_the_allocator_state_each_case_met():
+    """Each cell holds the time of a new 32 MiB tensor and of refilling one (the allocator's state), and the table
+    shows it; an older recording without it still prints."""
+    spec = importlib.util.spec_from_file_location("bench_annex", BENCHMARKS / "bench_annex.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    probe = bench.allocator_probe(repeats=2)
+    assert set(probe) == {"new", "refill"} and all(ms > 0 for ms in probe.values()), probe
+
+    def recording(**extra):
+        cell = {"annex": 1.0, "plain": 1.0, "plain/annex": 1.0, "annex runs": False, **extra}
+        return {"results": {"a": {"size": "s", "cells": {"quiet/1": cell}, "worst": {}}}, "tiles_ms": {}}
+
+    table = bench.markdown(recording(allocator={"new": 14.9, "refill": 1.5}))
+    assert "| new / refill 32 MiB |" in table and "| 14.9 / 1.5 |" in table, table
+    assert "new / refill" not in bench.markdown(recording())
