@@ -15,5 +15,5 @@ Two paths for Mobile-Attention's inference were here and failed that rule: its f
 Gram matrix, 0.66 times the plain form on two threads beside busy processes
 (``benchmarks/results/annex_f840f0a.json``), and its core with one workspace for every product of the inputs' size
 and no ``x + eps`` tensors, 1.43 to 2.28 times the plain form quiet but 1.20 times after other work
-(``benchmarks/results/annex.json``).
+(``benchmarks/results/annex_8dd3fec.json``).
 """
