@@ -364,6 +364,13 @@ def check_non_negative(x: torch.Tensor, arg: str, *, name: str) -> torch.Tensor:
     return x
 
 
+def check_not_empty(x: torch.Tensor, arg: str, *, name: str, why: str = "") -> torch.Tensor:
+    """The tensor x has at least one entry (``why``: what an empty x would leave undefined)."""
+    if x.numel() == 0:
+        raise ValueError(f"{name}: {arg} must not be empty{why}, got {describe(x)}")
+    return x
+
+
 def check_nonzero(x: torch.Tensor, arg: str, *, name: str, why: str = "") -> torch.Tensor:
     """The tensor x has an entry that is not zero (``why``: what an all-zero x would leave undefined)."""
     if not bool((x != 0).any()):

@@ -18,12 +18,12 @@ from .._checks import (
     check_int,
     check_non_negative,
     check_nonzero,
+    check_not_empty,
     check_number,
     check_same_shape,
     check_sequence,
     check_square,
     check_tensor,
-    describe,
 )
 from .plots import attention_heatmap, scaling_plot, to_numpy
 from .static import figure_to_png
@@ -59,8 +59,7 @@ def selectivity(weights: torch.Tensor) -> tuple[float, float]:
     """(mean row entropy, mean weight on the diagonal) of square attention weights (..., N, N): for
     :func:`retrieval_toy`, (0, 1) for a perfect look-up, (log N, 1/N) for a uniform map."""
     check_square(weights, "weights", name="selectivity")
-    if weights.numel() == 0:
-        raise ValueError(f"selectivity: weights must not be empty (their means would be NaN), got {describe(weights)}")
+    check_not_empty(weights, "weights", name="selectivity", why=" (their means would be NaN)")
     return row_entropy(weights).mean().item(), weights.diagonal(dim1=-2, dim2=-1).mean().item()
 
 
