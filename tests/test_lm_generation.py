@@ -49,6 +49,12 @@ def test_ratio_and_slope_read_the_series(result):
         generation.slope(result, "flow", lo=64, hi=64)
 
 
+def test_measure_refuses_an_empty_list_of_mechanisms():
+    """mechanism_names=[] measured every causal mechanism (an empty list read as 'not given')."""
+    with pytest.raises(ValueError, match=r"^measure: mechanism_names must hold at least 1 mechanism, got 0"):
+        generation.measure(None, mechanism_names=[])  # refused before the setup is read
+
+
 def test_nothing_to_measure_raises():
     with pytest.raises(ValueError, match="^measure: positions must hold at least 1 position, got 0 positions$"):
         generation.measure(TINY, positions=[], progress=False)

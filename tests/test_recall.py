@@ -100,11 +100,3 @@ def test_train_refuses_a_single_query_task_and_names_bad_arguments():
         recall.train("linear", task, steps=1, seed=1.5)
     with pytest.raises(ValueError, match=r"^recall.train: device must be a device string such as 'cpu'"):
         recall.train("linear", task, steps=1, device="gpu")
-
-
-def test_generation_measure_refuses_an_empty_list_of_mechanisms():
-    """mechanism_names=[] measured every causal mechanism (an empty list read as 'not given')."""
-    from attnbook.lab import generation
-
-    with pytest.raises(ValueError, match=r"^measure: mechanism_names must hold at least 1 mechanism, got 0"):
-        generation.measure(None, mechanism_names=[])  # refused before the setup is read

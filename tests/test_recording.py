@@ -12,6 +12,7 @@ import torch
 BENCHMARKS = pathlib.Path(__file__).resolve().parents[1] / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))
 import recording  # noqa: E402
+from support import paths  # noqa: E402
 
 SCRIPTS = [
     "bench_claims.py",
@@ -153,12 +154,18 @@ def test_a_busy_job_stops_when_the_script_that_started_it_has_gone():
     pytest.fail(f"the busy job {pid} still ran 60 s after its parent had gone")
 
 
-def test_bench_annex_reports_the_spread_of_the_same_code_timed_twice():
+@pytest.fixture(scope="module")
+def bench():
+    """benchmarks/bench_annex.py, loaded as a module."""
+    spec = importlib.util.spec_from_file_location("bench_annex", BENCHMARKS / "bench_annex.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_bench_annex_reports_the_spread_of_the_same_code_timed_twice(bench):
     """Where the annex did not run, annex and plain time the same code: their spread per condition and thread
     count is the bench's noise, taken from those cells only (where the annex ran is a comparison) and printed."""
-    spec = importlib.util.spec_from_file_location("bench_annex", BENCHMARKS / "bench_annex.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
 
     def cell(ratio, runs):
         return {"annex": 1.0, "plain": ratio, "plain/annex": ratio, "annex runs": runs}
@@ -179,40 +186,27 @@ def test_bench_annex_reports_the_spread_of_the_same_code_timed_twice():
     )
 
 
-def test_bench_annex_sees_a_call_enter_the_annex():
+def test_bench_annex_sees_a_call_enter_the_annex(bench):
     """The "annex runs" column: a call that reaches the annex (the causal tiles on one thread, without autograd)
     counts, a call of the plain form does not, and the entry point comes back."""
     import attnbook
     from attnbook import config
     from attnbook._fast import causal
 
-    spec = importlib.util.spec_from_file_location("bench_annex", BENCHMARKS / "bench_annex.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
     entry = causal.forward
     q, k, v = (torch.randn(1, 2, 16, 4) for _ in range(3))
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    config.set_plain(False)
-    try:
-        with torch.no_grad():
-            assert bench.annex_runs(lambda: attnbook.linear_attention(q, k, v, is_causal=True))
-            assert not bench.annex_runs(lambda: attnbook.linear_attention(q, k, v))
-            assert not bench.annex_runs(lambda: attnbook.mobile_attention(q, k, v))
-            config.set_plain(True)
-            assert not bench.annex_runs(lambda: attnbook.linear_attention(q, k, v, is_causal=True))
-    finally:
-        config.set_plain(None)
-        torch.set_num_threads(threads)
+    with paths(plain=False), torch.no_grad():  # the annex on, one thread
+        assert bench.annex_runs(lambda: attnbook.linear_attention(q, k, v, is_causal=True))
+        assert not bench.annex_runs(lambda: attnbook.linear_attention(q, k, v))
+        assert not bench.annex_runs(lambda: attnbook.mobile_attention(q, k, v))
+        config.set_plain(True)
+        assert not bench.annex_runs(lambda: attnbook.linear_attention(q, k, v, is_causal=True))
     assert causal.forward is entry
 
 
-def test_bench_annex_records_the_allocator_state_each_case_met():
+def test_bench_annex_records_the_allocator_state_each_case_met(bench):
     """Each cell holds the time of a new 32 MiB tensor and of refilling one (the allocator's state), and the table
     shows it; an older recording without it still prints."""
-    spec = importlib.util.spec_from_file_location("bench_annex", BENCHMARKS / "bench_annex.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
     probe = bench.allocator_probe(repeats=2)
     assert set(probe) == {"new", "refill"} and all(ms > 0 for ms in probe.values()), probe
 

@@ -261,6 +261,10 @@ class KVCache(NamedTuple):
         v = check_tensor(v, "v", name=name, dims=4, layout="(B, H, n, Dv)")
         check_kv_cache(self, KVCache, k, v, name=name, arg="self")
         check_padding(padding, k.shape[0], k.shape[2], k.device, name=name)
+        return self._extended(k, v, padding)
+
+    def _extended(self, k: torch.Tensor, v: torch.Tensor, padding: torch.Tensor | None) -> KVCache:
+        """:meth:`extend` for a caller that has checked its arguments (:func:`cached_attention`, once a token)."""
         if self.keys is None or self.values is None:  # contiguous, as the concatenations that follow are
             return KVCache(k.contiguous(), v.contiguous(), padding)
         if padding is not None or self.padding is not None:
@@ -288,13 +292,13 @@ def cached_attention(
     """Causal softmax attention of n new tokens that continue ``cache``: q, k (B, H, n, D), v (B, H, n, Dv) ->
     (out (B, H, n, Dv), the cache with the new keys). Each new query attends to every cached key and to the new
     keys up to its own; ``key_padding_mask`` (B, n) bool marks padded new tokens, remembered in the cache."""
-    if cache is None:
-        cache = KVCache.empty()
-    else:
-        check_kv_cache(cache, KVCache, k, v, name=name, arg=arg)
     if key_padding_mask is not None:
         key_padding_mask = check_key_padding_mask(key_padding_mask, k.shape[0], k.shape[2], name=name).to(k.device)
-    cache = cache.extend(k, v, key_padding_mask)
+    if cache is None:
+        cache = KVCache.empty().extend(k, v, key_padding_mask)
+    else:  # checked once, in the caller's words, not again by extend
+        check_kv_cache(cache, KVCache, k, v, name=name, arg=arg)
+        cache = cache._extended(k, v, key_padding_mask)
     keys, values = cast(torch.Tensor, cache.keys), cast(torch.Tensor, cache.values)  # not None after extend
     out = _attend(q, keys, values, None, cache.padding, True, scale, lower_right=True)
     return out, cache

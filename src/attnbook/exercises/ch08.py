@@ -122,6 +122,7 @@ def _ut_cases(draw: Draw) -> list[Case]:
     ]
 
     def chunk(L, dtype):  # unit keys (..., L, D) behind one to three leading dimensions, betas in [0, 1]
+        # no leading size of 2: an answer unrolled for a batch of two passed every case when all had it
         lead, D = tuple(draw.int(1, 4, avoid=(2,)) for _ in range(draw.int(1, 3))), draw.int(2, 32)
         k = F.normalize(draw.randn(*lead, L, D), dim=-1).to(dtype)
         return (k, draw.rand(*lead, L).to(dtype)), f"k {(*lead, L, D)}"

@@ -126,16 +126,8 @@ def train(
     curve = Curve(mechanism, seed=seed)
     P = task.n_pairs
 
-    def evaluate(step: int, elapsed: float) -> bool:
-        net.eval()
-        with torch.no_grad():
-            logits = net(held_tokens)[:, P:]  # (eval_size, P, n_values): the answers at the queries
-            curve.accuracy.append((logits.argmax(-1) == held_targets).float().mean().item())
-            curve.loss.append(nn.functional.cross_entropy(logits.flatten(0, 1), held_targets.flatten()).item())
-        net.train()
-        curve.steps.append(step)
-        curve.wall_s.append(elapsed)
-        return False
+    # the answers at the queries, (eval_size, P, n_values); no early stop
+    evaluate = training.held_out_evaluation(net, curve, lambda: net(held_tokens)[:, P:], held_targets)
 
     def loss(net: nn.Module, b: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         return nn.functional.cross_entropy(net(b[0])[:, P:].flatten(0, 1), b[1].flatten())

@@ -50,10 +50,13 @@ def output_sizes(
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             layer = _mechanisms.get(name).module(d_model, n_heads, dtype=torch.float64).eval()
-        with torch.no_grad():
-            outputs = [(x[:, :n], layer(x[:, :n])) for n in lengths]
-        sizes[name] = [(out.pow(2).mean().sqrt() / xs.pow(2).mean().sqrt()).item() for xs, out in outputs]
+        with torch.no_grad():  # the RMS of the output over that of the input, at each length
+            sizes[name] = [(_rms(layer(x[:, :n])) / _rms(x[:, :n])).item() for n in lengths]
     return sizes
+
+
+def _rms(t: torch.Tensor) -> torch.Tensor:
+    return t.pow(2).mean().sqrt()
 
 
 @page_figure
